@@ -1,0 +1,123 @@
+"""The policy protocol: what a speculation-length policy sees each step and what it is told after.
+
+The same policy objects run in the simulator and in the live engine, so a policy only ever sees
+signals a real engine could see: its requests' own outcomes for positions that were actually
+verified (up to and including the first rejection), batch composition, the cost model and KV room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+
+class PolicyError(ValueError):
+    """A user-facing policy problem (unknown name or parameter, bad value); one clear line."""
+
+
+class RequestView(Protocol):
+    """Read-only view of one running request (the engine's own state object; do not mutate)."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int  # the request's max tokens: the engine stops there
+    generated: int  # tokens emitted so far, including the prefill's first token
+    steps: int  # decode steps taken
+    drafted: int  # draft tokens proposed so far
+    accepted: int  # draft tokens accepted so far
+
+    @property
+    def context_tokens(self) -> int:
+        """prompt + generated: the sequence length the next step attends over."""
+        ...
+
+
+class StepCost(Protocol):
+    """The serving system's own cost model (the simulator's latency model, not a copy)."""
+
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
+        """Predicted seconds of one decode step with per-request k and context lengths."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """Everything a policy may look at when choosing k for the running requests of one step."""
+
+    now_s: float
+    replica: int
+    step_index: int
+    requests: Sequence[RequestView]
+    k_max: int  # the engine's hard cap on k (KV look-ahead reserved per request)
+    cost: StepCost
+    kv_capacity_tokens: int
+    kv_free_tokens: int
+    waiting: int  # requests queued at this replica, not yet admitted
+    #: simulation only, and only for policies with `simulation_only = True`: a request's future
+    #: accepted runs (run[t] for every output position), i.e. what an oracle would know.
+    lookahead: Callable[[int], np.ndarray] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftOutcome:
+    """What verification revealed for one request in one step.
+
+    `signals` hold per-position values (kl, draft_top1, draft_entropy, accept_prob) for the
+    positions whose prefix was the true one: the accepted drafts and the first rejected one.
+    They are filled only with the signals the policy declared in `Policy.signals`.
+    """
+
+    request_id: int
+    k: int
+    accepted: int
+    emitted: int
+    position: int  # output position of the first drafted token
+    signals: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
+class Policy:
+    """Base class of speculation-length policies; subclasses are dataclasses of their parameters.
+
+    Class attributes tell the engine what the policy needs, so it can skip work it does not:
+      stateless_per_batch  k depends only on which requests are running (not on outcomes, time or
+                           context): the engine may ask once per change of the running set.
+      signals              per-position signals `observe` wants (subset of traces.SIGNALS).
+      uses_draft_stop      `stop_drafting` is consulted during drafting (confidence-style rules).
+      simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    stateless_per_batch: ClassVar[bool] = False
+    signals: ClassVar[frozenset[str]] = frozenset()
+    uses_draft_stop: ClassVar[bool] = False
+    simulation_only: ClassVar[bool] = False
+
+    def choose(self, ctx: StepContext) -> Sequence[int]:
+        """k for every request of `ctx.requests`, in the same order."""
+        raise NotImplementedError
+
+    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        """Called after verification with one outcome per request that was in the step."""
+
+    def stop_drafting(
+        self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
+    ) -> bool:
+        """Draft-stop rules: True stops this request's chain before draft number `depth` + 1."""
+        return False
+
+    def finish(self, request_id: int) -> None:
+        """The request left the system: drop any per-request state."""
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters (dataclass fields) for records and reports."""
+        from dataclasses import asdict, is_dataclass
+
+        return asdict(self) if is_dataclass(self) else {}

@@ -1,0 +1,106 @@
+"""Policies registered by name; parameters come from each policy's dataclass fields."""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from typing import Any
+
+from policies.base import Policy, PolicyError
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One policy parameter as users see it in `spectune policies` and `--set`."""
+
+    name: str
+    type_name: str
+    default: Any
+    help: str
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy available by its `name`."""
+    if not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no `name`")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise TypeError(f"policy name {cls.name!r} is already registered")
+    if not is_dataclass(cls):
+        raise TypeError(f"policy {cls.name!r} must be a dataclass of its parameters")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[Policy]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PolicyError(
+            f"unknown policy {name!r}; known policies: {', '.join(policy_names())}"
+        ) from None
+
+
+def parameters(name: str) -> list[ParamInfo]:
+    cls = policy_class(name)
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        if not f.init:
+            continue
+        default = f.default if f.default is not MISSING else None
+        if f.default_factory is not MISSING:
+            default = f.default_factory()
+        help_text = f.metadata.get("help", "")
+        out.append(ParamInfo(f.name, _type_name(hints[f.name]), default, help_text))
+    return out
+
+
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """Build a policy; string values (from `--set key=value`) are converted to the field's type."""
+    cls = policy_class(name)
+    hints = typing.get_type_hints(cls)
+    known = {p.name for p in parameters(name)}
+    kwargs = {}
+    for key, value in (params or {}).items():
+        if key not in known:
+            listed = ", ".join(sorted(known)) or "(none)"
+            raise PolicyError(f"policy {name!r} has no parameter {key!r}; its parameters: {listed}")
+        kwargs[key] = _convert(name, key, value, hints[key]) if isinstance(value, str) else value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy {name!r}: {exc}") from None
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(policy: str, key: str, text: str, tp: Any) -> Any:
+    """Parse `text` as `tp`: int, float, bool, str, or JSON for anything structured."""
+    where = f"policy {policy!r} parameter {key!r}"
+    try:
+        if tp is bool:
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            return int(text)
+        if tp is float:
+            return float(text)
+        if tp is str:
+            return text
+        return json.loads(text)
+    except ValueError:
+        raise PolicyError(f"{where}: cannot read {text!r} as {_type_name(tp)}") from None

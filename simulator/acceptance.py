@@ -1,0 +1,63 @@
+"""Acceptance replay: which drafts each simulated request gets accepted, from a speculation trace.
+
+A step that drafts k tokens at output position t accepts exactly min(k, run[t]) (DESIGN.md), so a
+recorded trace replays any policy's acceptance. Workload request i uses trace request i mod M; when
+the workload asks for more output tokens than were recorded, the recording is repeated (tiled) to
+the needed length, and when fewer, it is cut. A parametric trace is generated for the workload's own
+lengths, so nothing is tiled.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from traces import SIGNALS, SpeculationTrace
+
+
+class AcceptanceReplay:
+    """Per-request accepted runs and signals, sized to the workload's output lengths."""
+
+    def __init__(self, trace: SpeculationTrace, output_tokens: np.ndarray) -> None:
+        self.trace = trace
+        self.output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        self.available = trace.signals_available()
+        self.tiled = any(
+            len(trace.requests[i % len(trace)]) < n for i, n in enumerate(self.output_tokens)
+        )
+        self._signal = lru_cache(maxsize=4096)(self._signal_uncached)
+
+    def __len__(self) -> int:
+        return len(self.output_tokens)
+
+    def run(self, index: int) -> np.ndarray:
+        """run[t] for t in 0..N-1 of workload request `index` (int64 array of length N)."""
+        rec = self.trace.requests[index % len(self.trace)]
+        return _fit(rec.run, int(self.output_tokens[index])).astype(np.int64, copy=False)
+
+    def signal(self, index: int, name: str) -> np.ndarray:
+        """A per-position signal (kl, draft_top1, ...) of workload request `index`."""
+        if name not in SIGNALS:
+            raise KeyError(f"unknown signal {name!r}; known: {', '.join(SIGNALS)}")
+        if name not in self.available:
+            raise KeyError(f"the speculation trace has no {name!r} signal")
+        return self._signal(index, name)
+
+    def _signal_uncached(self, index: int, name: str) -> np.ndarray:
+        rec = self.trace.requests[index % len(self.trace)]
+        return _fit(getattr(rec, name), int(self.output_tokens[index]))
+
+    def describe(self) -> dict:
+        meta = dict(self.trace.meta)
+        meta["trace_requests"] = len(self.trace)
+        meta["tiled_to_workload_lengths"] = bool(self.tiled)
+        return meta
+
+
+def _fit(values: np.ndarray, n: int) -> np.ndarray:
+    """Cut or tile `values` to length n."""
+    if len(values) >= n:
+        return values[:n]
+    reps = -(-n // len(values))
+    return np.tile(values, reps)[:n]

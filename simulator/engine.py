@@ -1,0 +1,123 @@
+"""The serving simulation: an arrival process, a router and N replica processes in SimPy."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies import Policy
+from simulator.acceptance import AcceptanceReplay
+from simulator.config import ClusterConfig, SchedulerConfig
+from simulator.errors import ConfigError
+from simulator.latency import LatencyModel
+from simulator.records import RequestLog, StepLog
+from simulator.replica import Replica, RequestState
+from simulator.step_cost import StepCostModel
+from traces import SpeculationTrace, Workload
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Per-request and per-step records, and where every input came from."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+
+def arrivals(env: simpy.Environment, states: list[RequestState], cluster: _Cluster):
+    """The arrival process: each request reaches the router at its arrival time."""
+    for i, st in enumerate(states):
+        delay = st.arrival_s - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        cluster.next_index = i + 1
+        cluster.route(i).submit(st)
+
+
+class _Cluster:
+    """Router state shared by the arrival process and the replicas' fast paths."""
+
+    def __init__(self, arrival_s: np.ndarray, router: str) -> None:
+        self.arrival_s = arrival_s
+        self.router = router
+        self.replicas: list[Replica] = []
+        self.next_index = 0
+
+    def route(self, i: int) -> Replica:
+        if self.router == "round-robin":
+            return self.replicas[i % len(self.replicas)]
+        return min(self.replicas, key=lambda r: (r.load, r.index))
+
+    def next_arrival_s(self, replica: int) -> float:
+        """When the next request that could change `replica`'s state arrives.
+
+        Round-robin routing is fixed in advance, so only this replica's own arrivals count;
+        least-loaded routing reads every replica's load, so every arrival counts.
+        """
+        i, n = self.next_index, len(self.replicas)
+        if self.router == "round-robin":
+            i += (replica - i) % n
+        return float(self.arrival_s[i]) if i < len(self.arrival_s) else np.inf
+
+
+def simulate(
+    workload: Workload,
+    latency: LatencyModel,
+    acceptance: SpeculationTrace,
+    policy: Policy,
+    kv_capacity_tokens: int,
+    scheduler: SchedulerConfig | None = None,
+    cluster: ClusterConfig | None = None,
+    fast_path: bool = True,
+) -> SimulationResult:
+    """Serve `workload` under `policy`; each replica gets its own copy of the policy."""
+    scheduler = scheduler or SchedulerConfig()
+    cluster = cluster or ClusterConfig()
+    if kv_capacity_tokens < 1:
+        raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
+    started = time.perf_counter()
+    env = simpy.Environment()
+    arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)
+    arrival_s = arrival_s - arrival_s[0]
+    replay = AcceptanceReplay(acceptance, workload.output_tokens)
+    if type(policy).signals - replay.available:
+        missing = ", ".join(sorted(type(policy).signals - replay.available))
+        raise ConfigError(f"policy {policy.name!r} needs signals the speculation trace lacks: "
+                          f"{missing}; record them, or use a parametric acceptance model")
+    steps, requests = StepLog(), RequestLog(len(workload))
+    router = _Cluster(arrival_s, cluster.router)
+    cost = StepCostModel(latency)
+    for r in range(cluster.replicas):
+        replica = Replica(env, r, scheduler, kv_capacity_tokens, cost, copy.deepcopy(policy),
+                          replay, steps, requests, router.next_arrival_s, fast_path)
+        router.replicas.append(replica)
+        env.process(replica.serve())
+    states = [
+        RequestState(i, int(rid), float(a), int(p), int(o))
+        for i, (rid, a, p, o) in enumerate(zip(workload.request_ids.tolist(), arrival_s.tolist(),
+                                               workload.prompt_tokens.tolist(),
+                                               workload.output_tokens.tolist()))
+    ]
+    env.process(arrivals(env, states, router))
+    env.run()
+    wall_s = time.perf_counter() - started
+    req_df = requests.frame(workload.request_ids, workload.prompt_tokens, workload.output_tokens)
+    meta = {
+        "workload": workload.source,
+        "requests": len(workload),
+        "latency_model": latency.source,
+        "acceptance": replay.describe(),
+        "policy": {"name": policy.name, "params": policy.params()},
+        "scheduler": scheduler.__dict__,
+        "cluster": cluster.__dict__,
+        "kv_capacity_tokens": int(kv_capacity_tokens),
+        "fast_path": bool(fast_path and type(policy).stateless_per_batch),
+        "wall_s": wall_s,
+    }
+    return SimulationResult(req_df, steps.frame(), meta)

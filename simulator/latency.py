@@ -1,0 +1,60 @@
+"""The latency-model interface: seconds for one forward pass over a ragged batch.
+
+Every latency model (roofline, profiled table) answers one question: how long does one forward
+pass of the target or of the draft take, given the batch's aggregate shape. Aggregates, not
+per-request lists, so that the engine can evaluate many steps at once with numpy arrays.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Literal
+
+import numpy as np
+
+Role = Literal["target", "draft"]
+ArrayLike = float | int | np.ndarray
+
+
+def attention_pairs(query_tokens: ArrayLike, cached_tokens: ArrayLike) -> ArrayLike:
+    """Query-key pairs one request's pass computes under a causal mask.
+
+    A request with `cached_tokens` already in the KV cache that feeds `query_tokens` new tokens
+    attends q·cached + q(q+1)/2 pairs. Sum this over the batch for `LatencyModel.pass_s`.
+    """
+    q = np.asarray(query_tokens)
+    return q * np.asarray(cached_tokens) + q * (q + 1) // 2
+
+
+class LatencyModel(ABC):
+    """Predicts forward-pass and step-overhead times. Arguments may be numpy arrays (broadcast).
+
+    Arguments of `pass_s`, all sums over the requests in the pass:
+      num_seqs        requests in the pass
+      query_tokens    new tokens fed (prefill chunk, or k+1 for a verify, 1 for a draft step)
+      cached_tokens   tokens already in the KV cache that the pass reads
+      attn_pairs      query-key pairs under the causal mask (see `attention_pairs`)
+    """
+
+    #: where the numbers come from, e.g. "roofline: Llama-3.1-8B on H100-SXM, bf16"
+    source: str = "unspecified"
+
+    @abstractmethod
+    def pass_s(
+        self,
+        role: Role,
+        num_seqs: ArrayLike,
+        query_tokens: ArrayLike,
+        cached_tokens: ArrayLike,
+        attn_pairs: ArrayLike,
+    ) -> ArrayLike:
+        """Seconds for one forward pass of `role` (0 for a model-free drafter)."""
+
+    @abstractmethod
+    def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:
+        """Seconds of per-iteration work outside the forward passes (scheduling, sampling)."""
+
+    @property
+    @abstractmethod
+    def has_draft_model(self) -> bool:
+        """False for model-free drafters (n-gram lookup): drafting costs no GPU time."""

@@ -1,0 +1,188 @@
+"""The analytical latency model: a forward pass costs the slower of its bytes and its FLOPs.
+
+It is the default so that spectune runs with nothing profiled. Per pass:
+
+    bytes = weights streamed (every layer, final norm, LM head)
+          + KV read (cached tokens) + KV written (query tokens)
+    flops = 2 * matmul weights * query tokens + 4 * layers * heads * head_dim * attention pairs
+    time  = max(bytes / (bandwidth * eff_bw), flops / (peak * eff_flops))
+          + pass_fixed_s + layers * per_layer_s
+
+Activations are left out of the bytes: per token they are a few hidden-sized vectors per layer,
+against megabytes of weights, and at the sizes where they would count the pass is compute-bound.
+The LM head is charged for every query token; a prefill that computes logits only for its last
+position costs slightly less than this (the LM head is ~7% of Llama-3.1-8B's matmul weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from simulator.catalog import GpuSpec, ModelShape
+from simulator.errors import ConfigError
+from simulator.latency import ArrayLike, LatencyModel, Role
+
+
+@dataclass(frozen=True)
+class RooflineParams:
+    """Efficiency and overhead constants. Defaults are assumptions that a profile will replace.
+
+    bandwidth_efficiency 0.85: the fraction of datasheet bandwidth a decode pass streams at.
+      A large device-to-device copy on an H100 80GB HBM3 measures ~3.0 TB/s (90% of 3.35), the
+      ceiling for any kernel; gpt-fast's compiled bf16 Llama-2-7B decode reached 1,397 GB/s on an
+      A100-80GB power-capped at 330 W, 69% (pytorch.org/blog/accelerating-generative-ai-2);
+      tuned engines quote 80-90% at batch 1. 0.85 sits between those.
+    flops_efficiency 0.70: the fraction of dense bf16 peak that large matrix products reach.
+      An 8192^3 bf16 GEMM measures ~790-800 TFLOP/s on an H100/H200 (81% of 989); a model's
+      narrower projections, attention and elementwise kernels lose more. Assumption.
+    pass_fixed_s 30 us: per pass, independent of size: graph launch, embedding gather, final
+      norm, logits to the sampler. Assumption.
+    per_layer_s 5 us: per decoder layer, ~8-10 kernels (norms, projections, rotary + cache
+      write, attention, activation) whose launch gaps and ramp-up/tail under CUDA-graph replay
+      cost ~0.5 us each. Assumption.
+    step_overhead_s 200 us + per_seq_overhead_s 2 us: host work per iteration outside the
+      passes (scheduling, input metadata, sampling and acceptance bookkeeping), which engines
+      that overlap scheduling with the GPU partly hide. Assumption.
+    """
+
+    bandwidth_efficiency: float = 0.85
+    flops_efficiency: float = 0.70
+    pass_fixed_s: float = 30e-6
+    per_layer_s: float = 5e-6
+    step_overhead_s: float = 200e-6
+    per_seq_overhead_s: float = 2e-6
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_efficiency", "flops_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ConfigError(f"RooflineParams.{name} must be in (0, 1], got {value}")
+        for name in ("pass_fixed_s", "per_layer_s", "step_overhead_s", "per_seq_overhead_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"RooflineParams.{name} must be >= 0, got {value}")
+
+
+_DTYPE_NAMES = {1: "8-bit", 2: "bf16", 4: "fp32"}
+
+
+_SCALARS = (int, float, np.integer, np.floating)
+
+
+class RooflineLatency(LatencyModel):
+    """Roofline pass times for a target, an optional draft model, and one GPU.
+
+    `draft=None` stands for a model-free drafter (n-gram lookup): its passes cost nothing.
+    The FLOP rate is the GPU's dense bf16 peak whatever `dtype_bytes` says; a narrower dtype
+    only shrinks the bytes.
+    """
+
+    def __init__(
+        self,
+        target: ModelShape,
+        draft: ModelShape | None,
+        gpu: GpuSpec,
+        dtype_bytes: int = 2,
+        params: RooflineParams | None = None,
+    ) -> None:
+        if dtype_bytes not in _DTYPE_NAMES:
+            known = sorted(_DTYPE_NAMES)
+            raise ConfigError(f"dtype_bytes must be one of {known}, got {dtype_bytes}")
+        self.target = target
+        self.draft = draft
+        self.gpu = gpu
+        self.dtype_bytes = dtype_bytes
+        self.params = params or RooflineParams()
+        self._coef_target = self._shape_coefficients(target)
+        self._coef_draft = self._shape_coefficients(draft)
+        p = self.params
+        drafter = f"{draft.name} draft" if draft else "model-free draft"
+        self.source = (
+            f"roofline: {target.name} target + {drafter} on {gpu.name}, "
+            f"{_DTYPE_NAMES[dtype_bytes]} (datasheet peaks x efficiency: "
+            f"{p.bandwidth_efficiency:g} of bandwidth, {p.flops_efficiency:g} of dense FLOP/s)"
+        )
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self.draft is not None
+
+    def pass_s(
+        self,
+        role: Role,
+        num_seqs: ArrayLike,
+        query_tokens: ArrayLike,
+        cached_tokens: ArrayLike,
+        attn_pairs: ArrayLike,
+    ) -> ArrayLike:
+        """Seconds for one pass of `role`; elementwise over arrays, a float for scalars."""
+        coef = self._coefficients(role)
+        if all(isinstance(v, _SCALARS) for v in (num_seqs, query_tokens, cached_tokens,
+                                                  attn_pairs)):
+            for name, v in (("num_seqs", num_seqs), ("query_tokens", query_tokens),
+                            ("cached_tokens", cached_tokens), ("attn_pairs", attn_pairs)):
+                if not v >= 0:  # also catches NaN
+                    raise ValueError(f"pass_s: {name} must be >= 0")
+            if coef is None or num_seqs == 0 or query_tokens == 0:
+                return 0.0
+            m0, m1, f_q, f_pair, fixed = coef
+            memory_s = m0 + m1 * (cached_tokens + query_tokens)
+            return float(max(memory_s, f_q * query_tokens + f_pair * attn_pairs) + fixed)
+        n, q, c, pairs = (np.asarray(v, dtype=np.float64) for v in
+                          (num_seqs, query_tokens, cached_tokens, attn_pairs))
+        for name, a in (("num_seqs", n), ("query_tokens", q), ("cached_tokens", c),
+                        ("attn_pairs", pairs)):
+            if not np.all(a >= 0):  # also catches NaN
+                raise ValueError(f"pass_s: {name} must be >= 0")
+        if coef is None:
+            t = np.zeros(np.broadcast(n, q, c, pairs).shape)
+        else:
+            m0, m1, f_q, f_pair, fixed = coef
+            t = np.maximum(m0 + m1 * (c + q), f_q * q + f_pair * pairs) + fixed
+        t = np.where((n > 0) & (q > 0), t, 0.0)
+        return float(t) if t.ndim == 0 else t
+
+    def _coefficients(self, role: Role) -> tuple[float, float, float, float, float] | None:
+        """(memory s, memory s per token, compute s per query token, per pair, fixed s)."""
+        if role == "target":
+            return self._coef_target
+        if role == "draft":
+            return self._coef_draft
+        raise ConfigError(f"role must be 'target' or 'draft', got {role!r}")
+
+    def _shape_coefficients(self, m: ModelShape | None):
+        if m is None:
+            return None
+        p, gpu = self.params, self.gpu
+        bandwidth = gpu.bandwidth_bytes_per_s * p.bandwidth_efficiency
+        rate = gpu.bf16_flops_per_s * p.flops_efficiency
+        return (
+            m.weight_params_read_per_pass * self.dtype_bytes / bandwidth,
+            m.kv_bytes_per_token(self.dtype_bytes) / bandwidth,
+            m.flops_per_token / rate,
+            4.0 * m.layers * m.heads * m.head_dim / rate,
+            p.pass_fixed_s + m.layers * p.per_layer_s,
+        )
+
+    def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:
+        """Host seconds per iteration: a fixed part plus a part per running request (0 if idle)."""
+        p = self.params
+        if isinstance(num_seqs, _SCALARS):
+            return p.step_overhead_s + p.per_seq_overhead_s * num_seqs if num_seqs > 0 else 0.0
+        n = np.asarray(num_seqs, dtype=np.float64)
+        t = np.where(n > 0, p.step_overhead_s + p.per_seq_overhead_s * n, 0.0)
+        return float(t) if t.ndim == 0 else t
+
+    def describe(self) -> dict:
+        """Every input of the model, for a run's meta block."""
+        return {
+            "kind": "roofline",
+            "source": self.source,
+            "target": asdict(self.target),
+            "draft": asdict(self.draft) if self.draft else None,
+            "gpu": asdict(self.gpu),
+            "dtype_bytes": self.dtype_bytes,
+            "params": asdict(self.params),
+        }

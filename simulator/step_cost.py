@@ -1,0 +1,107 @@
+"""Cost of one engine iteration, composed from a LatencyModel's forward passes.
+
+A speculative iteration with per-request k_r costs (DESIGN.md "Latency models"):
+  the draft chain: max k_r draft passes, pass j over the requests still drafting (k_r >= j),
+  one target verify pass over sum_r (k_r + 1) tokens (plus any prompt chunks in the batch),
+  and the per-iteration overhead.
+A draft pass feeds one token per request (a chain drafter keeps its own KV cache, so only the
+newest token is new to it); when a batch also prefills prompts, the draft model prefills them in
+its first pass. Model-free drafters cost nothing to draft.
+
+`cached` may be 2-D (requests x steps): the fast path costs many steps of one batch at once.
+The draft passes only need, per pass j, the number of requests with k_r >= j and the sum of
+their cached tokens, so requests are bucketed by k once and the sums taken per bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from simulator.latency import LatencyModel, attention_pairs
+
+
+class StepCostModel:
+    """Iteration times from a latency model; also the `StepCost` a policy sees."""
+
+    def __init__(self, latency: LatencyModel) -> None:
+        self.latency = latency
+
+    def iteration_s(
+        self,
+        ks: Sequence[int] | np.ndarray,
+        cached: Sequence[int] | np.ndarray,
+        prefill_seqs: int = 0,
+        prefill_tokens: int = 0,
+        prefill_cached: int = 0,
+        prefill_pairs: int = 0,
+    ):
+        """Seconds of one iteration (float), or of each column of `cached` if it is 2-D.
+
+        ks      (R,) draft tokens per decode request
+        cached  (R,) or (R, S): tokens in each decode request's KV cache before the verify pass
+        prefill_*: aggregates of the prompt chunks processed in the same iteration
+        """
+        lat = self.latency
+        ks = np.asarray(ks, dtype=np.int64)
+        cached = np.asarray(cached, dtype=np.int64)
+        n_decode = len(ks)
+        # per distinct k: how many requests, and the sum of their cached tokens (per step if 2-D)
+        distinct = np.unique(ks) if n_decode else ks
+        counts, sums = [], []
+        for k in distinct.tolist():
+            rows = cached[ks == k] if len(distinct) > 1 else cached
+            counts.append(len(rows))
+            sums.append(rows.sum(axis=0))
+        query = int(ks.sum()) + n_decode
+        cached_total = sum(sums) if sums else 0
+        # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
+        pairs = sum((k + 1) * s + n * (k + 1) * (k + 2) // 2
+                    for k, n, s in zip(distinct.tolist(), counts, sums))
+        total = lat.pass_s("target", n_decode + prefill_seqs, query + prefill_tokens,
+                           cached_total + prefill_cached, pairs + prefill_pairs)
+        total = total + lat.step_overhead_s(n_decode + prefill_seqs)
+        if lat.has_draft_model:
+            total = total + self._draft_chain_s(distinct.tolist(), counts, sums, prefill_seqs,
+                                                prefill_tokens, prefill_cached, prefill_pairs)
+        return total
+
+    def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
+                       prefill_cached, prefill_pairs):
+        """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j."""
+        k_top = max(distinct, default=0)
+        total = 0.0
+        n_j, c_j = 0, 0
+        by_k = dict(zip(distinct, zip(counts, sums)))
+        for j in range(max(k_top, 1 if prefill_seqs else 0), 0, -1):
+            if j in by_k:  # requests drafting exactly j join every pass up to j
+                n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
+            # request cached c_r + (j - 1) before its j-th draft token: one query, pairs c + j
+            seqs, tokens = n_j, n_j
+            cached = c_j + n_j * (j - 1)
+            pairs = c_j + n_j * j
+            if j == 1 and prefill_seqs:
+                seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
+                cached, pairs = cached + prefill_cached, pairs + prefill_pairs
+            total = total + self.latency.pass_s("draft", seqs, tokens, cached, pairs)
+        return total
+
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
+        """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.
+
+        The newest token of each sequence is fed again with the drafts, so the cache holds
+        context - 1 tokens before the verify pass.
+        """
+        return self.iteration_s(ks, np.asarray(context_tokens, dtype=np.int64) - 1)
+
+    def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
+        """An iteration that prefills whole prompts and nothing else."""
+        p = np.asarray(prompt_tokens, dtype=np.int64)
+        return self.iteration_s(
+            (), (),
+            prefill_seqs=len(p),
+            prefill_tokens=int(p.sum()),
+            prefill_cached=0,
+            prefill_pairs=int(attention_pairs(p, 0).sum()),
+        )

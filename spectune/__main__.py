@@ -1,0 +1,5 @@
+import sys
+
+from spectune.cli import main
+
+sys.exit(main())

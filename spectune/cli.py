@@ -1,0 +1,175 @@
+"""`spectune`: one command line for the user's jobs. Thin: parse, call a job, print.
+
+Bad input ends with exit code 2 and one line on stderr saying what was wrong (never a traceback;
+`--debug` shows one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        args = parser.parse_args(["simulate", *(argv or [])])
+    try:
+        return args.handler(args)
+    except (ValueError, OSError, KeyError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"spectune: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    from simulator import ClusterConfig, SchedulerConfig
+    from spectune.flags import add_dataclass_flags
+    from spectune.simulate import SimulationSpec
+
+    parser = argparse.ArgumentParser(prog="spectune", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+
+    sim = sub.add_parser("simulate", help="simulate serving a workload under a policy",
+                         description="Simulate serving with speculative decoding. With no "
+                         "options: the embedded default (Azure conversation trace, Llama-3.1-8B "
+                         "+ Llama-68M on H100, roofline latency).")
+    add_dataclass_flags(sim, SimulationSpec, "workload, models, acceptance, policy")
+    sim.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
+                     help="a policy parameter (repeatable); `spectune policies` lists them")
+    add_dataclass_flags(sim, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    add_dataclass_flags(sim, ClusterConfig, "cluster")
+    sim.add_argument("--out", type=Path, help="write requests.csv, steps.csv, summary.json here")
+    sim.add_argument("--format", choices=("table", "json"), default="table")
+    sim.add_argument("--no-fast-path", dest="fast_path", action="store_false",
+                     help="cost every iteration one by one (slower; same results)")
+    sim.add_argument("--debug", action="store_true", help="show tracebacks")
+    sim.set_defaults(handler=cmd_simulate)
+
+    pol = sub.add_parser("policies", help="list the registered policies and their parameters")
+    pol.add_argument("--format", choices=("table", "json"), default="table")
+    pol.set_defaults(handler=cmd_policies)
+
+    cat = sub.add_parser("catalog", help="list the known model shapes and GPUs")
+    cat.set_defaults(handler=cmd_catalog)
+    return parser
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator import ClusterConfig, SchedulerConfig
+    from spectune.files import write_csv, write_json
+    from spectune.flags import dataclass_from_args
+    from spectune.simulate import SimulationSpec, run
+
+    spec = dataclass_from_args(SimulationSpec, args)
+    scheduler = dataclass_from_args(SchedulerConfig, args)
+    cluster = dataclass_from_args(ClusterConfig, args)
+    result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path)
+    if args.out:
+        write_csv(args.out / "requests.csv", result.requests)
+        write_csv(args.out / "steps.csv", result.steps)
+        write_json(args.out / "summary.json", summary)
+    if args.format == "json":
+        print(json.dumps(summary, indent=2, default=_jsonable))
+    else:
+        print(_summary_table(summary))
+        if args.out:
+            print(f"\nrecords written to {args.out}/")
+    return 0
+
+
+def _jsonable(value):
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _fmt_s(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.3f} s"
+
+
+def _summary_table(s: dict) -> str:
+    inputs = s["inputs"]
+    pol = inputs["policy"]
+    params = ", ".join(f"{k}={v}" for k, v in pol["params"].items())
+    acc = inputs["acceptance"]
+    lines = [
+        f"workload     {inputs['workload']}",
+        f"latency      {inputs['latency_model']}",
+        f"acceptance   {acc.get('description', acc.get('spec', acc.get('source', '?')))}",
+        f"policy       {pol['name']}({params})   replicas {inputs['cluster']['replicas']}   "
+        f"KV capacity {inputs['kv_capacity_tokens']:,} tokens",
+        "",
+        f"requests {s['requests']:,} over {s['duration_s']:,.1f} s simulated "
+        f"({inputs['wall_s']:.2f} s wall)   throughput {s['throughput_tokens_per_s']:,.0f} tok/s"
+        f"   mean batch {s['mean_batch_size']:.1f}",
+        f"mean k {s['mean_k']:.2f}   mean emitted per step {s['mean_emitted_per_step']:.3f}",
+        "",
+        f"{'':8}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}",
+    ]
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        d = s[key]
+        lines.append(f"{label:8}" + "".join(f"{_fmt_s(d[q]):>12}" for q in
+                                            ("mean", "p50", "p90", "p99")))
+    if "slo_attainment" in s:
+        lines.append(f"\nSLO {s['slo']}: attainment {s['slo_attainment']:.1%}, goodput "
+                     f"{s['goodput_tokens_per_s']:,.0f} tok/s")
+    return "\n".join(lines)
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from policies import parameters, policy_class, policy_names
+
+    rows = []
+    for name in policy_names():
+        cls = policy_class(name)
+        rows.append({"name": name, "description": cls.description,
+                     "parameters": [p.__dict__ for p in parameters(name)]})
+    if args.format == "json":
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for row in rows:
+        print(f"{row['name']}: {row['description']}")
+        for p in row["parameters"]:
+            print(f"    {p['name']} ({p['type_name']}, default {p['default']}): {p['help']}")
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from simulator import get_gpu, get_model, gpu_names, model_names
+
+    print("models:")
+    for name in model_names():
+        m = get_model(name)
+        print(f"    {m.name:16} {m.params / 1e9:7.2f} B params  layers {m.layers:3}  "
+              f"hidden {m.hidden:5}  kv heads {m.kv_heads:2}   [{m.source}]")
+    print("GPUs:")
+    for name in gpu_names():
+        g = get_gpu(name)
+        print(f"    {g.name:12} {g.memory_bytes / 2**30:6.1f} GiB  "
+              f"{g.bandwidth_bytes_per_s / 1e12:5.2f} TB/s  "
+              f"{g.bf16_flops_per_s / 1e12:6.0f} TFLOP/s bf16   [{g.source}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Command-line flags derived from dataclass fields, so each default and help text has one home."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import MISSING, fields
+from typing import Any
+
+
+def _inner(tp: Any) -> tuple[Any, bool]:
+    """(base type, optional?) of `T` or `T | None`."""
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if (origin is typing.Union or origin is types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str,
+                        skip: tuple[str, ...] = ()) -> None:
+    """One `--field-name` flag per dataclass field, typed and documented from the field."""
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if f.name in skip or not f.init:
+            continue
+        base, optional = _inner(hints[f.name])
+        default = f.default if f.default is not MISSING else None
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if base is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=default, help=f"{help_text} (default: {default})")
+        else:
+            shown = "none" if default is None else default
+            group.add_argument(flag, dest=f.name, type=base, default=default,
+                               metavar=base.__name__.upper(),
+                               help=f"{help_text} (default: {shown})")
+        del optional
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """Build `cls` from the parsed flags (only the fields it has)."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    values.update(extra)
+    return cls(**values)

@@ -1,0 +1,146 @@
+"""The `simulate` job: build every input from a `SimulationSpec`, run the engine, summarise."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from policies import Policy, make_policy
+from simulator import (
+    ClusterConfig,
+    ConfigError,
+    LatencyModel,
+    RooflineLatency,
+    SchedulerConfig,
+    SimulationResult,
+    Slo,
+    get_gpu,
+    get_model,
+    kv_capacity_tokens,
+    simulate,
+    summarize,
+)
+from traces import (
+    SpeculationTrace,
+    TraceError,
+    Workload,
+    builtin_names,
+    builtin_workload,
+    load_workload,
+    parametric_trace,
+    parse_acceptance,
+    parse_lengths,
+    rescale_to_rate,
+    synthetic_workload,
+)
+
+SYNTHETIC = ("poisson", "gamma")
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    """What to simulate. The CLI's flags are these fields; their defaults are the embedded run."""
+
+    workload: str = field(default="azure-conv", metadata={
+        "help": "azure-conv, azure-code, poisson, gamma, or a workload file (.csv/.jsonl)"})
+    rate: float | None = field(default=None, metadata={
+        "help": "requests/s: rescales a trace's arrivals; the rate of poisson/gamma (default 2)"})
+    cv: float = field(default=2.0, metadata={"help": "gamma arrivals: burstiness (CV of gaps)"})
+    lengths: str = field(default="azure-conv", metadata={
+        "help": "poisson/gamma lengths: azure-conv, azure-code, fixed:PROMPT,OUTPUT, or a file"})
+    requests: int | None = field(default=1000, metadata={"help": "first N requests"})
+    duration: float | None = field(default=None, metadata={
+        "help": "keep requests arriving in the first S seconds"})
+    target: str = field(default="Llama-3.1-8B", metadata={"help": "target model shape"})
+    draft: str = field(default="Llama-68M", metadata={
+        "help": "draft model shape, or 'none' for a model-free drafter (n-gram lookup)"})
+    hardware: str = field(default="H100-SXM", metadata={"help": "GPU of each replica"})
+    acceptance: str = field(default="beta:7,3", metadata={
+        "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L, or a speculation trace (.npz)"})
+    policy: str = field(default="fixed", metadata={"help": "speculation-length policy"})
+    seed: int = field(default=0, metadata={"help": "seed of every random draw"})
+    slo_ttft: float | None = field(default=None, metadata={"help": "TTFT objective, seconds"})
+    slo_tpot: float | None = field(default=None, metadata={"help": "TPOT objective, seconds"})
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise ConfigError(f"--rate must be a positive number of requests/s, got {self.rate}")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError(f"--requests must be >= 1, got {self.requests}")
+        if self.duration is not None and not self.duration > 0:
+            raise ConfigError(f"--duration must be > 0 seconds, got {self.duration}")
+        if not self.cv > 0:
+            raise ConfigError(f"--cv must be > 0, got {self.cv}")
+
+
+@dataclass(frozen=True)
+class SimulationInputs:
+    """Everything the engine needs, built and validated."""
+
+    workload: Workload
+    latency: LatencyModel
+    acceptance: SpeculationTrace
+    policy: Policy
+    kv_capacity_tokens: int
+    slo: Slo | None
+
+
+def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
+    if spec.workload in SYNTHETIC:
+        n = spec.requests or 1000
+        rate = spec.rate if spec.rate is not None else 2.0
+        lengths = parse_lengths(spec.lengths)
+        cv = spec.cv if spec.workload == "gamma" else 1.0
+        wl = synthetic_workload(spec.workload, rate, n, lengths, rng, cv=cv)
+    else:
+        if spec.workload in builtin_names():
+            wl = builtin_workload(spec.workload)
+        elif Path(spec.workload).suffix or Path(spec.workload).exists():
+            wl = load_workload(spec.workload)
+        else:
+            known = ", ".join([*builtin_names(), *SYNTHETIC])
+            raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
+                             "or a path to a .csv/.jsonl workload file")
+        if spec.requests is not None:
+            wl = wl.head(min(spec.requests, len(wl)))
+        if spec.rate is not None:
+            wl = rescale_to_rate(wl, spec.rate)
+    if spec.duration is not None:
+        wl = wl.within(spec.duration)
+    return wl
+
+
+def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) -> SpeculationTrace:
+    if spec.endswith(".npz") or Path(spec).exists():
+        return SpeculationTrace.load(spec)
+    return parametric_trace(parse_acceptance(spec), workload.output_tokens, rng)
+
+
+def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
+                 scheduler: SchedulerConfig) -> SimulationInputs:
+    seeds = np.random.SeedSequence(spec.seed).spawn(2)
+    workload = build_workload(spec, np.random.default_rng(seeds[0]))
+    target = get_model(spec.target)
+    draft = None if spec.draft.lower() in ("none", "ngram", "") else get_model(spec.draft)
+    gpu = get_gpu(spec.hardware)
+    latency = RooflineLatency(target, draft, gpu)
+    kv = scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
+    acceptance = build_acceptance(spec.acceptance, workload, np.random.default_rng(seeds[1]))
+    policy = make_policy(spec.policy, policy_params)
+    slo = None
+    if spec.slo_ttft is not None or spec.slo_tpot is not None:
+        slo = Slo(ttft_s=spec.slo_ttft, tpot_s=spec.slo_tpot)
+    return SimulationInputs(workload, latency, acceptance, policy, kv, slo)
+
+
+def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: SchedulerConfig,
+        cluster: ClusterConfig, fast_path: bool = True) -> tuple[SimulationResult, dict]:
+    """Simulate and summarise; the summary carries where each input came from."""
+    inputs = build_inputs(spec, policy_params, scheduler)
+    result = simulate(inputs.workload, inputs.latency, inputs.acceptance, inputs.policy,
+                      inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path)
+    summary = summarize(result.requests, result.steps, inputs.slo)
+    summary["inputs"] = {"spec": asdict(spec), **result.meta}
+    return result, summary

@@ -1,0 +1,112 @@
+"""`spectune simulate` as a user runs it: defaults, JSON keys, outputs, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from spectune.cli import main
+
+SMALL = ["--requests", "150"]
+
+
+def _json(capsys, argv):
+    assert main([*argv, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_no_arguments_runs_the_embedded_default(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "Azure" in out and "roofline" in out
+    for label in ("TTFT", "TPOT", "E2E", "mean emitted per step"):
+        assert label in out
+
+
+def test_json_summary_has_the_documented_keys(capsys):
+    s = _json(capsys, ["simulate", *SMALL])
+    for key in ("requests", "duration_s", "throughput_tokens_per_s", "mean_emitted_per_step",
+                "mean_k"):
+        assert key in s
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert set(s[key]) == {"mean", "p50", "p90", "p99"}
+        assert 0 < s[key]["p50"] <= s[key]["p99"]
+    assert s["requests"] == 150
+    assert s["mean_k"] == 4
+
+
+def test_out_writes_records_and_summary(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["simulate", *SMALL, "--out", str(out)]) == 0
+    req = pd.read_csv(out / "requests.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(req) == 150 and len(steps) > 150
+    assert summary["requests"] == 150
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_same_seed_same_records_different_seed_different(tmp_path):
+    def run(seed, name):
+        out = tmp_path / name
+        assert main(["simulate", *SMALL, "--seed", str(seed), "--out", str(out)]) == 0
+        return (out / "requests.csv").read_bytes()
+
+    assert run(1, "a") == run(1, "b")
+    assert run(1, "a") != run(2, "c")
+
+
+def test_synthetic_workloads_and_acceptance_forms(capsys):
+    s = _json(capsys, ["simulate", "--workload", "gamma", "--rate", "3", "--cv", "3",
+                       "--requests", "100", "--acceptance", "iid:0.8", "--set", "k=2"])
+    assert s["requests"] == 100 and s["mean_k"] == 2
+    s = _json(capsys, ["simulate", "--workload", "poisson", "--rate", "1", "--requests", "50",
+                       "--lengths", "fixed:100,50", "--acceptance", "markov:0.9,0.2@40",
+                       "--draft", "none", "--replicas", "2", "--router", "least-loaded"])
+    assert s["requests"] == 50
+
+
+def test_policies_lists_parameters(capsys):
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed" in out and "k (int, default 4)" in out
+
+
+BAD = [
+    (["--target", "llama-9000"], "unknown model 'llama-9000'"),
+    (["--hardware", "tpu-v9"], "unknown GPU 'tpu-v9'"),
+    (["--rate", "-1"], "--rate must be a positive"),
+    (["--rate", "0"], "--rate must be a positive"),
+    (["--set", "kk=3"], "has no parameter 'kk'"),
+    (["--set", "k"], "--set expects KEY=VALUE"),
+    (["--policy", "nope"], "unknown policy 'nope'"),
+    (["--acceptance", "iid:1.7"], "iid"),
+    (["--workload", "nowhere"], "unknown workload 'nowhere'"),
+    (["--replicas", "0"], "replicas must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD)
+def test_bad_input_is_one_clear_line_and_exit_2(capsys, argv, message):
+    assert main(["simulate", *SMALL, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spectune: error:")
+    assert message in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_bad_workload_files(tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    missing = tmp_path / "missing.csv"
+    missing.write_text("arrival_s,prompt_tokens\n0.0,10\n")
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n{not json\n')
+    for path, message in ((empty, "empty"), (missing, "output_tokens"), (garbled, "line 2"),
+                          (tmp_path / "absent.csv", "absent.csv")):
+        assert main(["simulate", "--workload", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1

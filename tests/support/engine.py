@@ -1,0 +1,48 @@
+"""Small, exactly computable inputs for engine tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.latency import LatencyModel
+from traces import RequestSpeculation, SpeculationTrace, Workload
+
+
+class LinearLatency(LatencyModel):
+    """A latency model simple enough to sum by hand: every term linear in its argument."""
+
+    source = "test: linear"
+
+    def __init__(self, draft: bool = True, overhead_s: float = 1e-3) -> None:
+        self._draft = draft
+        self.overhead = overhead_s
+
+    def pass_s(self, role, num_seqs, query_tokens, cached_tokens, attn_pairs):
+        if role == "draft":
+            if not self._draft:
+                return 0.0 * np.asarray(cached_tokens, dtype=float)
+            return 1e-4 + 1e-6 * np.asarray(query_tokens) + 1e-9 * np.asarray(cached_tokens)
+        return 5e-3 + 1e-5 * np.asarray(query_tokens) + 1e-8 * np.asarray(cached_tokens)
+
+    def step_overhead_s(self, num_seqs):
+        return self.overhead + 0.0 * np.asarray(num_seqs, dtype=float)
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self._draft
+
+
+def workload(arrivals, prompts, outputs) -> Workload:
+    n = len(arrivals)
+    return Workload(
+        arrival_s=np.asarray(arrivals, dtype=np.float64),
+        prompt_tokens=np.asarray(prompts, dtype=np.int64),
+        output_tokens=np.asarray(outputs, dtype=np.int64),
+        request_ids=np.arange(n, dtype=np.int64),
+        source="test",
+    )
+
+
+def trace_from_runs(runs) -> SpeculationTrace:
+    reqs = tuple(RequestSpeculation(run=np.asarray(r, dtype=np.int32)) for r in runs)
+    return SpeculationTrace(requests=reqs, meta={"source": "test", "parametric": False})

@@ -1,0 +1,280 @@
+"""Parametric acceptance: a stand-in speculation trace when nothing was recorded.
+
+A spec string picks how likely each draft token is to match the target:
+
+* ``iid:ALPHA`` — every position of every request matches with probability ALPHA;
+* ``beta:A,B`` — each request draws its own alpha ~ Beta(A, B) (easy and hard prompts);
+* ``markov:A1,A2,...@L`` — regime switching within a request: segments of geometric length with
+  mean L tokens, each with an alpha drawn uniformly from the list (code vs prose, say).
+
+Traces built this way say so (meta["parametric"] = True) and their signals are PROXIES derived
+from the model's own acceptance probability, not measurements of any drafter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces._checks import count, positive_finite, unit_interval
+from traces.errors import TraceError
+from traces.speculation import SpeculationTrace, runs_by_request
+
+DEFAULT_MAX_RUN = 255
+_FORMS = "'iid:ALPHA' (0 <= ALPHA <= 1), 'beta:A,B' (A, B > 0) or 'markov:A1,A2,...@L' (L >= 1)"
+SIGNAL_NOTE = (
+    "proxy: accept_prob = p_t (the model's per-position match probability); kl = -ln(1-(1-p_t)^2), "
+    "the Bretagnolle-Huber lower bound on KL(target||draft) for total-variation distance 1-p_t; "
+    "draft_top1 = p_t (a calibrated draft); draft_entropy = binary entropy of p_t in nats"
+)
+
+
+class ParametricAcceptance:
+    """Base of the parsed acceptance models; subclasses are frozen dataclasses."""
+
+    spec: str
+
+    @property
+    def mean_alpha(self) -> float | None:
+        """Long-run fraction of positions that match, where the model defines one."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One human-readable sentence describing the model."""
+        raise NotImplementedError
+
+    def position_alphas(self, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Per-position alpha over all requests' positions concatenated (float32)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class IidAcceptance(ParametricAcceptance):
+    """Every position matches independently with probability alpha."""
+
+    alpha: float
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alpha", unit_interval("iid alpha", self.alpha))
+        if not self.spec:
+            object.__setattr__(self, "spec", f"iid:{self.alpha:g}")
+
+    @property
+    def mean_alpha(self) -> float:
+        return self.alpha
+
+    def describe(self) -> str:
+        return f"i.i.d. acceptance: every draft token matches with probability {self.alpha:g}"
+
+    def position_alphas(self, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return np.full(int(lengths.sum()), self.alpha, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class BetaAcceptance(ParametricAcceptance):
+    """Each request draws alpha ~ Beta(a, b); positions within it are i.i.d. given alpha."""
+
+    a: float
+    b: float
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "a", positive_finite("beta A", self.a))
+        object.__setattr__(self, "b", positive_finite("beta B", self.b))
+        if not self.spec:
+            object.__setattr__(self, "spec", f"beta:{self.a:g},{self.b:g}")
+
+    @property
+    def mean_alpha(self) -> float:
+        return self.a / (self.a + self.b)
+
+    def describe(self) -> str:
+        return (f"per-request acceptance: each request's alpha ~ Beta({self.a:g}, {self.b:g}) "
+                f"(mean {self.mean_alpha:.3g}), i.i.d. within the request")
+
+    def position_alphas(self, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        alphas = rng.beta(self.a, self.b, size=lengths.size).astype(np.float32)
+        return np.repeat(alphas, lengths)
+
+
+@dataclass(frozen=True)
+class MarkovAcceptance(ParametricAcceptance):
+    """Regime switching: geometric segments (mean `mean_segment` tokens), alpha per segment.
+
+    A new segment starts at each request's first position and, after that, at each position with
+    probability 1/mean_segment; its alpha is drawn uniformly from `alphas` (it may repeat the
+    previous one). Segments never continue across requests.
+    """
+
+    alphas: tuple[float, ...]
+    mean_segment: float
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        alphas = tuple(unit_interval("markov alpha", a) for a in self.alphas)
+        if not alphas:
+            raise TraceError(f"markov acceptance needs at least one alpha; use {_FORMS}")
+        mean = positive_finite("markov mean segment length L", self.mean_segment)
+        if mean < 1:
+            raise TraceError(f"markov mean segment length L must be >= 1 token (got {mean:g})")
+        object.__setattr__(self, "alphas", alphas)
+        object.__setattr__(self, "mean_segment", mean)
+        if not self.spec:
+            listed = ",".join(f"{a:g}" for a in alphas)
+            object.__setattr__(self, "spec", f"markov:{listed}@{mean:g}")
+
+    @property
+    def mean_alpha(self) -> float:
+        return float(np.mean(self.alphas))
+
+    def describe(self) -> str:
+        listed = ", ".join(f"{a:g}" for a in self.alphas)
+        return (f"regime-switching acceptance: segments of geometric length (mean "
+                f"{self.mean_segment:g} tokens), each with alpha drawn uniformly from {{{listed}}}")
+
+    def position_alphas(self, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        total = int(lengths.sum())
+        starts = rng.random(total) < 1.0 / self.mean_segment
+        starts[np.cumsum(lengths) - lengths] = True
+        segment = np.cumsum(starts) - 1
+        choice = rng.integers(0, len(self.alphas), size=int(segment[-1]) + 1)
+        return np.asarray(self.alphas, dtype=np.float32)[choice][segment]
+
+
+def parse_acceptance(spec: str) -> ParametricAcceptance:
+    """Parse 'iid:ALPHA', 'beta:A,B' or 'markov:A1,A2,...@L' (TraceError for anything else)."""
+    if isinstance(spec, ParametricAcceptance):
+        return spec
+    if not isinstance(spec, str):
+        raise TraceError(f"acceptance spec must be a string (got {type(spec).__name__})")
+    text = spec.strip()
+    kind, colon, rest = text.partition(":")
+    if not colon or kind not in ("iid", "beta", "markov"):
+        raise TraceError(f"unknown acceptance spec {spec!r}; use {_FORMS}")
+    if kind == "markov":
+        listed, at, mean = rest.partition("@")
+        if not at:
+            raise TraceError(f"acceptance spec {spec!r} lacks '@L' (mean segment length); "
+                             f"use {_FORMS}")
+        segment = _numbers(mean, spec)
+        if len(segment) != 1:
+            raise TraceError(f"acceptance spec {spec!r} needs one number after '@'; use {_FORMS}")
+        return MarkovAcceptance(tuple(_numbers(listed, spec)), segment[0], text)
+    values = _numbers(rest, spec)
+    if kind == "iid" and len(values) == 1:
+        return IidAcceptance(values[0], text)
+    if kind == "beta" and len(values) == 2:
+        return BetaAcceptance(values[0], values[1], text)
+    raise TraceError(f"acceptance spec {spec!r} has {len(values)} values; use {_FORMS}")
+
+
+def parametric_trace(
+    spec: str | ParametricAcceptance,
+    output_tokens: np.ndarray,
+    rng: np.random.Generator,
+    position_concentration: float | None = None,
+    max_run: int = DEFAULT_MAX_RUN,
+) -> SpeculationTrace:
+    """Sample a speculation trace for requests with the given output lengths.
+
+    Per position: alpha from the model; if `position_concentration` c is given,
+    p_t ~ Beta(alpha·c, (1-alpha)·c) (mean alpha, positions independent), else p_t = alpha;
+    match b_t ~ Bernoulli(p_t); run = run_from_matches(b) capped at max_run, never crossing into
+    the next request. Everything is drawn in one vectorised call per quantity over all positions,
+    so the same rng state gives the same trace. Signals are proxies (see SIGNAL_NOTE).
+    """
+    model = parse_acceptance(spec)
+    lengths = _lengths(output_tokens)
+    max_run = count("max_run", max_run)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator (got {type(rng).__name__})")
+    alpha = model.position_alphas(lengths, rng)
+    if position_concentration is None:
+        p = alpha
+    else:
+        c = positive_finite("position_concentration", position_concentration)
+        p = _beta_around(alpha, c, rng)
+    match = rng.random(p.size, dtype=np.float32) < p
+    run = runs_by_request(match, lengths, max_run)
+    run = run.astype(np.int16 if max_run <= np.iinfo(np.int16).max else np.int32)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    meta = {
+        "parametric": True,
+        "spec": model.spec,
+        "description": model.describe(),
+        "mean_alpha": model.mean_alpha,
+        "position_concentration": position_concentration,
+        "max_run": max_run,
+        "signals": SIGNAL_NOTE,
+        "source": f"parametric acceptance model {model.spec} (no drafter was run)",
+        "drafter": None,
+        "target": None,
+    }
+    return SpeculationTrace.from_concatenated(run, offsets, meta, signals=_proxy_signals(p))
+
+
+def _beta_around(alpha: np.ndarray, c: float, rng: np.random.Generator) -> np.ndarray:
+    """p ~ Beta(alpha·c, (1-alpha)·c) as a ratio of float32 gammas (faster than rng.beta).
+
+    alpha of exactly 0 or 1 stays put (the Beta is undefined there); where both gammas underflow
+    to 0 (tiny shape parameters) those few positions are redrawn with rng.beta.
+    """
+    interior = (alpha > 0) & (alpha < 1)
+    safe = np.where(interior, alpha, 0.5)
+    shape_a = (safe * c).astype(np.float32)
+    shape_b = ((1 - safe) * c).astype(np.float32)
+    x = rng.standard_gamma(shape_a, dtype=np.float32)
+    y = rng.standard_gamma(shape_b, dtype=np.float32)
+    total = x + y
+    underflow = ~(total > 0)
+    total[underflow] = 1
+    p = x / total
+    if underflow.any():
+        p[underflow] = rng.beta(safe[underflow] * c, (1 - safe[underflow]) * c)
+    return np.where(interior, p, alpha)
+
+
+def _proxy_signals(p: np.ndarray) -> dict[str, np.ndarray]:
+    """Signals derived from p_t alone (float32). 1 - (1 - p)² is written p·(2 - p) for accuracy.
+
+    kl is +inf where p = 0: a draft at total-variation distance 1 has no finite KL bound.
+    """
+    with np.errstate(divide="ignore"):
+        kl = -np.log(p * (2 - p))
+    entropy = -(_xlogx(p) + _xlogx(1 - p))
+    return {"accept_prob": p, "kl": kl, "draft_top1": p, "draft_entropy": entropy}
+
+
+def _xlogx(x: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(x)
+    np.log(x, out=out, where=x > 0)
+    return np.multiply(x, out, out=out)
+
+
+def _lengths(output_tokens: np.ndarray) -> np.ndarray:
+    lengths = np.asarray(output_tokens)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise TraceError(f"output_tokens must be a non-empty 1-D array (got shape {lengths.shape})")
+    if lengths.dtype.kind not in "iu":
+        raise TraceError(f"output_tokens must hold integers (got dtype {lengths.dtype})")
+    if lengths.min() < 1:
+        i = int(np.argmax(lengths < 1))
+        raise TraceError(f"output_tokens of request index {i} is {lengths[i]}; each request "
+                         "needs >= 1 output token")
+    return lengths.astype(np.int64)
+
+
+def _numbers(text: str, spec: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise TraceError(
+            f"acceptance spec {spec!r} has a non-numeric value; use {_FORMS}"
+        ) from None
+    if not all(math.isfinite(v) for v in values):
+        raise TraceError(f"acceptance spec {spec!r} has a non-finite value; use {_FORMS}")
+    return values
