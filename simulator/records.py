@@ -1,7 +1,7 @@
 """Per-request and per-step records of a simulation (and, with the same schema, of a live run).
 
 Steps are collected in blocks: single iterations append tuples, the engine's multi-step fast path
-appends whole numpy columns, and `steps_frame` stitches them in order.
+appends whole 2-D arrays, and `StepLog.frame` stitches them in order.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 
 
 class StepLog:
-    """Append-only log of iterations, in the order they ran on each replica."""
+    """Append-only log of iterations; each block is a 2-D array with one row per iteration."""
 
     def __init__(self) -> None:
-        self._blocks: list[list[tuple] | dict[str, np.ndarray]] = []
+        self._blocks: list[np.ndarray | list[tuple]] = []
         self._rows: list[tuple] | None = None
 
     def add(self, *row: float) -> None:
@@ -53,27 +53,27 @@ class StepLog:
             self._blocks.append(self._rows)
         self._rows.append(row)
 
-    def add_block(self, columns: dict[str, np.ndarray]) -> None:
+    def add_block(self, block: np.ndarray) -> None:
+        """`block` has shape (iterations, len(STEP_COLUMNS)), columns in STEP_COLUMNS order."""
         self._rows = None
-        self._blocks.append(columns)
+        self._blocks.append(block)
 
     def frame(self) -> pd.DataFrame:
         """All iterations as one frame, ordered by start time (then replica)."""
-        columns: dict[str, list[np.ndarray]] = {c: [] for c in STEP_COLUMNS}
-        for block in self._blocks:
-            if isinstance(block, list):
-                arr = np.array(block, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
-                for i, c in enumerate(STEP_COLUMNS):
-                    columns[c].append(arr[:, i])
-            else:
-                for c in STEP_COLUMNS:
-                    columns[c].append(np.asarray(block[c]))
-        data = {}
-        for c in STEP_COLUMNS:
-            values = np.concatenate(columns[c]) if columns[c] else np.zeros(0)
-            data[c] = values.astype(np.float64 if c in ("start_s", "duration_s") else np.int64)
-        order = np.lexsort((data["replica"], data["start_s"]))
-        return pd.DataFrame({c: v[order] for c, v in data.items()})
+        width = len(STEP_COLUMNS)
+        parts = [np.asarray(b, dtype=np.float64).reshape(-1, width) for b in self._blocks]
+        table = np.concatenate(parts) if parts else np.zeros((0, width))
+        col = {c: i for i, c in enumerate(STEP_COLUMNS)}
+        order = np.lexsort((table[:, col["replica"]], table[:, col["start_s"]]))
+        table = table[order]
+        return pd.DataFrame({
+            c: table[:, i] if c in ("start_s", "duration_s") else table[:, i].astype(np.int64)
+            for i, c in enumerate(STEP_COLUMNS)
+        })
+
+
+#: column positions, for building blocks
+STEP_INDEX = {c: i for i, c in enumerate(STEP_COLUMNS)}
 
 
 class RequestLog:

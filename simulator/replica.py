@@ -24,7 +24,7 @@ from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.latency import attention_pairs
-from simulator.records import RequestLog, StepLog
+from simulator.records import STEP_INDEX, RequestLog, StepLog
 from simulator.step_cost import StepCostModel
 
 
@@ -334,24 +334,23 @@ class Replica:
         k_arr = np.asarray(ks, dtype=np.int64)
         durations = np.atleast_1d(self.cost.iteration_s(k_arr, prompt[:, None] + gen[:, :-1] - 1))
         ends = np.cumsum(durations)
+        # run through the first iteration that ends at or after the next arrival: the arrival
+        # waits for that boundary anyway, and nothing a router reads (the replica's load)
+        # changes before the segment's last iteration, where the first finish can happen.
         horizon = self.next_arrival_s(self.index) - self.env.now
-        n = min(int(np.searchsorted(ends, horizon, side="left")), n_steps)
-        if n == 0:  # the next arrival lands inside the very next iteration
-            yield from self._mixed_iteration()
-            return
+        n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, n_steps)
         start = self.env.now
         emitted = np.diff(gen[:, : n + 1], axis=1)
         accepted = emitted - 1
         starts = start + np.concatenate(([0.0], ends[: n - 1]))
-        self.steps.add_block({
-            "replica": np.full(n, self.index), "start_s": starts, "duration_s": durations[:n],
-            "decode_seqs": np.full(n, len(batch)), "prefill_seqs": np.zeros(n, np.int64),
-            "prefill_tokens": np.zeros(n, np.int64), "drafted": np.full(n, int(k_arr.sum())),
-            "max_k": np.full(n, int(k_arr.max())), "accepted": accepted.sum(axis=0),
-            "emitted": emitted.sum(axis=0), "waiting": np.full(n, len(self.waiting)),
-            "held": np.full(n, self.load),
-            "kv_used_tokens": np.full(n, self.kv_used),
-        })
+        block = np.empty((n, len(STEP_INDEX)))
+        block[:] = (self.index, 0.0, 0.0, len(batch), 0, 0, int(k_arr.sum()), int(k_arr.max()),
+                    0, 0, len(self.waiting), self.load, self.kv_used)
+        block[:, STEP_INDEX["start_s"]] = starts
+        block[:, STEP_INDEX["duration_s"]] = durations[:n]
+        block[:, STEP_INDEX["accepted"]] = accepted.sum(axis=0)
+        block[:, STEP_INDEX["emitted"]] = emitted.sum(axis=0)
+        self.steps.add_block(block)
         yield self.env.timeout(float(ends[n - 1]))
         self.step_index += n
         acc_per_request = accepted.sum(axis=1)

@@ -134,14 +134,14 @@ class RooflineLatency(LatencyModel):
                           (num_seqs, query_tokens, cached_tokens, attn_pairs))
         for name, a in (("num_seqs", n), ("query_tokens", q), ("cached_tokens", c),
                         ("attn_pairs", pairs)):
-            if not np.all(a >= 0):  # also catches NaN
+            if not (a >= 0 if a.ndim == 0 else a.min(initial=0.0) >= 0):  # NaN fails too
                 raise ValueError(f"pass_s: {name} must be >= 0")
         if coef is None:
-            t = np.zeros(np.broadcast(n, q, c, pairs).shape)
-        else:
-            m0, m1, f_q, f_pair, fixed = coef
-            t = np.maximum(m0 + m1 * (c + q), f_q * q + f_pair * pairs) + fixed
-        t = np.where((n > 0) & (q > 0), t, 0.0)
+            return np.zeros(np.broadcast(n, q, c, pairs).shape)
+        m0, m1, f_q, f_pair, fixed = coef
+        t = np.maximum(m0 + m1 * (c + q), f_q * q + f_pair * pairs) + fixed
+        if n.ndim or q.ndim or n == 0 or q == 0:
+            t = np.where((n > 0) & (q > 0), t, 0.0)
         return float(t) if t.ndim == 0 else t
 
     def _coefficients(self, role: Role) -> tuple[float, float, float, float, float] | None:

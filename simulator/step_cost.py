@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simulator.latency import LatencyModel, attention_pairs
+from simulator.latency import LatencyModel
 
 
 class StepCostModel:
@@ -48,44 +48,51 @@ class StepCostModel:
         cached = np.asarray(cached, dtype=np.int64)
         n_decode = len(ks)
         # per distinct k: how many requests, and the sum of their cached tokens (per step if 2-D)
-        distinct = np.unique(ks) if n_decode else ks
-        counts, sums = [], []
-        for k in distinct.tolist():
-            rows = cached[ks == k] if len(distinct) > 1 else cached
-            counts.append(len(rows))
-            sums.append(rows.sum(axis=0))
+        if n_decode and ks.min() == ks.max():
+            distinct, counts, sums = [int(ks[0])], [n_decode], [cached.sum(axis=0)]
+        else:
+            distinct = np.unique(ks).tolist()
+            counts = [int((ks == k).sum()) for k in distinct]
+            sums = [cached[ks == k].sum(axis=0) for k in distinct]
         query = int(ks.sum()) + n_decode
         cached_total = sum(sums) if sums else 0
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         pairs = sum((k + 1) * s + n * (k + 1) * (k + 2) // 2
-                    for k, n, s in zip(distinct.tolist(), counts, sums))
+                    for k, n, s in zip(distinct, counts, sums))
         total = lat.pass_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                            cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs)
         if lat.has_draft_model:
-            total = total + self._draft_chain_s(distinct.tolist(), counts, sums, prefill_seqs,
+            total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
                                                 prefill_tokens, prefill_cached, prefill_pairs)
         return total
 
     def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
                        prefill_cached, prefill_pairs):
-        """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j."""
-        k_top = max(distinct, default=0)
-        total = 0.0
-        n_j, c_j = 0, 0
-        by_k = dict(zip(distinct, zip(counts, sums)))
-        for j in range(max(k_top, 1 if prefill_seqs else 0), 0, -1):
-            if j in by_k:  # requests drafting exactly j join every pass up to j
-                n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
-            # request cached c_r + (j - 1) before its j-th draft token: one query, pairs c + j
-            seqs, tokens = n_j, n_j
-            cached = c_j + n_j * (j - 1)
-            pairs = c_j + n_j * j
-            if j == 1 and prefill_seqs:
-                seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
-                cached, pairs = cached + prefill_cached, pairs + prefill_pairs
-            total = total + self.latency.pass_s("draft", seqs, tokens, cached, pairs)
-        return total
+        """Draft passes 1..max k in one vectorised call; pass j feeds one token to each request
+        with k_r >= j (cached c_r + j - 1 before it, so c_r + j causal pairs)."""
+        passes = max(max(distinct, default=0), 1 if prefill_seqs else 0)
+        if passes == 0:
+            return 0.0
+        shape = np.shape(sums[0]) if sums else ()
+        seqs = np.zeros(passes, dtype=np.int64)
+        cached = np.zeros((passes, *shape), dtype=np.int64)
+        for k, n, s in zip(distinct, counts, sums):  # a request drafting k joins passes 1..k
+            seqs[:k] += n
+            cached[:k] += s
+        j = np.arange(1, passes + 1).reshape(-1, *([1] * len(shape)))
+        seqs_col = seqs.reshape(j.shape)
+        tokens = seqs_col.copy()
+        pairs = cached + seqs_col * j
+        cached = cached + seqs_col * (j - 1)
+        if prefill_seqs:  # the draft model prefills the batch's prompt chunks in its first pass
+            seqs_col = seqs_col.copy()
+            seqs_col[0] += prefill_seqs
+            tokens[0] += prefill_tokens
+            cached[0] += prefill_cached
+            pairs[0] += prefill_pairs
+        times = self.latency.pass_s("draft", seqs_col, tokens, cached, pairs)
+        return np.sum(times, axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
         """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.
@@ -97,11 +104,11 @@ class StepCostModel:
 
     def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
         """An iteration that prefills whole prompts and nothing else."""
-        p = np.asarray(prompt_tokens, dtype=np.int64)
-        return self.iteration_s(
-            (), (),
-            prefill_seqs=len(p),
-            prefill_tokens=int(p.sum()),
-            prefill_cached=0,
-            prefill_pairs=int(attention_pairs(p, 0).sum()),
-        )
+        seqs = len(prompt_tokens)
+        tokens = sum(prompt_tokens)
+        pairs = sum(p * (p + 1) // 2 for p in prompt_tokens)
+        lat = self.latency
+        total = lat.pass_s("target", seqs, tokens, 0, pairs) + lat.step_overhead_s(seqs)
+        if lat.has_draft_model:
+            total += lat.pass_s("draft", seqs, tokens, 0, pairs)
+        return float(total)

@@ -33,9 +33,10 @@ class RequestSpeculation:
 
     run[t] (t = 0..N-1): how many consecutive draft proposals starting at output position t match
     the target (position 0 comes from prefill and is never drafted, but is stored for simple
-    indexing). By construction run[t] <= N - t. Signals are float32 arrays of length N, or None
-    when the drafter could not produce them (absence is None, never an all-NaN array).
-    Arrays are made read-only views; they are not copied.
+    indexing); recorded and parametric runs satisfy run[t] <= N - t (not re-checked here).
+    Signals are float32 arrays of length N, or None when the drafter could not produce them
+    (absence is None, never an all-NaN array). Arrays become read-only views, not copies, so
+    100k-request traces stay cheap.
     """
 
     run: np.ndarray

@@ -141,7 +141,7 @@ class Workload:
         keep = int(np.searchsorted(self.arrival_s - self.arrival_s[0], duration, side="left"))
         if keep >= len(self):
             return self
-        return self._take(slice(0, keep), f"{self.source}, first {duration:g} s")
+        return self._take(slice(0, keep), f"{self.source}, arrivals in the first {duration:g} s")
 
     def shifted_to_zero(self) -> Workload:
         """The same workload with the first arrival moved to t = 0 (gaps unchanged)."""

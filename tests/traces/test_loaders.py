@@ -28,7 +28,8 @@ def write(tmp_path, name, text):
 
 
 def test_csv_sorts_stably_and_numbers_rows(tmp_path):
-    path = write(tmp_path, "w.csv", "arrival_s,prompt_tokens,output_tokens\n2,20,2\n1,10,1\n2,30,3\n")
+    text = "arrival_s,prompt_tokens,output_tokens\n2,20,2\n1,10,1\n2,30,3\n"
+    path = write(tmp_path, "w.csv", text)
     w = load_workload(path)
     assert list(w.arrival_s) == [1.0, 2.0, 2.0]
     assert list(w.request_ids) == [1, 0, 2]
@@ -45,8 +46,10 @@ def test_csv_optional_columns_and_extra_columns(tmp_path):
 
 def test_jsonl_with_optional_keys(tmp_path):
     lines = [
-        {"arrival_s": 0.25, "prompt_tokens": 4, "output_tokens": 2, "prompt": "p0", "category": "a"},
-        {"arrival_s": 0.0, "prompt_tokens": 5, "output_tokens": 3.0, "prompt": "p1", "category": "b"},
+        {"arrival_s": 0.25, "prompt_tokens": 4, "output_tokens": 2, "prompt": "p0",
+         "category": "a"},
+        {"arrival_s": 0.0, "prompt_tokens": 5, "output_tokens": 3.0, "prompt": "p1",
+         "category": "b"},
     ]
     text = "\n".join(json.dumps(line) for line in lines) + "\n\n"
     w = load_workload(write(tmp_path, "w.jsonl", text))
@@ -107,11 +110,15 @@ HEADER = "arrival_s,prompt_tokens,output_tokens\n"
         ("w.csv", HEADER + "0,1,1\n1,ten,1\n",
          "w.csv: line 3: column 'prompt_tokens' has non-numeric value 'ten'"),
         ("w.csv", HEADER + "0,1,1\nsoon,1,1\n", "line 3: column 'arrival_s' has non-numeric"),
-        ("w.csv", HEADER + "0,1,1\n1,,1\n", "line 3: column 'prompt_tokens' has non-numeric value ''"),
-        ("w.csv", HEADER + "0,1,0\n", "line 2: column 'output_tokens' is 0; a token count must be >= 1"),
+        ("w.csv", HEADER + "0,1,1\n1,,1\n",
+         "line 3: column 'prompt_tokens' has non-numeric value ''"),
+        ("w.csv", HEADER + "0,1,0\n",
+         "line 2: column 'output_tokens' is 0; a token count must be >= 1"),
         ("w.csv", HEADER + "0,-3,1\n", "line 2: column 'prompt_tokens' is -3"),
-        ("w.csv", HEADER + "0,2.5,1\n", "line 2: column 'prompt_tokens' is 2.5; it must be a whole"),
-        ("w.csv", HEADER + "0,1,1\ninf,1,1\n", "line 3: column 'arrival_s' is inf; it must be a finite"),
+        ("w.csv", HEADER + "0,2.5,1\n",
+         "line 2: column 'prompt_tokens' is 2.5; it must be a whole"),
+        ("w.csv", HEADER + "0,1,1\ninf,1,1\n",
+         "line 3: column 'arrival_s' is inf; it must be a finite"),
         ("w.csv", HEADER + "nan,1,1\n", "line 2: column 'arrival_s' is nan"),
         ("w.csv", HEADER + "-1,1,1\n", "line 2: arrival_s is -1.0; arrival times must be >= 0"),
         ("w.csv", HEADER + "0,1\n", "line 2 has 2 fields but the header has 3"),
@@ -153,7 +160,7 @@ def test_bad_files_raise_one_clear_trace_error(tmp_path, name, text, message):
 
 
 def test_missing_file_and_directory(tmp_path):
-    with pytest.raises(TraceError, match="nope.csv: file not found"):
+    with pytest.raises(TraceError, match=r"nope\.csv: file not found"):
         load_workload(tmp_path / "nope.csv")
     with pytest.raises(TraceError, match="not a regular file"):
         load_workload(tmp_path)
@@ -208,7 +215,7 @@ def test_save_errors(tmp_path):
     w = sample_workload([0.0])
     with pytest.raises(TraceError, match=r"unknown workload file type; use .*\.csv"):
         save_workload(w, tmp_path / "w.parquet")
-    with pytest.raises(TraceError, match="directory .* does not exist"):
+    with pytest.raises(TraceError, match=r"directory .* does not exist"):
         save_workload(w, tmp_path / "missing" / "w.csv")
 
 

@@ -162,15 +162,15 @@ def test_load_accepts_hand_written_file(tmp_path):
 
 
 def test_load_missing_or_not_npz(tmp_path):
-    with pytest.raises(TraceError, match="nope.npz: file not found"):
+    with pytest.raises(TraceError, match=r"nope\.npz: file not found"):
         SpeculationTrace.load(tmp_path / "nope.npz")
     text = tmp_path / "t.npz"
     text.write_text("hello")
-    with pytest.raises(TraceError, match="t.npz: not a speculation trace .npz"):
+    with pytest.raises(TraceError, match=r"t\.npz: not a speculation trace \.npz"):
         SpeculationTrace.load(text)
     objects = tmp_path / "o.npz"
     np.savez(objects, run=np.array([object()], dtype=object))
-    with pytest.raises(TraceError, match="not a speculation trace .npz"):
+    with pytest.raises(TraceError, match=r"not a speculation trace \.npz"):
         SpeculationTrace.load(objects)
 
 

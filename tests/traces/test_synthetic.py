@@ -71,7 +71,7 @@ def test_argument_errors(call, message):
 
 
 def test_rng_must_be_a_generator():
-    with pytest.raises(TypeError, match="numpy.random.Generator"):
+    with pytest.raises(TypeError, match=r"numpy\.random\.Generator"):
         poisson_arrivals(1.0, 3, 42)
 
 
