@@ -12,6 +12,8 @@ from typing import Literal
 
 import numpy as np
 
+from simulator.errors import ConfigError
+
 Role = Literal["target", "draft"]
 ArrayLike = float | int | np.ndarray
 
@@ -39,7 +41,6 @@ class LatencyModel(ABC):
     #: where the numbers come from, e.g. "roofline: Llama-3.1-8B on H100-SXM, bf16"
     source: str = "unspecified"
 
-    @abstractmethod
     def pass_s(
         self,
         role: Role,
@@ -48,7 +49,33 @@ class LatencyModel(ABC):
         cached_tokens: ArrayLike,
         attn_pairs: ArrayLike,
     ) -> ArrayLike:
-        """Seconds for one forward pass of `role` (0 for a model-free drafter)."""
+        """Seconds for one forward pass of `role` (0 for a model-free drafter, or an empty pass).
+
+        Checks its arguments, then calls `forward_s`. Scalars in, a float out; arrays broadcast.
+        """
+        if role not in ("target", "draft"):
+            raise ConfigError(f"role must be 'target' or 'draft', got {role!r}")
+        for name, value in (("num_seqs", num_seqs), ("query_tokens", query_tokens),
+                            ("cached_tokens", cached_tokens), ("attn_pairs", attn_pairs)):
+            a = np.asarray(value, dtype=np.float64)
+            if not (a >= 0 if a.ndim == 0 else a.min(initial=0.0) >= 0):  # NaN fails too
+                raise ValueError(f"pass_s: {name} must be >= 0, got {value!r}")
+        t = self.forward_s(role, num_seqs, query_tokens, cached_tokens, attn_pairs)
+        return float(t) if np.ndim(t) == 0 else t
+
+    @abstractmethod
+    def forward_s(
+        self,
+        role: Role,
+        num_seqs: ArrayLike,
+        query_tokens: ArrayLike,
+        cached_tokens: ArrayLike,
+        attn_pairs: ArrayLike,
+    ) -> ArrayLike:
+        """`pass_s` without the argument checks: the engine's hot path calls this directly.
+
+        Must cost 0 where num_seqs or query_tokens is 0.
+        """
 
     @abstractmethod
     def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:

@@ -109,7 +109,7 @@ class RooflineLatency(LatencyModel):
     def has_draft_model(self) -> bool:
         return self.draft is not None
 
-    def pass_s(
+    def forward_s(
         self,
         role: Role,
         num_seqs: ArrayLike,
@@ -117,32 +117,21 @@ class RooflineLatency(LatencyModel):
         cached_tokens: ArrayLike,
         attn_pairs: ArrayLike,
     ) -> ArrayLike:
-        """Seconds for one pass of `role`; elementwise over arrays, a float for scalars."""
+        """Roofline seconds of one pass; elementwise over arrays (see the module docstring)."""
         coef = self._coefficients(role)
-        if all(isinstance(v, _SCALARS) for v in (num_seqs, query_tokens, cached_tokens,
-                                                  attn_pairs)):
-            for name, v in (("num_seqs", num_seqs), ("query_tokens", query_tokens),
-                            ("cached_tokens", cached_tokens), ("attn_pairs", attn_pairs)):
-                if not v >= 0:  # also catches NaN
-                    raise ValueError(f"pass_s: {name} must be >= 0")
-            if coef is None or num_seqs == 0 or query_tokens == 0:
-                return 0.0
-            m0, m1, f_q, f_pair, fixed = coef
-            memory_s = m0 + m1 * (cached_tokens + query_tokens)
-            return float(max(memory_s, f_q * query_tokens + f_pair * attn_pairs) + fixed)
-        n, q, c, pairs = (np.asarray(v, dtype=np.float64) for v in
-                          (num_seqs, query_tokens, cached_tokens, attn_pairs))
-        for name, a in (("num_seqs", n), ("query_tokens", q), ("cached_tokens", c),
-                        ("attn_pairs", pairs)):
-            if not (a >= 0 if a.ndim == 0 else a.min(initial=0.0) >= 0):  # NaN fails too
-                raise ValueError(f"pass_s: {name} must be >= 0")
         if coef is None:
-            return np.zeros(np.broadcast(n, q, c, pairs).shape)
+            return np.zeros(np.broadcast(num_seqs, query_tokens, cached_tokens, attn_pairs).shape)
         m0, m1, f_q, f_pair, fixed = coef
-        t = np.maximum(m0 + m1 * (c + q), f_q * q + f_pair * pairs) + fixed
-        if n.ndim or q.ndim or n == 0 or q == 0:
-            t = np.where((n > 0) & (q > 0), t, 0.0)
-        return float(t) if t.ndim == 0 else t
+        memory_s = m0 + m1 * (cached_tokens + query_tokens)
+        compute_s = f_q * query_tokens + f_pair * attn_pairs
+        if isinstance(memory_s, _SCALARS) and isinstance(compute_s, _SCALARS):
+            if num_seqs == 0 or query_tokens == 0:
+                return 0.0
+            return float(max(memory_s, compute_s) + fixed)
+        t = np.maximum(memory_s, compute_s) + fixed
+        if np.ndim(num_seqs) or np.ndim(query_tokens) or num_seqs == 0 or query_tokens == 0:
+            t = np.where((np.asarray(num_seqs) > 0) & (np.asarray(query_tokens) > 0), t, 0.0)
+        return t
 
     def _coefficients(self, role: Role) -> tuple[float, float, float, float, float] | None:
         """(memory s, memory s per token, compute s per query token, per pair, fixed s)."""

@@ -59,7 +59,7 @@ class StepCostModel:
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         pairs = sum((k + 1) * s + n * (k + 1) * (k + 2) // 2
                     for k, n, s in zip(distinct, counts, sums))
-        total = lat.pass_s("target", n_decode + prefill_seqs, query + prefill_tokens,
+        total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                            cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs)
         if lat.has_draft_model:
@@ -91,7 +91,7 @@ class StepCostModel:
             tokens[0] += prefill_tokens
             cached[0] += prefill_cached
             pairs[0] += prefill_pairs
-        times = self.latency.pass_s("draft", seqs_col, tokens, cached, pairs)
+        times = self.latency.forward_s("draft", seqs_col, tokens, cached, pairs)
         return np.sum(times, axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
@@ -108,7 +108,7 @@ class StepCostModel:
         tokens = sum(prompt_tokens)
         pairs = sum(p * (p + 1) // 2 for p in prompt_tokens)
         lat = self.latency
-        total = lat.pass_s("target", seqs, tokens, 0, pairs) + lat.step_overhead_s(seqs)
+        total = lat.forward_s("target", seqs, tokens, 0, pairs) + lat.step_overhead_s(seqs)
         if lat.has_draft_model:
-            total += lat.pass_s("draft", seqs, tokens, 0, pairs)
+            total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)

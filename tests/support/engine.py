@@ -17,7 +17,7 @@ class LinearLatency(LatencyModel):
         self._draft = draft
         self.overhead = overhead_s
 
-    def pass_s(self, role, num_seqs, query_tokens, cached_tokens, attn_pairs):
+    def forward_s(self, role, num_seqs, query_tokens, cached_tokens, attn_pairs):
         if role == "draft":
             if not self._draft:
                 return 0.0 * np.asarray(cached_tokens, dtype=float)
