@@ -71,8 +71,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo | None = Non
     per = latencies(done)
     span = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     tokens = float(done["output_tokens"].sum())
-    decode = steps[steps["decode_seqs"] > 0]
-    request_steps = float(decode["decode_seqs"].sum())
+    decode_seqs = steps["decode_seqs"].to_numpy()
+    decoding = decode_seqs > 0
+    request_steps = float(decode_seqs.sum())
+    decode_iterations = int(decoding.sum())
     summary = {
         "requests": len(done),
         "unfinished_requests": int(len(requests) - len(done)),
@@ -82,10 +84,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo | None = Non
         "ttft_s": distribution(per["ttft_s"].to_numpy()),
         "tpot_s": distribution(per["tpot_s"].to_numpy()),
         "e2e_s": distribution(per["e2e_s"].to_numpy()),
-        "mean_emitted_per_step": float(decode["emitted"].sum()) / request_steps
+        "mean_emitted_per_step": float(steps["emitted"].to_numpy().sum()) / request_steps
         if request_steps else float("nan"),
-        "mean_k": float(decode["drafted"].sum()) / request_steps if request_steps else float("nan"),
-        "mean_batch_size": request_steps / len(decode) if len(decode) else float("nan"),
+        "mean_k": float(steps["drafted"].to_numpy().sum()) / request_steps
+        if request_steps else float("nan"),
+        "mean_batch_size": request_steps / decode_iterations if decode_iterations
+        else float("nan"),
         "iterations": len(steps),
     }
     if slo is not None:

@@ -23,7 +23,6 @@ from policies import DraftOutcome, Policy, StepContext
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
-from simulator.latency import attention_pairs
 from simulator.records import STEP_INDEX, RequestLog, StepLog
 from simulator.step_cost import StepCostModel
 
@@ -207,18 +206,16 @@ class Replica:
         ks = self._choose(decode) if decode else []
         chunks = self._plan_chunks(sum(ks) + len(ks)) if self.sched.chunked_prefill else []
         start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
-        cached = np.fromiter((st.prompt_tokens + st.generated - 1 for st in decode), np.int64,
-                             len(decode))
-        q = np.array([c[1] for c in chunks], dtype=np.int64)
-        c0 = np.array([c[2] for c in chunks], dtype=np.int64)
+        cached = [st.prompt_tokens + st.generated - 1 for st in decode]
+        chunk_tokens = sum(n for _, n, _ in chunks)
         duration = self.cost.iteration_s(
-            np.asarray(ks, dtype=np.int64), cached, len(chunks), int(q.sum()), int(c0.sum()),
-            int(attention_pairs(q, c0).sum()),
+            ks, cached, len(chunks), chunk_tokens, sum(c for _, _, c in chunks),
+            sum(n * c + n * (n + 1) // 2 for _, n, c in chunks),  # causal pairs of each chunk
         )
         yield self.env.timeout(duration)
         self.step_index += 1
         accepted, emitted = self._apply_decode(decode, ks) if decode else (0, 0)
-        self.steps.add(self.index, start, duration, len(decode), len(chunks), int(q.sum()),
+        self.steps.add(self.index, start, duration, len(decode), len(chunks), chunk_tokens,
                        sum(ks), max(ks, default=0), accepted, emitted, waiting, held, kv)
         for st, n, _ in chunks:
             st.prefilled += n
@@ -340,25 +337,24 @@ class Replica:
         horizon = self.next_arrival_s(self.index) - self.env.now
         n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, n_steps)
         start = self.env.now
-        emitted = np.diff(gen[:, : n + 1], axis=1)
-        accepted = emitted - 1
-        starts = start + np.concatenate(([0.0], ends[: n - 1]))
+        tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
+        emitted = tokens[1:] - tokens[:-1]
         block = np.empty((n, len(STEP_INDEX)))
-        block[:] = (self.index, 0.0, 0.0, len(batch), 0, 0, int(k_arr.sum()), int(k_arr.max()),
+        block[:] = (self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()), int(k_arr.max()),
                     0, 0, len(self.waiting), self.load, self.kv_used)
-        block[:, STEP_INDEX["start_s"]] = starts
+        block[1:, STEP_INDEX["start_s"]] += ends[: n - 1]
         block[:, STEP_INDEX["duration_s"]] = durations[:n]
-        block[:, STEP_INDEX["accepted"]] = accepted.sum(axis=0)
-        block[:, STEP_INDEX["emitted"]] = emitted.sum(axis=0)
+        block[:, STEP_INDEX["accepted"]] = emitted - len(batch)
+        block[:, STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
         yield self.env.timeout(float(ends[n - 1]))
         self.step_index += n
-        acc_per_request = accepted.sum(axis=1)
         for i, st in enumerate(batch):
-            st.generated = int(gen[i, n])
+            before, after = st.generated, int(gen[i, n])
+            st.generated = after
             st.steps += n
             st.drafted += ks[i] * n
-            st.accepted += int(acc_per_request[i])
+            st.accepted += after - before - n
             st.chain_at += n
         self._finish_done()
 

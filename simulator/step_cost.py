@@ -44,17 +44,12 @@ class StepCostModel:
         prefill_*: aggregates of the prompt chunks processed in the same iteration
         """
         lat = self.latency
-        ks = np.asarray(ks, dtype=np.int64)
-        cached = np.asarray(cached, dtype=np.int64)
-        n_decode = len(ks)
-        # per distinct k: how many requests, and the sum of their cached tokens (per step if 2-D)
-        if n_decode and ks.min() == ks.max():
-            distinct, counts, sums = [int(ks[0])], [n_decode], [cached.sum(axis=0)]
+        if np.ndim(cached) == 2:
+            distinct, counts, sums = _buckets_per_step(np.asarray(ks, dtype=np.int64), cached)
         else:
-            distinct = np.unique(ks).tolist()
-            counts = [int((ks == k).sum()) for k in distinct]
-            sums = [cached[ks == k].sum(axis=0) for k in distinct]
-        query = int(ks.sum()) + n_decode
+            distinct, counts, sums = _buckets(ks, cached)
+        n_decode = sum(counts)
+        query = sum(k * n for k, n in zip(distinct, counts)) + n_decode
         cached_total = sum(sums) if sums else 0
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         pairs = sum((k + 1) * s + n * (k + 1) * (k + 2) // 2
@@ -69,30 +64,38 @@ class StepCostModel:
 
     def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
                        prefill_cached, prefill_pairs):
-        """Draft passes 1..max k in one vectorised call; pass j feeds one token to each request
-        with k_r >= j (cached c_r + j - 1 before it, so c_r + j causal pairs)."""
+        """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j, which
+        holds c_r + j - 1 cached tokens before it (so c_r + j causal pairs)."""
         passes = max(max(distinct, default=0), 1 if prefill_seqs else 0)
         if passes == 0:
             return 0.0
-        shape = np.shape(sums[0]) if sums else ()
-        seqs = np.zeros(passes, dtype=np.int64)
-        cached = np.zeros((passes, *shape), dtype=np.int64)
+        if sums and np.ndim(sums[0]):
+            return self._draft_chain_per_step(distinct, counts, sums, passes)
+        forward = self.latency.forward_s
+        by_k = dict(zip(distinct, zip(counts, sums)))
+        total, n_j, c_j = 0.0, 0, 0
+        for j in range(passes, 0, -1):
+            if j in by_k:  # requests drafting exactly j join every pass up to j
+                n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
+            seqs, tokens, cached, pairs = n_j, n_j, c_j + n_j * (j - 1), c_j + n_j * j
+            if j == 1 and prefill_seqs:  # the draft model prefills this batch's prompt chunks
+                seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
+                cached, pairs = cached + prefill_cached, pairs + prefill_pairs
+            total += forward("draft", seqs, tokens, cached, pairs)
+        return total
+
+    def _draft_chain_per_step(self, distinct, counts, sums, passes):
+        """The same chain for many steps of one batch (no prompt chunks), vectorised."""
+        steps = len(sums[0])
+        seqs = np.zeros((passes, 1), dtype=np.int64)
+        cached = np.zeros((passes, steps), dtype=np.int64)
         for k, n, s in zip(distinct, counts, sums):  # a request drafting k joins passes 1..k
             seqs[:k] += n
             cached[:k] += s
-        j = np.arange(1, passes + 1).reshape(-1, *([1] * len(shape)))
-        seqs_col = seqs.reshape(j.shape)
-        tokens = seqs_col.copy()
-        pairs = cached + seqs_col * j
-        cached = cached + seqs_col * (j - 1)
-        if prefill_seqs:  # the draft model prefills the batch's prompt chunks in its first pass
-            seqs_col = seqs_col.copy()
-            seqs_col[0] += prefill_seqs
-            tokens[0] += prefill_tokens
-            cached[0] += prefill_cached
-            pairs[0] += prefill_pairs
-        times = self.latency.forward_s("draft", seqs_col, tokens, cached, pairs)
-        return np.sum(times, axis=0)
+        j = np.arange(1, passes + 1).reshape(-1, 1)
+        pairs = cached + seqs * j
+        cached += seqs * (j - 1)
+        return self.latency.forward_s("draft", seqs, seqs, cached, pairs).sum(axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
         """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.
@@ -112,3 +115,24 @@ class StepCostModel:
         if lat.has_draft_model:
             total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)
+
+
+def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:
+    """Per distinct k: (k, how many requests, sum of their cached tokens), in plain Python."""
+    counts: dict[int, int] = {}
+    sums: dict[int, int] = {}
+    for k, c in zip(ks, cached):
+        k = int(k)
+        counts[k] = counts.get(k, 0) + 1
+        sums[k] = sums.get(k, 0) + int(c)
+    distinct = sorted(counts)
+    return distinct, [counts[k] for k in distinct], [sums[k] for k in distinct]
+
+
+def _buckets_per_step(ks: np.ndarray, cached: np.ndarray) -> tuple[list, list, list]:
+    """The same for a (requests x steps) matrix: sums are per-step arrays."""
+    if ks.min() == ks.max():
+        return [int(ks[0])], [len(ks)], [cached.sum(axis=0)]
+    distinct = np.unique(ks).tolist()
+    return (distinct, [int((ks == k).sum()) for k in distinct],
+            [cached[ks == k].sum(axis=0) for k in distinct])

@@ -110,3 +110,35 @@ def test_bad_workload_files(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_recorded_speculation_trace_drives_acceptance(tmp_path, capsys):
+    import numpy as np
+
+    from traces import RequestSpeculation, SpeculationTrace
+
+    # every draft accepted up to 3 in a row, then a rejection: k=3 emits 4 per step
+    run = np.tile(np.array([3, 2, 1, 0], dtype=np.int32), 400)
+    trace = SpeculationTrace((RequestSpeculation(run=run, key="q1"),),
+                             {"drafter": "test", "parametric": False, "source": "literal"})
+    path = tmp_path / "spec.npz"
+    trace.save(path)
+    s = _json(capsys, ["simulate", "--requests", "40", "--acceptance", str(path),
+                       "--set", "k=3", "--slo-ttft", "0.5", "--slo-tpot", "0.05"])
+    # from position 4 on every step starts where run is 3, so it emits 4 (less the cut at the end)
+    assert 3.6 < s["mean_emitted_per_step"] <= 4.0
+    assert s["inputs"]["acceptance"]["drafter"] == "test"
+    assert 0.0 <= s["slo_attainment"] <= 1.0 and "goodput_tokens_per_s" in s
+
+
+def test_duration_cuts_the_workload(capsys):
+    s = _json(capsys, ["simulate", "--requests", "1000", "--duration", "10"])
+    assert 0 < s["requests"] < 1000
+
+
+def test_bad_speculation_trace_file(tmp_path, capsys):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    assert main(["simulate", *SMALL, "--acceptance", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.npz" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
