@@ -86,8 +86,11 @@ def simulate(
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)
     arrival_s = arrival_s - arrival_s[0]
     replay = AcceptanceReplay(acceptance, workload.output_tokens)
-    if type(policy).signals - replay.available:
-        missing = ", ".join(sorted(type(policy).signals - replay.available))
+    needed = set(type(policy).signals)
+    if type(policy).uses_draft_stop:
+        needed |= {"draft_top1", "draft_entropy"}
+    if needed - replay.available:
+        missing = ", ".join(sorted(needed - replay.available))
         raise ConfigError(f"policy {policy.name!r} needs signals the speculation trace lacks: "
                           f"{missing}; record them, or use a parametric acceptance model")
     steps, requests = StepLog(), RequestLog(len(workload))

@@ -1,0 +1,120 @@
+"""The protocol's hooks reach policies: draft-stop rules, oracle lookahead, the cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from support.engine import LinearLatency, trace_from_runs, workload
+
+from policies import Policy
+from simulator import ConfigError, SchedulerConfig, simulate
+from traces import RequestSpeculation, SpeculationTrace
+
+BIG_KV = 10_000_000
+
+
+@dataclass
+class _StopBelow(Policy):
+    """Draft up to 6, stop a chain where the draft's top-1 probability falls below 0.5."""
+
+    name: ClassVar[str] = "stop-below-test"
+    uses_draft_stop: ClassVar[bool] = True
+
+    def choose(self, ctx):
+        return [6] * len(ctx.requests)
+
+    def stop_drafting(self, request, depth, draft_top1, draft_entropy):
+        return draft_top1 < 0.5
+
+
+def test_draft_stop_cuts_chains_where_the_signal_says():
+    n = 30
+    top1 = np.tile(np.array([0.9, 0.9, 0.3, 0.9, 0.4, 0.9, 0.9, 0.9], dtype=np.float32), 4)[:n]
+    run = np.full(n, 8, dtype=np.int32)  # every draft would be accepted
+    rec = RequestSpeculation(run=run, draft_top1=top1, draft_entropy=np.zeros(n, np.float32))
+    trace = SpeculationTrace((rec,), {"source": "test"})
+    res = simulate(workload([0.0], [20], [n]), LinearLatency(), trace, _StopBelow(), BIG_KV,
+                   SchedulerConfig(k_max=6))
+    decode = res.steps[res.steps["decode_seqs"] > 0]
+    # by hand: at g, draft while top1[g + d] >= 0.5, at most 6; all drafts accepted
+    g, expected = 1, []
+    while g < n:
+        k = 0
+        while k < 6 and top1[min(g + k, n - 1)] >= 0.5:
+            k += 1
+        expected.append(k)
+        g = min(g + k + 1, n)
+    assert decode["drafted"].tolist() == expected
+    assert min(expected) < 6  # some chains were cut
+
+
+def test_draft_stop_without_the_signal_is_a_clear_error():
+    with pytest.raises(ConfigError, match="draft_entropy, draft_top1"):
+        simulate(workload([0.0], [20], [10]), LinearLatency(), trace_from_runs([np.ones(10)]),
+                 _StopBelow(), BIG_KV, SchedulerConfig(k_max=6))
+
+
+@dataclass
+class _Oracle(Policy):
+    """Simulation only: draft exactly as many as will be accepted (capped at 5)."""
+
+    name: ClassVar[str] = "oracle-test"
+    simulation_only: ClassVar[bool] = True
+
+    def choose(self, ctx):
+        return [min(5, int(ctx.lookahead(r.request_id)[r.generated])) for r in ctx.requests]
+
+
+def test_lookahead_reaches_simulation_only_policies():
+    rng = np.random.default_rng(0)
+    runs = [rng.integers(0, 7, 80) for _ in range(5)]
+    res = simulate(workload(np.arange(5) * 0.01, [30] * 5, [80] * 5), LinearLatency(),
+                   trace_from_runs(runs), _Oracle(), BIG_KV, SchedulerConfig(k_max=5))
+    steps, finish = res.steps, set(res.requests["finish_s"].round(12))
+    ends = (steps["start_s"] + steps["duration_s"]).round(12)
+    # no draft is ever rejected: only a request's last step can accept fewer (cut at its end)
+    unfinished = steps[~ends.isin(finish) & (steps["decode_seqs"] > 0)]
+    assert len(unfinished) > 20
+    assert (unfinished["accepted"] == unfinished["drafted"]).all()
+
+
+@dataclass
+class _CostProbe(Policy):
+    """Uses the cost model the way goodput-style policies do: k=2 only if it pays."""
+
+    name: ClassVar[str] = "cost-probe-test"
+    calls: ClassVar[list] = []
+
+    def choose(self, ctx):
+        contexts = [r.context_tokens for r in ctx.requests]
+        plain = ctx.cost.step_s([0] * len(contexts), contexts)
+        spec = ctx.cost.step_s([2] * len(contexts), contexts)
+        _CostProbe.calls.append((plain, spec, ctx.kv_free_tokens, ctx.batch_size))
+        return [2 if spec < 1.5 * plain else 0] * len(contexts)
+
+
+def test_policies_see_the_engines_cost_model_and_kv_room():
+    _CostProbe.calls.clear()
+    kv = 50_000
+    simulate(workload([0.0, 0.001], [100, 100], [30, 30]), LinearLatency(),
+             trace_from_runs([np.full(30, 2)]), _CostProbe(), kv, SchedulerConfig(k_max=4))
+    plain, spec, free, batch = _CostProbe.calls[0]
+    assert 0 < plain < spec  # drafting costs draft passes and a longer verify
+    assert free == kv - batch * (100 + 30 + 4)
+
+
+def test_unknown_signal_needs_are_refused_up_front():
+    @dataclass
+    class _NeedsKl(Policy):
+        name: ClassVar[str] = "needs-kl-test"
+        signals: ClassVar[frozenset[str]] = frozenset({"kl"})
+
+        def choose(self, ctx):
+            return [1] * len(ctx.requests)
+
+    with pytest.raises(ConfigError, match="kl"):
+        simulate(workload([0.0], [20], [10]), LinearLatency(), trace_from_runs([np.ones(10)]),
+                 _NeedsKl(), BIG_KV)
