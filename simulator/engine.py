@@ -16,7 +16,8 @@ from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
 from simulator.records import RequestLog, StepLog
-from simulator.replica import Replica, RequestState
+from simulator.replica import Replica
+from simulator.request import RequestState
 from simulator.step_cost import StepCostModel
 from traces import SpeculationTrace, Workload
 

@@ -1,0 +1,75 @@
+"""A request's state inside the engine, and the walk of its positions under a fixed k."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RequestState:
+    """A request inside the engine; policies see it as a read-only `RequestView`."""
+
+    __slots__ = (
+        "accepted",
+        "arrival_s",
+        "chain",
+        "chain_at",
+        "chain_k",
+        "drafted",
+        "generated",
+        "index",
+        "output_tokens",
+        "prefilled",
+        "prompt_tokens",
+        "request_id",
+        "reserve",
+        "run",
+        "steps",
+    )
+
+    def __init__(self, index: int, request_id: int, arrival_s: float, prompt: int, output: int):
+        self.index = index
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt
+        self.output_tokens = output
+        self.generated = 0
+        self.prefilled = 0
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.run: np.ndarray | None = None
+        self.reserve = 0
+        self.chain: np.ndarray | None = None
+        self.chain_k = -1
+        self.chain_at = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+def remaining_chain(st: RequestState, k: int) -> np.ndarray:
+    """Tokens generated before each remaining step if the request drafts k every step.
+
+    Step at g accepts min(k, run[g]) drafts and emits one more, cut at the request's length:
+    g -> min(g + min(k, run[g]) + 1, N). The walk is cached on the request and reused while
+    it keeps drafting the same k (the fast path resumes it segment after segment).
+    """
+    if st.chain_k == k and st.chain is not None:
+        chain = st.chain[st.chain_at:]
+        if len(chain) and chain[0] == st.generated:
+            return chain
+    g0, n = st.generated, st.output_tokens
+    if k == 0:
+        chain = np.arange(g0, n + 1, dtype=np.int64)
+    else:
+        pos = np.arange(g0, n, dtype=np.int64)
+        nxt = np.minimum(pos + np.minimum(st.run[g0:n], k) + 1, n).tolist()
+        walk = [g0]
+        p = g0
+        while p < n:
+            p = nxt[p - g0]
+            walk.append(p)
+        chain = np.asarray(walk, dtype=np.int64)
+    st.chain, st.chain_k, st.chain_at = chain, k, 0
+    return chain
