@@ -27,13 +27,14 @@ class SchedulerConfig:
 
     max_num_seqs: int = field(default=256, metadata={"help": "requests in one batch, at most"})
     max_batched_tokens: int | None = field(
-        default=None, metadata={"help": "token budget per iteration (None: unlimited)"}
+        default=None, metadata={"help": "token budget per iteration; unset: unlimited"}
     )
     chunked_prefill: bool = field(
         default=False, metadata={"help": "split prompts into chunks that share iterations"}
     )
     kv_capacity_tokens: int | None = field(
-        default=None, metadata={"help": "KV-cache tokens (None: derived from GPU memory)"}
+        default=None,
+        metadata={"help": "KV-cache tokens per replica; unset: derived from GPU memory"},
     )
     k_max: int = field(default=10, metadata={"help": "hard cap on k; reserved as KV look-ahead"})
 

@@ -27,7 +27,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str,
     for f in fields(cls):
         if f.name in skip or not f.init:
             continue
-        base, optional = _inner(hints[f.name])
+        base, _ = _inner(hints[f.name])
         default = f.default if f.default is not MISSING else None
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
@@ -35,11 +35,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str,
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=default, help=f"{help_text} (default: {default})")
         else:
-            shown = "none" if default is None else default
+            shown = "" if default is None else f" (default: {default})"
             group.add_argument(flag, dest=f.name, type=base, default=default,
-                               metavar=base.__name__.upper(),
-                               help=f"{help_text} (default: {shown})")
-        del optional
+                               metavar=base.__name__.upper(), help=f"{help_text}{shown}")
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:

@@ -46,11 +46,13 @@ class SimulationSpec:
     workload: str = field(default="azure-conv", metadata={
         "help": "azure-conv, azure-code, poisson, gamma, or a workload file (.csv/.jsonl)"})
     rate: float | None = field(default=None, metadata={
-        "help": "requests/s: rescales a trace's arrivals; the rate of poisson/gamma (default 2)"})
+        "help": "requests/s: rescales a trace's arrivals, or the rate of poisson/gamma "
+                "(2 if unset)"})
     cv: float = field(default=2.0, metadata={"help": "gamma arrivals: burstiness (CV of gaps)"})
     lengths: str = field(default="azure-conv", metadata={
         "help": "poisson/gamma lengths: azure-conv, azure-code, fixed:PROMPT,OUTPUT, or a file"})
-    requests: int | None = field(default=1000, metadata={"help": "first N requests"})
+    requests: int | None = field(default=1000, metadata={
+        "help": "the first N requests of a trace, or N synthetic ones"})
     duration: float | None = field(default=None, metadata={
         "help": "keep requests arriving in the first S seconds"})
     target: str = field(default="Llama-3.1-8B", metadata={"help": "target model shape"})
@@ -59,7 +61,8 @@ class SimulationSpec:
     hardware: str = field(default="H100-SXM", metadata={"help": "GPU of each replica"})
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L, or a speculation trace (.npz)"})
-    policy: str = field(default="fixed", metadata={"help": "speculation-length policy"})
+    policy: str = field(default="fixed", metadata={
+        "help": "speculation-length policy (`spectune policies` lists them)"})
     seed: int = field(default=0, metadata={"help": "seed of every random draw"})
     slo_ttft: float | None = field(default=None, metadata={"help": "TTFT objective, seconds"})
     slo_tpot: float | None = field(default=None, metadata={"help": "TPOT objective, seconds"})
