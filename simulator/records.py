@@ -39,9 +39,13 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "accepted",
 )
 
+#: column positions, for building blocks
+STEP_INDEX = {c: i for i, c in enumerate(STEP_COLUMNS)}
+_FLOAT_COLUMNS = ("start_s", "duration_s")
+
 
 class StepLog:
-    """Append-only log of iterations; each block is a 2-D array with one row per iteration."""
+    """Append-only log of iterations, in blocks: tuples (one per iteration) or 2-D arrays."""
 
     def __init__(self) -> None:
         self._blocks: list[np.ndarray | list[tuple]] = []
@@ -54,29 +58,31 @@ class StepLog:
         self._rows.append(row)
 
     def add_block(self, block: np.ndarray) -> None:
-        """`block` has shape (iterations, len(STEP_COLUMNS)), columns in STEP_COLUMNS order."""
+        """`block` has shape (len(STEP_COLUMNS), iterations): one row per column."""
         self._rows = None
         self._blocks.append(block)
 
     def frame(self) -> pd.DataFrame:
-        """All iterations as one frame, ordered by start time (then replica)."""
+        """All iterations as one frame, ordered by start time (then log order).
+
+        Built column-major with as few large temporaries as possible: at millions of
+        iterations, allocating and touching memory is what costs.
+        """
         width = len(STEP_COLUMNS)
-        parts = [np.asarray(b, dtype=np.float64).reshape(-1, width) for b in self._blocks]
-        table = np.concatenate(parts) if parts else np.zeros((0, width))
-        col = {c: i for i, c in enumerate(STEP_COLUMNS)}
+        parts = [np.asarray(b, dtype=np.float64).reshape(-1, width).T
+                 if isinstance(b, list) else b for b in self._blocks]
+        table = np.concatenate(parts, axis=1) if parts else np.zeros((width, 0))
+        start = table[STEP_INDEX["start_s"]]
         # blocks arrive in near time order (each replica logs its own iterations in order), so a
         # stable sort on start time is close to linear and keeps ties in log order
-        start = table[:, col["start_s"]]
         if np.any(start[1:] < start[:-1]):
-            table = table[np.argsort(start, kind="stable")]
-        return pd.DataFrame({
-            c: table[:, i] if c in ("start_s", "duration_s") else table[:, i].astype(np.int64)
-            for i, c in enumerate(STEP_COLUMNS)
-        })
-
-
-#: column positions, for building blocks
-STEP_INDEX = {c: i for i, c in enumerate(STEP_COLUMNS)}
+            table = table[:, np.argsort(start, kind="stable")]
+        ints = [c for c in STEP_COLUMNS if c not in _FLOAT_COLUMNS]
+        frame = pd.DataFrame(table[[STEP_INDEX[c] for c in ints]].astype(np.int64).T,
+                             columns=ints, copy=False)
+        for c in _FLOAT_COLUMNS:
+            frame.insert(STEP_INDEX[c], c, table[STEP_INDEX[c]])
+        return frame
 
 
 class RequestLog:

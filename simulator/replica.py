@@ -297,13 +297,14 @@ class Replica:
         start = self.env.now
         tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
         emitted = tokens[1:] - tokens[:-1]
-        block = np.empty((n, len(STEP_INDEX)))
-        block[:] = (self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()), int(k_arr.max()),
-                    0, 0, len(self.waiting), self.load, self.kv_used)
-        block[1:, STEP_INDEX["start_s"]] += ends[: n - 1]
-        block[:, STEP_INDEX["duration_s"]] = durations[:n]
-        block[:, STEP_INDEX["accepted"]] = emitted - len(batch)
-        block[:, STEP_INDEX["emitted"]] = emitted
+        block = np.empty((len(STEP_INDEX), n))
+        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
+                             int(k_arr.max()), 0, 0, len(self.waiting), self.load,
+                             self.kv_used))[:, None]
+        block[STEP_INDEX["start_s"], 1:] += ends[: n - 1]
+        block[STEP_INDEX["duration_s"]] = durations[:n]
+        block[STEP_INDEX["accepted"]] = emitted - len(batch)
+        block[STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
         yield self.env.timeout(float(ends[n - 1]))
         self.step_index += n
