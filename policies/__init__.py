@@ -1,6 +1,12 @@
-"""Speculation-length policies: vocabulary, protocol, registry, and one module per policy."""
+"""Speculation-length policies: vocabulary, protocol, registry, and one module per policy.
 
-from policies import fixed as _fixed  # noqa: F401  (registers the policy)
+Every module in this package that is not part of the framework registers its policy on import;
+importing the package imports them all, so adding a policy is adding one module.
+"""
+
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from policies.base import DraftOutcome, Policy, PolicyError, RequestView, StepContext, StepCost
 from policies.registry import (
     ParamInfo,
@@ -16,6 +22,11 @@ from policies.vocabulary import (
     expected_emitted,
     speedup,
 )
+
+_FRAMEWORK = {"base", "registry", "vocabulary"}
+for _module in _pkgutil.iter_modules(__path__):
+    if _module.name not in _FRAMEWORK and not _module.name.startswith("_"):
+        _importlib.import_module(f"policies.{_module.name}")
 
 __all__ = [
     "DraftOutcome",

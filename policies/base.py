@@ -101,7 +101,11 @@ class Policy:
     simulation_only: ClassVar[bool] = False
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
-        """k for every request of `ctx.requests`, in the same order."""
+        """k for every request of `ctx.requests`, in the same order, each in 0..ctx.k_max.
+
+        Adaptive policies clamp their choice to `ctx.k_max` (the engine's KV look-ahead); a
+        policy told to draft a fixed k above it is a configuration error the engine reports.
+        """
         raise NotImplementedError
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
