@@ -60,7 +60,8 @@ class SimulationSpec:
         "help": "draft model shape, or 'none' for a model-free drafter (n-gram lookup)"})
     hardware: str = field(default="H100-SXM", metadata={"help": "GPU of each replica"})
     acceptance: str = field(default="beta:7,3", metadata={
-        "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L, or a speculation trace (.npz)"})
+        "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
+                "variation around alpha), or a speculation trace (.npz)"})
     policy: str = field(default="fixed", metadata={
         "help": "speculation-length policy (`spectune policies` lists them)"})
     seed: int = field(default=0, metadata={"help": "seed of every random draw"})

@@ -23,7 +23,8 @@ from traces.errors import TraceError
 from traces.speculation import SpeculationTrace, runs_by_request
 
 DEFAULT_MAX_RUN = 255
-_FORMS = "'iid:ALPHA' (0 <= ALPHA <= 1), 'beta:A,B' (A, B > 0) or 'markov:A1,A2,...@L' (L >= 1)"
+_FORMS = ("'iid:ALPHA' (0 <= ALPHA <= 1), 'beta:A,B' (A, B > 0) or 'markov:A1,A2,...@L' "
+          "(L >= 1), optionally followed by '~C' (per-position concentration)")
 SIGNAL_NOTE = (
     "proxy: accept_prob = p_t (the model's per-position match probability); kl = -ln(1-(1-p_t)^2), "
     "the Bretagnolle-Huber lower bound on KL(target||draft) for total-variation distance 1-p_t; "
@@ -144,13 +145,35 @@ class MarkovAcceptance(ParametricAcceptance):
         return np.asarray(self.alphas, dtype=np.float32)[choice][segment]
 
 
+def split_concentration(spec: str) -> tuple[str, float | None]:
+    """'beta:7,3~20' -> ('beta:7,3', 20.0): an optional per-position concentration suffix.
+
+    With it, each position's match probability varies around the model's alpha as
+    Beta(alpha·C, (1-alpha)·C): the mean is unchanged, but the proxy signals (KL, draft
+    confidence) now vary from token to token the way signal-driven policies expect.
+    """
+    base, tilde, conc = spec.partition("~")
+    if not tilde:
+        return spec, None
+    try:
+        value = float(conc)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and math.isfinite(value)):
+        raise TraceError(f"acceptance spec {spec!r}: the concentration after '~' must be a "
+                         f"positive number, e.g. 'beta:7,3~20'")
+    return base, value
+
+
 def parse_acceptance(spec: str) -> ParametricAcceptance:
-    """Parse 'iid:ALPHA', 'beta:A,B' or 'markov:A1,A2,...@L' (TraceError for anything else)."""
+    """Parse 'iid:ALPHA', 'beta:A,B' or 'markov:A1,A2,...@L' (TraceError for anything else).
+
+    A '~C' concentration suffix is accepted and ignored here (see `split_concentration`)."""
     if isinstance(spec, ParametricAcceptance):
         return spec
     if not isinstance(spec, str):
         raise TraceError(f"acceptance spec must be a string (got {type(spec).__name__})")
-    text = spec.strip()
+    text = split_concentration(spec.strip())[0]
     kind, colon, rest = text.partition(":")
     if not colon or kind not in ("iid", "beta", "markov"):
         raise TraceError(f"unknown acceptance spec {spec!r}; use {_FORMS}")
@@ -186,6 +209,13 @@ def parametric_trace(
     the next request. Everything is drawn in one vectorised call per quantity over all positions,
     so the same rng state gives the same trace. Signals are proxies (see SIGNAL_NOTE).
     """
+    if isinstance(spec, str):
+        spec, suffix = split_concentration(spec.strip())
+        if suffix is not None:
+            if position_concentration is not None and position_concentration != suffix:
+                raise TraceError(f"two concentrations given: '~{suffix:g}' and "
+                                 f"{position_concentration}")
+            position_concentration = suffix
     model = parse_acceptance(spec)
     lengths = _lengths(output_tokens)
     max_run = count("max_run", max_run)
@@ -204,8 +234,11 @@ def parametric_trace(
     np.cumsum(lengths, out=offsets[1:])
     meta = {
         "parametric": True,
-        "spec": model.spec,
-        "description": model.describe(),
+        "spec": model.spec if position_concentration is None
+        else f"{model.spec}~{position_concentration:g}",
+        "description": model.describe() if position_concentration is None
+        else f"{model.describe()}; per-position probability ~ Beta around alpha "
+        f"(concentration {position_concentration:g})",
         "mean_alpha": model.mean_alpha,
         "position_concentration": position_concentration,
         "max_run": max_run,

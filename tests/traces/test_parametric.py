@@ -190,3 +190,31 @@ def test_parametric_trace_errors(kwargs, message):
     args = {"spec": "iid:0.5", "output_tokens": np.array([3]), "rng": rng()} | kwargs
     with pytest.raises(TraceError, match=message):
         parametric_trace(**args)
+
+
+def test_concentration_suffix_varies_positions_but_keeps_the_mean():
+    import numpy as np
+
+    from traces import parametric_trace
+
+    lengths = np.full(200, 500)
+    flat = parametric_trace("beta:7,3", lengths, np.random.default_rng(0))
+    varied = parametric_trace("beta:7,3~10", lengths, np.random.default_rng(0))
+    assert varied.meta["position_concentration"] == 10
+    assert varied.meta["spec"] == "beta:7,3~10"
+    p_flat = np.concatenate([r.accept_prob for r in flat.requests])
+    p_varied = np.concatenate([r.accept_prob for r in varied.requests])
+    assert abs(p_varied.mean() - p_flat.mean()) < 0.01
+    # within a request, the flat model's probability is constant; the varied one's is not
+    assert np.ptp(flat.requests[0].accept_prob) == 0
+    assert np.std(varied.requests[0].accept_prob) > 0.05
+
+
+def test_bad_concentration_suffix():
+    import numpy as np
+    import pytest
+
+    from traces import TraceError, parametric_trace
+
+    with pytest.raises(TraceError, match="after '~' must be a positive number"):
+        parametric_trace("iid:0.5~x", np.array([10]), np.random.default_rng(0))
