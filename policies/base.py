@@ -114,7 +114,12 @@ class Policy:
     def stop_drafting(
         self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
     ) -> bool:
-        """Draft-stop rules: True stops this request's chain before draft number `depth` + 1."""
+        """Draft-stop rules, asked after each draft token with that token's signals.
+
+        `depth` is the token's 0-based place in the chain. True stops the chain after it: the
+        token is kept and verified (as transformers' ConfidenceCriteria and DSDE's AdaEDL loop
+        do), so a chain stopped at depth d drafts d + 1 tokens and costs d + 1 draft passes.
+        """
         return False
 
     def finish(self, request_id: int) -> None:

@@ -232,7 +232,10 @@ class Replica:
         )
 
     def _draft_stop(self, batch: list[RequestState], ks: list[int]) -> list[int]:
-        """Cut each chain where the policy's draft-stop rule fires, from the trace's signals."""
+        """Cut each chain after the draft token where the policy's stop rule fires.
+
+        The rule sees each token's signals from the trace (teacher-forced: exact while the
+        chain matches the target, an approximation past its first mismatch)."""
         out = []
         for st, k in zip(batch, ks):
             top1 = self.acceptance.signal(st.index, "draft_top1")
@@ -241,7 +244,7 @@ class Replica:
             for d in range(k):
                 t = min(st.generated + d, last)
                 if self.policy.stop_drafting(st, d, float(top1[t]), float(ent[t])):
-                    k = d
+                    k = d + 1
                     break
             out.append(k)
         return out

@@ -18,7 +18,7 @@ BIG_KV = 10_000_000
 
 @dataclass
 class _StopBelow(Policy):
-    """Draft up to 6, stop a chain where the draft's top-1 probability falls below 0.5."""
+    """Draft up to 6, stop a chain after a draft whose top-1 probability is below 0.5."""
 
     name: ClassVar[str] = "stop-below-test"
     uses_draft_stop: ClassVar[bool] = True
@@ -39,12 +39,15 @@ def test_draft_stop_cuts_chains_where_the_signal_says():
     res = simulate(workload([0.0], [20], [n]), LinearLatency(), trace, _StopBelow(), BIG_KV,
                    SchedulerConfig(k_max=6))
     decode = res.steps[res.steps["decode_seqs"] > 0]
-    # by hand: at g, draft while top1[g + d] >= 0.5, at most 6; all drafts accepted
+    # by hand: at g, draft until (and including) the first token with top1 < 0.5, at most 6;
+    # every draft is accepted
     g, expected = 1, []
     while g < n:
         k = 0
-        while k < 6 and top1[min(g + k, n - 1)] >= 0.5:
+        while k < 6:
             k += 1
+            if top1[min(g + k - 1, n - 1)] < 0.5:
+                break
         expected.append(k)
         g = min(g + k + 1, n)
     assert decode["drafted"].tolist() == expected

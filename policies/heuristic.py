@@ -1,0 +1,139 @@
+"""`heuristic` and `confidence`: the two schedules of transformers' assisted generation.
+
+Both come from Hugging Face transformers, `src/transformers/generation/candidate_generator.py`
+(`AssistedCandidateGenerator.update_candidate_strategy`) and `stopping_criteria.py`
+(`ConfidenceCriteria`); POLICIES.md §6.
+
+heuristic (`num_assistant_tokens_schedule="heuristic"`): after each step, if every drafted token was
+accepted the draft length grows by 2, otherwise it shrinks by 1, never below 1; it starts at 5 (the
+default `num_assistant_tokens` before transformers 4.45). transformers decides "every drafted token"
+against the candidates actually produced (`num_matches == len(scores[0]) - 1`), not against the
+planned length; so does this module (the two agree unless something cut the chain).
+
+Per request or per generation? transformers builds one candidate generator per `generate()` call,
+and assisted generation runs one sequence at a time, so the length is per request. With
+`"heuristic"` the final length is written back into the assistant's generation config when the call
+ends (`_assisted_decoding`), so the *next* call starts where the last one stopped;
+`"heuristic_transient"` starts every call afresh. `carry_over=False` (the default, as POLICIES.md
+asks: initial 5 per request) is the transient form; `carry_over=True` starts each new request from
+the length the most recently finished request ended with.
+
+confidence (transformers >= 4.45 defaults: `num_assistant_tokens=20`, schedule "constant",
+`assistant_confidence_threshold=0.4`): draft up to 20 tokens, stop as soon as the draft's
+probability of the token it proposed falls below the threshold. `ConfidenceCriteria` checks the
+token the assistant *just generated*, so the low-confidence token is kept as a candidate and
+drafting stops after it, which is what `Policy.stop_drafting` means. With greedy drafting the
+proposed token is the draft's top-1, the signal the engine passes to `stop_drafting`.
+Not implemented: transformers (>= 4.46, with scikit-learn installed) also re-tunes the threshold per
+generation from a ROC curve of (draft probability, matched) pairs; here the threshold is fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from policies.base import DraftOutcome, Policy, RequestView, StepContext
+from policies.registry import register
+
+_K_LIMIT = 64
+
+
+def below(value: float, threshold: float) -> bool:
+    """value < threshold, with NaN counted as below (an unreadable signal is no confidence)."""
+    return not value >= threshold
+
+
+def _check_int(name: str, value: int, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+
+
+def _check_unit(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+@register
+@dataclass
+class Heuristic(Policy):
+    """transformers' "heuristic" schedule per request: all accepted k += 2, else max(1, k - 1)."""
+
+    name: ClassVar[str] = "heuristic"
+    description: ClassVar[str] = (
+        "transformers assisted generation: all accepted -> k+2, else k-1 (>= 1); per request")
+
+    k_init: int = field(default=5, metadata={"help": "draft length of a new request"})
+    k_max: int = field(default=20, metadata={
+        "help": "largest draft length it grows to (transformers has none; the engine's k_max also "
+                "caps it)"})
+    grow: int = field(default=2, metadata={"help": "added when every drafted token was accepted"})
+    shrink: int = field(default=1, metadata={"help": "subtracted otherwise (never below 1)"})
+    carry_over: bool = field(default=False, metadata={
+        "help": "start a new request from the k the last finished request ended with "
+                "(transformers 'heuristic'); False starts each at k_init ('heuristic_transient')"})
+
+    def __post_init__(self) -> None:
+        _check_int("k_max", self.k_max, 1, _K_LIMIT)
+        _check_int("k_init", self.k_init, 1, self.k_max)
+        _check_int("grow", self.grow, 0, _K_LIMIT)
+        _check_int("shrink", self.shrink, 0, _K_LIMIT)
+        self._k: dict[int, int] = {}
+        self._carried: int | None = None
+
+    def _start(self) -> int:
+        return self._carried if self.carry_over and self._carried is not None else self.k_init
+
+    def choose(self, ctx: StepContext) -> Sequence[int]:
+        out = []
+        for r in ctx.requests:
+            k = self._k.setdefault(r.request_id, self._start())
+            out.append(min(k, ctx.k_max))
+        return out
+
+    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        # The state is kept within what can be drafted: growing past the engine's cap while every
+        # clamped chain is accepted would take as many failures to come back down.
+        ceiling = max(1, min(self.k_max, ctx.k_max))
+        for o in outcomes:
+            if o.k <= 0:
+                continue  # nothing was drafted: nothing learned
+            k = self._k.get(o.request_id, self._start())
+            k = k + self.grow if o.accepted >= o.k else max(1, k - self.shrink)
+            self._k[o.request_id] = min(k, ceiling)
+
+    def finish(self, request_id: int) -> None:
+        k = self._k.pop(request_id, None)
+        if k is not None:
+            self._carried = k
+
+
+@register
+@dataclass
+class Confidence(Policy):
+    """transformers >= 4.45: draft up to `max_k`, stop when the draft's confidence < threshold."""
+
+    name: ClassVar[str] = "confidence"
+    description: ClassVar[str] = (
+        "transformers assisted generation: draft up to max_k, stop when draft top-1 < threshold")
+    uses_draft_stop: ClassVar[bool] = True
+
+    max_k: int = field(default=20, metadata={"help": "longest chain (num_assistant_tokens)"})
+    threshold: float = field(default=0.4, metadata={
+        "help": "stop when the draft's top-1 probability is below this "
+                "(assistant_confidence_threshold)"})
+
+    def __post_init__(self) -> None:
+        _check_int("max_k", self.max_k, 0, _K_LIMIT)
+        _check_unit("threshold", self.threshold)
+
+    def choose(self, ctx: StepContext) -> Sequence[int]:
+        return [min(self.max_k, ctx.k_max)] * len(ctx.requests)
+
+    def stop_drafting(
+        self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
+    ) -> bool:
+        return below(float(draft_top1), self.threshold)
+
+

@@ -1,0 +1,240 @@
+"""`kld_variance`: DSDE, speculation length from the stability of the draft's KL divergence.
+
+Yang, Choi, Moon, Jang, Jeon 2025, "DSDE: Dynamic Speculative Decoding with KLD Stability for
+Real-World Serving", arXiv 2509.01083; authors' code: samsungsds-research-paper/DSDE,
+vllm/spec_decode/dynamic_scheduler.py (`KLScheduler`, `_weighted_intensity_ratio`, `_dsl_step`,
+`coordinate_batch_k`) and spec_decode_worker.py (how the KL history is fed). POLICIES.md §4.
+
+Why: KL(target ‖ draft) measures how far the drafter is from the target at each drafted position.
+DSDE drafts long while that divergence is low *and* stable, and falls back to a short chain when it
+is high or has recently become volatile: a burst of variance in the newest third of the history,
+relative to the whole, predicts rejections better than the level alone.
+
+Per request, with H the newest W (`activation_tokens`) per-position KL values:
+
+1. Warm-up while len(H) < W: k starts at k_init; a step that accepted all k drafts doubles k
+   (0 -> 1), capped at k_max_cfg; otherwise k = max(k, k_min_cfg).
+2. When H first holds W values, per-request bounds from the warm-up's samples:
+   k_max_r = clamp(round(max_accepted · (1 + 0.5·mean_KL / max_KL)), k_min_cfg, k_max_cfg),
+   k_min_r = clamp(ceil(0.1·k_max_r), k_min_cfg, k_max_r).
+3. Each step from then on: n = len(H), s = max(1, n // 3), weights decay^age (age 0 = newest);
+   R = V_short / V_long of the weighted variances of the newest s and of all n values
+   (R = 20 if V_long < 1e-6; R = 0 if n < 2); D = mean KL of this step (/ temperature if > 0);
+   S = exp(alpha·D) - 1; k = max(k_min_r, ceil(k_min_r + (k_max_r - k_min_r)·(1 - R·S))) if
+   R·S <= 1, else k_min_r.
+4. SL cap (`cap=True`): cap = ceil(mean of step-3 k over the batch's post-warm-up requests);
+   k = min(k, cap), so one confident request does not make the whole batch verify long chains.
+
+Where POLICIES.md and the authors' code differ, this follows the code:
+- Warm-up's "otherwise keep k" is `max(k, k_min_cfg)` in the code (the same unless k < k_min_cfg).
+- The doubling test is `accepted >= k` against the scheduler's own k, not the drafted count (the
+  code's engine may clamp the chain below k; so may ours, to its k_max).
+- The step that fills H adds nothing to the warm-up samples: the code collects samples only while
+  the count is below W, then computes the bounds and already applies step 3 to that step.
+- `round` is Python's (half to even), as in the code; max_KL = 0 or no KL sample counts as 1.
+- R = 0 for n < 2 (the code's `_weighted_intensity_ratio`); POLICIES.md is silent.
+- D divides by (temperature + 1e-8) when |temperature| >= 1e-8, as `_dsl_step` does.
+- SL cap: the mean is over requests whose bounds existed before this step and that drafted
+  (`coordinate_batch_k` step 1), and the cap then applies to every post-warm-up request, including
+  one whose warm-up ended this step. The cap is computed after verification over the step's batch
+  and shapes the next step's k, as in the code. The code's config leaves the cap off
+  (`sl_cap_activation` defaults to None); POLICIES.md asks for it on, so `cap=True`.
+- Defaults are POLICIES.md's: k_min_cfg 1 (the code's config: `min_spec_tokens` 6), k_max_cfg 20,
+  W 100 (`dsl_activation_tokens` 100), k_init 5 (`num_speculative_tokens or 5`).
+
+Forced by what a simulator can observe (only the accepted drafts and the first rejection): the code
+appends the KL of *every* drafted position (the target scored all k, after the first rejection on a
+prefix that turned out wrong) and averages D over all k; here H and D hold only the observed
+positions, so H fills more slowly and D leaves out positions past the first rejection.
+
+Robustness (the authors clamp probabilities at 1e-8, so their KL never exceeds about ln 1e8):
+each KL is clipped to [0, ln 1e8 ≈ 18.42], so a +inf proxy KL (parametric traces, p = 0) counts as
+the largest divergence the authors' computation can report; NaN values are dropped; exp overflow
+counts as S = inf (k = k_min_r), and R = 0 gives R·S = 0 even then. A step with no usable KL
+leaves k as it was (the code would compute D = 0 from an empty sum and jump to k_max_r); a request
+held at k = 0 (k_min_cfg = 0 and a warm-up that accepted nothing) stays there, as in the code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from policies.base import DraftOutcome, Policy, StepContext
+from policies.registry import register
+
+KL_CEILING = math.log(1e8)  # the largest KL the authors' 1e-8-clamped computation reports
+RATIO_IF_FLAT = 20.0  # the code's R when the long-window variance is below 1e-6
+_K_LIMIT = 64
+
+
+def clean_kl(values) -> np.ndarray:
+    """Observed KL values as float64: NaN dropped, clipped to [0, KL_CEILING] (+inf -> ceiling)."""
+    kl = np.asarray(values, dtype=np.float64).ravel()
+    return np.clip(kl[~np.isnan(kl)], 0.0, KL_CEILING)
+
+
+def weighted_variance(values: np.ndarray, decay: float) -> float:
+    """Variance with weights decay^age, age 0 = the last (newest) value."""
+    weights = decay ** np.arange(len(values) - 1, -1, -1, dtype=np.float64)
+    mean = float((weights * values).sum() / weights.sum())
+    return float((weights * (values - mean) ** 2).sum() / weights.sum())
+
+
+def variance_ratio(history: np.ndarray, decay: float) -> float:
+    """R: weighted variance of the newest third over that of the whole history."""
+    n = len(history)
+    if n < 2:
+        return 0.0
+    short = max(1, n // 3)
+    v_long = weighted_variance(history, decay)
+    if v_long < 1e-6:
+        return RATIO_IF_FLAT
+    return weighted_variance(history[-short:], decay) / v_long
+
+
+def dsl_step(ratio: float, mean_kl: float, k_min: int, k_max: int, alpha: float,
+             temperature: float) -> int:
+    """The code's `_dsl_step`: k between k_min and k_max, shorter as R·(exp(alpha·D) - 1) grows."""
+    d = mean_kl if abs(temperature) < 1e-8 else mean_kl / (temperature + 1e-8)
+    x = alpha * d
+    scale = math.exp(x) - 1.0 if x < 700.0 else math.inf
+    product = 0.0 if ratio == 0.0 else ratio * scale
+    if product <= 1.0:
+        return max(k_min, math.ceil((k_max - k_min) * (1.0 - product) + k_min))
+    return k_min
+
+
+def warmup_bounds(accepted: Sequence[int], kls: Sequence[float], k_min_cfg: int,
+                  k_max_cfg: int) -> tuple[int, int]:
+    """(k_min_r, k_max_r) from the warm-up's accepted counts and KL values (`KLScheduler`)."""
+    if not accepted:
+        return k_min_cfg, k_max_cfg
+    mean_kl = float(np.mean(kls)) if len(kls) else 0.0
+    max_kl = float(np.max(kls)) if len(kls) else 1.0
+    if max_kl == 0.0:
+        max_kl = 1.0
+    k_max_r = min(k_max_cfg, max(k_min_cfg, round(max(accepted) * (1 + 0.5 * mean_kl / max_kl))))
+    k_min_r = min(k_max_r, max(k_min_cfg, math.ceil(k_max_r * 0.1)))
+    return k_min_r, k_max_r
+
+
+@dataclass
+class _Request:
+    """One request's DSDE state."""
+
+    k: int
+    history: deque
+    warm_accepted: list = field(default_factory=list)
+    warm_kl: list = field(default_factory=list)
+    bounds: tuple[int, int] | None = None  # (k_min_r, k_max_r) once warm-up is over
+
+
+@register
+@dataclass
+class KldVariance(Policy):
+    """DSDE: per-request k from the variance ratio of the KL history, capped by the batch mean."""
+
+    name: ClassVar[str] = "kld_variance"
+    description: ClassVar[str] = (
+        "DSDE: per-request k from KL level and short/long variance ratio, batch SL cap")
+    signals: ClassVar[frozenset[str]] = frozenset({"kl"})
+
+    k_init: int = field(default=5, metadata={"help": "k of a new request during warm-up"})
+    k_min_cfg: int = field(default=1, metadata={
+        "help": "lower bound of every k (DSDE's config default is 6)"})
+    k_max_cfg: int = field(default=20, metadata={"help": "upper bound of every k"})
+    activation_tokens: int = field(default=100, metadata={
+        "help": "W: KL values kept per request; warm-up lasts until W are observed"})
+    decay: float = field(default=0.9, metadata={"help": "weight decay^age in the variances"})
+    alpha: float = field(default=2.0, metadata={"help": "S = exp(alpha·D) - 1"})
+    cap: bool = field(default=True, metadata={
+        "help": "SL cap: no k above ceil(mean k of the batch's post-warm-up requests)"})
+    temperature: float = field(default=0.0, metadata={
+        "help": "sampling temperature; D is divided by it when > 0"})
+
+    def __post_init__(self) -> None:
+        def integer(key: str, lo: int, hi: int) -> None:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{key} must be an integer in {lo}..{hi}, got {value!r}")
+
+        integer("k_max_cfg", 1, _K_LIMIT)
+        integer("k_min_cfg", 0, self.k_max_cfg)
+        integer("k_init", self.k_min_cfg, self.k_max_cfg)
+        integer("activation_tokens", 1, 1_000_000)
+        for key, ok, rule in (
+            ("decay", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+            ("alpha", lambda v: 0.0 < v < math.inf, "> 0 and finite"),
+            ("temperature", lambda v: 0.0 <= v < math.inf, ">= 0 and finite"),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"{key} must be a number {rule}, got {value!r}")
+        if not isinstance(self.cap, bool):
+            raise ValueError(f"cap must be true or false, got {self.cap!r}")
+        self._requests: dict[int, _Request] = {}
+
+    def _state(self, request_id: int) -> _Request:
+        st = self._requests.get(request_id)
+        if st is None:
+            st = _Request(self.k_init, deque(maxlen=self.activation_tokens))
+            self._requests[request_id] = st
+        return st
+
+    def bounds(self, request_id: int) -> tuple[int, int] | None:
+        """(k_min_r, k_max_r) of a request past warm-up, else None."""
+        st = self._requests.get(request_id)
+        return None if st is None else st.bounds
+
+    def choose(self, ctx: StepContext) -> Sequence[int]:
+        out = []
+        for r in ctx.requests:
+            st = self._requests.get(r.request_id)
+            k = self.k_init if st is None else st.k
+            out.append(max(0, min(k, self.k_max_cfg, ctx.k_max)))
+        return out
+
+    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        proposed: dict[int, int] = {}
+        pool: list[int] = []  # k of requests already past warm-up that drafted: the cap's mean
+        for o in outcomes:
+            st = self._state(o.request_id)
+            kls = clean_kl(o.signals.get("kl", ()))
+            was_ready = st.bounds is not None
+            st.history.extend(kls.tolist())
+            if not was_ready:
+                if len(st.history) < self.activation_tokens:
+                    self._warm_up(st, o.accepted, kls)
+                    continue
+                st.bounds = warmup_bounds(st.warm_accepted, st.warm_kl, self.k_min_cfg,
+                                          self.k_max_cfg)
+                st.warm_accepted, st.warm_kl = [], []
+            if kls.size == 0:
+                continue  # nothing usable observed: keep k
+            k_min_r, k_max_r = st.bounds
+            ratio = variance_ratio(np.fromiter(st.history, np.float64, len(st.history)),
+                                   self.decay)
+            k = dsl_step(ratio, float(kls.mean()), k_min_r, k_max_r, self.alpha, self.temperature)
+            proposed[o.request_id] = k
+            if was_ready and o.k > 0:
+                pool.append(k)
+        cap = math.ceil(float(np.mean(pool))) if self.cap and pool else None
+        for rid, k in proposed.items():
+            self._requests[rid].k = k if cap is None else min(k, cap)
+
+    def _warm_up(self, st: _Request, accepted: int, kls: np.ndarray) -> None:
+        st.warm_accepted.append(int(accepted))
+        st.warm_kl.extend(kls.tolist())
+        if accepted >= st.k:
+            st.k = min(st.k * 2 if st.k > 0 else 1, self.k_max_cfg)
+        else:
+            st.k = max(st.k, self.k_min_cfg)
+
+    def finish(self, request_id: int) -> None:
+        self._requests.pop(request_id, None)
