@@ -36,11 +36,14 @@ Where this module differs, and why:
   with causal acceptance"). An engine here reports accepted drafts up to the first rejection only
   (POLICIES.md §0: later positions are never observed), so accepted/drafted is the censored ratio,
   under i.i.d. acceptance a (1 - a^k) / ((1 - a) k) < a (0.34 at a = 0.7, k = 6).
-  `ema_input` chooses x: "cumulative" (default), this policy object's (one per replica) running
-  totals, as the prototype; "step", the step's own ratio (POLICIES.md's reading); "inverted", the
-  a that explains the step's mean accepted drafts under i.i.d. acceptance
-  (`alpha_from_mean_accepted`), which is what vLLM V0's uncensored count estimates. The first two
-  under-estimate a and plan shorter chains than the prototype would on vLLM V0.
+  `ema_input` chooses x: "censored" (default), the maximum-likelihood a from this policy object's
+  (one per replica) running totals of what was observed: each accepted draft is a success, each
+  first rejection a failure, later positions unobserved, so x = S / (S + F). It estimates what
+  the prototype's lifetime counter estimates on vLLM V0 (the per-token acceptance rate), from
+  the censored outcomes a real engine sees. "cumulative" is the running accepted/drafted ratio,
+  "step" the step's own ratio (POLICIES.md's reading), "inverted" the a that explains the step's
+  mean accepted drafts under i.i.d. acceptance (`alpha_from_mean_accepted`). "cumulative" and
+  "step" under-estimate a and plan shorter chains than the prototype would on vLLM V0.
 - As in the prototype, k = 0 is absorbing while the batch's cost picture stays the same: without
   drafts nothing updates a, and the next plan sees the same a. Running totals move slowly, so one
   poor window rarely gets there; with "step" or "inverted" a few steps of a low-acceptance request
@@ -66,7 +69,7 @@ from policies.base import DraftOutcome, Policy, StepContext
 from policies.registry import register
 from policies.vocabulary import alpha_from_mean_accepted, expected_emitted
 
-EMA_INPUTS = ("cumulative", "step", "inverted")
+EMA_INPUTS = ("censored", "cumulative", "step", "inverted")
 #: per-request plans stop climbing when no move raises predicted goodput by this fraction: finer
 #: steps are noise next to the acceptance estimates' own error, and cost a cost-model call each
 MIN_GAIN = 1e-3
@@ -87,10 +90,11 @@ class Goodput(Policy):
         "help": "acceptance estimate before anything is observed"})
     ema_keep: float = field(default=0.85, metadata={
         "help": "EMA weight of the old estimate: a <- keep*a + (1-keep)*x, x per ema_input"})
-    ema_input: str = field(default="cumulative", metadata={
-        "help": "what the EMA reads: cumulative (running accepted/drafted, as the prototype's "
-                "vLLM counters), step (this step's accepted/drafted), or inverted (the i.i.d. "
-                "alpha that explains this step's mean accepted)"})
+    ema_input: str = field(default="censored", metadata={
+        "help": "what the EMA reads: censored (running MLE of the per-token rate from accepted "
+                "drafts and first rejections), cumulative (running accepted/drafted), step "
+                "(this step's accepted/drafted), or inverted (the i.i.d. alpha that explains "
+                "this step's mean accepted)"})
     replan_every: int = field(default=20, metadata={
         "help": "re-plan k every this many steps (calls); in between the last plan is reused"})
     k_max: int = field(default=8, metadata={
@@ -120,7 +124,7 @@ class Goodput(Policy):
         if not self.kv_headroom > 0 or math.isinf(self.kv_headroom):
             raise ValueError(f"kv_headroom must be a positive number, got {self.kv_headroom}")
         self.alpha_hat = self.initial_alpha  # the batch estimate (batch-uniform mode)
-        self._totals = [0, 0]  # accepted, drafted: what the batch EMA reads when cumulative
+        self._totals = [0, 0, 0]  # accepted, drafted, first rejections seen (see ema_input)
         self._calls = 0
         self._k = 0  # the last batch plan (the prototype's last_proposed_len starts at 0)
         # per-request mode: each request's estimate, totals, and planned k; the fallback k for
@@ -154,7 +158,7 @@ class Goodput(Policy):
         if self.per_request:
             for o in outcomes:
                 if o.k > 0:
-                    totals = self._totals_r.setdefault(o.request_id, [0, 0])
+                    totals = self._totals_r.setdefault(o.request_id, [0, 0, 0])
                     old = self._alpha_r.get(o.request_id, self.initial_alpha)
                     self._alpha_r[o.request_id] = self._ema(old, totals, [o])
             return
@@ -175,7 +179,10 @@ class Goodput(Policy):
         drafted = sum(o.k for o in drafting)
         totals[0] += accepted
         totals[1] += drafted
-        if self.ema_input == "cumulative":
+        totals[2] += sum(1 for o in drafting if o.accepted < o.k)  # observed first rejections
+        if self.ema_input == "censored":
+            x = totals[0] / (totals[0] + totals[2]) if totals[0] + totals[2] else 1.0
+        elif self.ema_input == "cumulative":
             x = totals[0] / totals[1]
         elif self.ema_input == "step":
             x = accepted / drafted

@@ -122,7 +122,7 @@ def test_ema_after_one_step():
 
 
 def test_ema_reads_the_batch_ratio_and_skips_steps_without_drafts():
-    policy = Goodput()
+    policy = Goodput(ema_input="cumulative")
     reqs = _reqs(2)
     policy.observe(context(reqs), [outcome(0, k=4, accepted=3), outcome(1, k=4, accepted=1)])
     after = 0.85 * 0.7 + 0.15 * 4 / 8
@@ -133,7 +133,7 @@ def test_ema_reads_the_batch_ratio_and_skips_steps_without_drafts():
 
 def test_cumulative_input_follows_the_prototype_step_input_follows_the_step():
     steps = [(3, 4), (0, 4), (4, 4)]  # (accepted, drafted) of three steps of one request
-    cumulative, per_step = Goodput(), Goodput(ema_input="step")
+    cumulative, per_step = Goodput(ema_input="cumulative"), Goodput(ema_input="step")
     a_cum = a_step = 0.7
     acc_total = drafted_total = 0
     for acc, k in steps:
@@ -285,7 +285,7 @@ def test_new_requests_get_the_plans_median_and_finished_ones_are_forgotten():
 @pytest.mark.parametrize("kwargs,message", [
     ({"initial_alpha": 1.2}, "initial_alpha"),
     ({"ema_keep": -0.1}, "ema_keep"),
-    ({"ema_input": "lifetime"}, "ema_input must be one of cumulative, step, inverted"),
+    ({"ema_input": "lifetime"}, "ema_input must be one of censored, cumulative, step, inverted"),
     ({"replan_every": 0}, "replan_every"),
     ({"k_max": 65}, "k_max"),
     ({"k0_bonus": 0.0}, "k0_bonus"),
@@ -333,3 +333,17 @@ def test_k_within_bounds_whatever_is_observed(data, per_request, k_max, engine_k
         assert all(isinstance(k, int) and 0 <= k <= min(k_max, engine_k_max) for k in ks)
         policy.observe(ctx, [outcome(r.request_id, k=k, accepted=data.draw(st.integers(0, k)))
                              for r, k in zip(batch, ks)])
+
+
+def test_censored_input_is_the_maximum_likelihood_per_token_rate():
+    policy = Goodput()  # ema_input="censored"
+    ctx = context([FakeRequest(0), FakeRequest(1)])
+    # 3 of 4 accepted then a rejection, and 4 of 4 accepted (no rejection seen): S = 7, F = 1
+    policy.observe(ctx, [outcome(0, 4, 3), outcome(1, 4, 4)])
+    assert policy.alpha_hat == pytest.approx(0.85 * 0.7 + 0.15 * 7 / 8)
+    # a long run of i.i.d. acceptance at 0.7 drives the estimate to 0.7, not to accepted/drafted
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        acc = [int(min(4, rng.geometric(0.3) - 1)) for _ in range(2)]
+        policy.observe(ctx, [outcome(0, 4, acc[0]), outcome(1, 4, acc[1])])
+    assert policy.alpha_hat == pytest.approx(0.7, abs=0.02)
