@@ -16,17 +16,22 @@ them, so an interrupted benchmark resumes.
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# run as a script, this file's folder comes first on sys.path and its name would shadow the
+# `policies` package: drop that entry so `import policies` finds the package
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
 
-import argparse
-import json
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
+import argparse  # noqa: E402  (after the sys.path fix above)
+import json  # noqa: E402  (after the sys.path fix above)
+import time  # noqa: E402  (after the sys.path fix above)
+from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: E402  (after the sys.path fix above)
+from pathlib import Path  # noqa: E402  (after the sys.path fix above)
 
-from simulator import ClusterConfig, SchedulerConfig
-from spectune.simulate import SimulationSpec, run
+from simulator import ClusterConfig, SchedulerConfig  # noqa: E402  (after the sys.path fix above)
+from spectune.simulate import SimulationSpec, run  # noqa: E402  (after the sys.path fix above)
 
 SETTINGS = {"alpha~0.7": "beta:7,3~20", "alpha~0.35": "beta:3.5,6.5~20"}
 FIXED_KS = (0, 1, 2, 3, 4, 6)
