@@ -7,7 +7,7 @@ bf16 (no 2:4 sparsity): the roofline derates them with measured efficiencies, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.errors import ConfigError
 
@@ -163,6 +163,11 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
     (_llama("Llama-160M", 12, 768, 12, 12, 3072, 32000, "JackFram/llama-160m"), ("llama-160m",)),
     (_llama("SmolLM2-135M", 30, 576, 9, 3, 1536, 49152, "HuggingFaceTB/SmolLM2-135M", tied=True),
      ("smollm2-135m",)),
+    # An early-exit drafter of SmolLM2-135M: its first 4 layers, final norm and tied head. The
+    # shape a CPU profile uses as the draft (the real early exit shares the target's weights).
+    (replace(_llama("SmolLM2-135M-EE4", 4, 576, 9, 3, 1536, 49152, "HuggingFaceTB/SmolLM2-135M",
+                    tied=True), source="first 4 layers of HuggingFaceTB/SmolLM2-135M"),
+     ("smollm2-135m-ee4",)),
 )  # fmt: skip
 
 _MIB = 2**20

@@ -28,6 +28,9 @@ PUBLISHED_PARAMS = {
     "Llama-68M": 68e6,
     "Llama-160M": 160e6,
     "SmolLM2-135M": 134.5e6,
+    # not published: the tied embedding (49152 x 576) + 4 of SmolLM2's 30 layers + final norm
+    "SmolLM2-135M-EE4": 49152 * 576 + 4 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+                                           + 2 * 576) + 576,
 }
 
 
