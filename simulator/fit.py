@@ -1,0 +1,186 @@
+"""The two numerical pieces of the profiled latency model.
+
+`fit_linear`: a pass time linear in the batch's aggregates, t ≈ a + b·seqs + c·query + d·cached +
+e·pairs, fitted by non-negative least squares on relative error. It is the model's shape
+everywhere and its only answer far outside the profiled grid; non-negative because a pass never
+gets faster with more work, relative so a 50 µs decode counts as much as a 50 ms prefill.
+
+`PhaseGrid`: the measured/fitted ratio on one phase's grid (batch × query tokens per request ×
+cached tokens per request), interpolated multilinearly in log-space. Log axes because the grids
+are geometric (1, 2, 4, ... requests) and pass time bends smoothly on that scale; cached tokens
+use log(1 + c) since prefill grids sit at c = 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+
+import numpy as np
+from scipy.optimize import nnls
+
+COEFFICIENTS = ("fixed_s", "per_seq_s", "per_query_token_s", "per_cached_token_s",
+                "per_attn_pair_s")
+AXES = ("num_seqs", "query_tokens_per_seq", "cached_tokens_per_seq")
+_AXIS_OFFSET = (0.0, 0.0, 1.0)  # coordinate = log(value + offset)
+
+
+def uniform_aggregates(num_seqs, query_per_seq, cached_per_seq) -> tuple[np.ndarray, ...]:
+    """(seqs, query, cached, pairs) of B requests that each feed q tokens over c cached ones."""
+    b, q, c = (np.asarray(x, dtype=np.float64) for x in (num_seqs, query_per_seq, cached_per_seq))
+    return b, b * q, b * c, b * (q * c + q * (q + 1) / 2)
+
+
+def linear_form(coef: np.ndarray, seqs, query, cached, pairs) -> np.ndarray:
+    """The fitted time a + b·seqs + c·query + d·cached + e·pairs (elementwise)."""
+    a, b, c, d, e = coef
+    return a + b * seqs + c * query + d * cached + e * pairs
+
+
+def fit_linear(seqs, query, cached, pairs, seconds) -> np.ndarray:
+    """Coefficients (see `COEFFICIENTS`) minimising the sum of squared relative errors.
+
+    Columns are scaled to a unit maximum first: raw, pairs run to 1e8 while the constant is 1,
+    and NNLS's active-set steps lose precision on such spreads.
+    """
+    t = np.asarray(seconds, dtype=np.float64)
+    x = np.column_stack([np.ones_like(t), seqs, query, cached, pairs]) / t[:, None]
+    scale = x.max(axis=0)
+    scale[scale <= 0] = 1.0
+    coef, _ = nnls(x / scale, np.ones_like(t), maxiter=50 * x.shape[1])
+    return coef / scale
+
+
+class PhaseGrid:
+    """A log-ratio on a product grid of (num_seqs, query/seq, cached/seq), interpolated.
+
+    Built from scattered grid points; the lattice is the product of each axis's distinct values.
+    Missing lattice nodes (held-out points) are filled by linear interpolation along every axis
+    on which present nodes bracket them, averaged with weights 1/width² (a linear interpolant's
+    error grows with the bracket's width squared; every estimate is exact for a multilinear
+    function). A grid with a node nothing brackets is not a product grid; `build` says why.
+    """
+
+    def __init__(self, values: list[np.ndarray], log_ratio: np.ndarray, filled: int) -> None:
+        self.values = values  # distinct raw values per axis, ascending
+        self.coords = [np.log(v + off) for v, off in zip(values, _AXIS_OFFSET)]
+        self.log_ratio = log_ratio  # shape (len(values[0]), len(values[1]), len(values[2]))
+        self.filled = filled
+        self.active = [i for i, v in enumerate(values) if len(v) > 1]
+        # plain-Python copies for the scalar path (the engine's per-iteration calls)
+        self._coords = [c.tolist() for c in self.coords]
+        self._lo = [float(v[0]) for v in values]
+        self._hi = [float(v[-1]) for v in values]
+        self._flat = log_ratio.ravel().tolist()
+        self._strides = [log_ratio.shape[1] * log_ratio.shape[2], log_ratio.shape[2], 1]
+        # flat offsets of a cell's corners, first active axis most significant
+        self._corners = [sum(bit * self._strides[a] for a, bit in zip(self.active, bits))
+                         for bits in itertools.product((0, 1), repeat=len(self.active))]
+
+    @classmethod
+    def build(cls, points: np.ndarray, log_ratio: np.ndarray) -> PhaseGrid | str:
+        """From (n, 3) raw points and their log-ratios; a reason string if it is not a grid."""
+        values = [np.unique(points[:, i]) for i in range(3)]
+        shape = tuple(len(v) for v in values)
+        grid = np.full(shape, np.nan)
+        index = tuple(np.searchsorted(values[i], points[:, i]) for i in range(3))
+        grid[index] = log_ratio
+        missing = np.argwhere(np.isnan(grid))
+        coords = [np.log(v + off) for v, off in zip(values, _AXIS_OFFSET)]
+        filled = grid.copy()
+        for node in missing:
+            estimates = []
+            for axis in range(3):
+                line = list(node)
+                line[axis] = slice(None)
+                present = np.flatnonzero(~np.isnan(grid[tuple(line)]))
+                below, above = present[present < node[axis]], present[present > node[axis]]
+                if len(below) and len(above):
+                    i, j = below[-1], above[0]
+                    x, xi, xj = (coords[axis][k] for k in (node[axis], i, j))
+                    vi, vj = grid[tuple(line)][[i, j]]
+                    estimates.append((vi + (vj - vi) * (x - xi) / (xj - xi), (xj - xi) ** -2))
+            if not estimates:
+                point = ", ".join(f"{AXES[a]}={values[a][node[a]]:g}" for a in range(3))
+                return (f"not a full product grid ({len(points)} of {grid.size} points; "
+                        f"nothing brackets {point})")
+            value, weight = np.array(estimates).T
+            filled[tuple(node)] = np.average(value, weights=weight)
+        return cls(values, filled, len(missing))
+
+    def inside(self, b: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Whether each point lies in the grid's box (on the value of a single-valued axis)."""
+        ok = np.ones(np.shape(b), dtype=bool)
+        for x, v in zip((b, q, c), self.values):
+            tol = 1e-9 * max(1.0, float(v[-1]))
+            ok &= (x >= v[0] - tol) & (x <= v[-1] + tol)
+        return ok
+
+    def interpolate(self, b: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Multilinear log-ratio at each point, clamped onto the grid's box outside it."""
+        base, frac = [], []
+        for axis, x in enumerate((b, q, c)):
+            if axis not in self.active:
+                continue
+            co = self.coords[axis]
+            u = np.log(np.clip(x, self.values[axis][0], self.values[axis][-1])
+                       + _AXIS_OFFSET[axis])
+            i = np.clip(np.searchsorted(co, u, side="right") - 1, 0, len(co) - 2)
+            base.append(i)
+            frac.append(np.clip((u - co[i]) / (co[i + 1] - co[i]), 0.0, 1.0))
+        out = np.zeros(np.shape(b))
+        for bits in itertools.product((0, 1), repeat=len(self.active)):
+            index, weight = [0, 0, 0], 1.0
+            for axis, i, w, bit in zip(self.active, base, frac, bits):
+                index[axis] = i + bit
+                weight = weight * (w if bit else 1.0 - w)
+            out = out + weight * self.log_ratio[tuple(index)]
+        return out
+
+    def interpolate_scalar(self, b: float, q: float, c: float, clamp: bool) -> float:
+        """`interpolate` (and, unless `clamp`, 0 outside the box) for one point, in plain Python.
+
+        The engine costs an iteration at a time through here, so it avoids numpy entirely.
+        """
+        point = (b, q, c)
+        if not clamp:
+            for x, lo, hi in zip(point, self._lo, self._hi):
+                tol = 1e-9 * max(1.0, hi)
+                if x < lo - tol or x > hi + tol:
+                    return 0.0
+        base, weights = 0, []
+        for axis in self.active:
+            co, lo, hi = self._coords[axis], self._lo[axis], self._hi[axis]
+            x = point[axis]
+            u = math.log((lo if x < lo else hi if x > hi else x) + _AXIS_OFFSET[axis])
+            i = bisect.bisect_right(co, u) - 1
+            i = 0 if i < 0 else len(co) - 2 if i > len(co) - 2 else i
+            w = (u - co[i]) / (co[i + 1] - co[i])
+            base += i * self._strides[axis]
+            weights.append(0.0 if w < 0.0 else 1.0 if w > 1.0 else w)
+        return _cell(self._flat, base, self._corners, weights)
+
+
+def _cell(f: list[float], k: int, c: list[int], w: list[float]) -> float:
+    """Multilinear value in the cell whose first corner is f[k] (corners at k + c[j]).
+
+    Unrolled per dimension: list comprehensions cost more than the arithmetic at this size.
+    """
+    if len(w) == 0:
+        return f[k]
+    if len(w) == 1:
+        a = f[k]
+        return a + w[0] * (f[k + c[1]] - a)
+    if len(w) == 2:
+        w0, w1 = w
+        a, b = f[k], f[k + c[2]]
+        lo, hi = a + w1 * (f[k + c[1]] - a), b + w1 * (f[k + c[3]] - b)
+        return lo + w0 * (hi - lo)
+    w0, w1, w2 = w
+    _, c1, c2, c3, c4, c5, c6, c7 = c
+    v0, v2, v4, v6 = f[k], f[k + c2], f[k + c4], f[k + c6]
+    x00, x01 = v0 + w2 * (f[k + c1] - v0), v2 + w2 * (f[k + c3] - v2)
+    x10, x11 = v4 + w2 * (f[k + c5] - v4), v6 + w2 * (f[k + c7] - v6)
+    lo, hi = x00 + w1 * (x01 - x00), x10 + w1 * (x11 - x10)
+    return lo + w0 * (hi - lo)
