@@ -95,8 +95,9 @@ class BatchAdaptive(Policy):
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.context_tokens < 1:
             raise ValueError(f"context_tokens must be >= 1, got {self.context_tokens}")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 1 <= self.max_batch <= 4096:
+            raise ValueError(f"max_batch must be in 1..4096 (deriving the table costs "
+                             f"O(max_batch^2) cost-model calls), got {self.max_batch}")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(
                 f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")

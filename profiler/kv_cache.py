@@ -85,10 +85,11 @@ class BatchAttention:
     Request r brings q_r new tokens after c_r cached ones; its new tokens are rows
     bounds[r]..bounds[r+1] of the packed batch. New token i sees cached keys and new keys 0..i:
     no mask when q_r == 1, SDPA's causal flag when c_r == 0, else a [q_r, c_r + q_r] mask.
-    When every request has the same (q, c), attention is one batched SDPA call.
+    With `batched` and every request at the same (q, c), attention is one SDPA call over stacked
+    caches instead of one call per request (fewer kernel launches, one more copy of the caches).
     """
 
-    def __init__(self, q: list[int], caches: list[KVCache]) -> None:
+    def __init__(self, q: list[int], caches: list[KVCache], batched: bool = False) -> None:
         if not q or len(q) != len(caches):
             raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
         if min(q) < 1:
@@ -103,7 +104,8 @@ class BatchAttention:
         self.max_length = max(c + n for c, n in zip(self.cached, q))
         for cache, c, n in zip(caches, self.cached, q):
             cache.reserve(c + n)
-        self.uniform = len(set(zip(q, self.cached))) == 1
+        self.same_lengths = len(set(zip(q, self.cached))) == 1
+        self.uniform = batched and len(q) > 1 and self.same_lengths
         self.masks = [self._mask(n, c) for n, c in zip(q, self.cached)]
 
     def _mask(self, n: int, c: int) -> torch.Tensor | None:
@@ -114,7 +116,7 @@ class BatchAttention:
 
     def positions(self) -> torch.Tensor:
         """Absolute position of every packed token within its own sequence."""
-        if self.uniform:
+        if self.same_lengths:
             c, n = self.cached[0], self.q[0]
             return torch.arange(c, c + n, device=self.device).repeat(len(self.q))
         ranges = [torch.arange(c, c + n, device=self.device) for c, n in zip(self.cached, self.q)]
@@ -135,7 +137,7 @@ class BatchAttention:
         """Attention output [tokens, heads * head_dim] of queries [tokens, heads, head_dim]."""
         tokens, heads, head_dim = queries.shape
         gqa = heads != self.caches[0].keys[layer].shape[0]
-        if self.uniform and len(self.q) > 1:
+        if self.uniform:
             return self._attend_uniform(layer, queries, gqa).reshape(tokens, heads * head_dim)
         out = queries.new_empty(tokens, heads, head_dim) if len(self.q) > 1 else None
         for r, cache in enumerate(self.caches):

@@ -43,6 +43,9 @@ class LlamaConfig:
     rms_eps: float = 1e-5
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
+    # One SDPA call for a batch whose requests share (new, cached) lengths: it stacks their caches,
+    # which on CPU costs more than a per-request loop (measured), so None means "not on CPU".
+    batched_attention: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.rope_theta > 0:
@@ -52,6 +55,8 @@ class LlamaConfig:
         if not self.dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point dtype, got {self.dtype}")
         object.__setattr__(self, "device", torch.device(self.device))
+        if self.batched_attention is None:
+            object.__setattr__(self, "batched_attention", self.device.type != "cpu")
 
     @property
     def tie_embeddings(self) -> bool:
@@ -131,25 +136,30 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight (+ bias), with the bias fused into the product when there is one."""
+    return x @ weight if bias is None else torch.addmm(bias, x, weight)
+
+
 def _parameter(*size: int, config: LlamaConfig) -> nn.Parameter:
     empty = torch.empty(*size, dtype=config.dtype, device=config.device)
     return nn.Parameter(empty, requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
-    """One layer's weights; the maths lives in `LlamaModel` so a pass makes no module calls."""
+    """One layer's weights, each [in, out]; the maths lives in `LlamaModel` (no module calls)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         s = config.shape
         qkv_out = (s.heads + 2 * s.kv_heads) * s.head_dim
         self.attn_norm = _parameter(s.hidden, config=config)
-        self.qkv = _parameter(qkv_out, s.hidden, config=config)  # rows: q, then k, then v
+        self.qkv = _parameter(s.hidden, qkv_out, config=config)  # columns: q, then k, then v
         self.qkv_bias = _parameter(qkv_out, config=config) if s.qkv_bias else None
-        self.o = _parameter(s.hidden, s.heads * s.head_dim, config=config)
+        self.o = _parameter(s.heads * s.head_dim, s.hidden, config=config)
         self.mlp_norm = _parameter(s.hidden, config=config)
-        self.gate_up = _parameter(2 * s.ffn, s.hidden, config=config)  # rows: gate, then up
-        self.down = _parameter(s.hidden, s.ffn, config=config)
+        self.gate_up = _parameter(s.hidden, 2 * s.ffn, config=config)  # columns: gate, then up
+        self.down = _parameter(s.ffn, s.hidden, config=config)
 
 
 class LlamaModel(nn.Module):
@@ -159,10 +169,10 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         s = config.shape
-        self.embed = _parameter(s.vocab, s.hidden, config=config)
+        self.embed = _parameter(s.hidden, s.vocab, config=config)  # [in, out] as the LM head
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(s.layers))
         self.norm = _parameter(s.hidden, config=config)
-        self.lm_head = None if s.tied_embeddings else _parameter(s.vocab, s.hidden, config=config)
+        self.lm_head = None if s.tied_embeddings else _parameter(s.hidden, s.vocab, config=config)
         self.rotary = RotaryTable(s.head_dim, config.rope_theta, config.dtype, config.device)
 
     @classmethod
@@ -205,8 +215,8 @@ class LlamaModel(nn.Module):
         if any(t.dim() != 1 for t in tokens):
             raise ValueError("each request's tokens must be a 1-D tensor")
         device = self.config.device
-        batch = BatchAttention([t.shape[0] for t in tokens], caches)
-        x = F.embedding(torch.cat(tokens).to(device, non_blocking=True), self.embed)
+        batch = BatchAttention([t.shape[0] for t in tokens], caches, self.config.batched_attention)
+        x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, cos, sin, batch)
@@ -214,7 +224,7 @@ class LlamaModel(nn.Module):
         if logits == "last":
             x = x[batch.last_rows()]
         head = self.embed if self.lm_head is None else self.lm_head
-        out = F.linear(rms_norm(x, self.norm, self.config.rms_eps), head)
+        out = rms_norm(x, self.norm, self.config.rms_eps) @ head
         return list(out.split(1 if logits == "last" else batch.q))
 
     def _layer(
@@ -229,13 +239,13 @@ class LlamaModel(nn.Module):
         """x + attention(norm(x)), then + SwiGLU(norm(x)); every matmul covers the whole batch."""
         s, eps = self.config.shape, self.config.rms_eps
         heads, kv_heads = s.heads, s.kv_heads
-        qkv = F.linear(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
+        qkv = _matmul(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
         qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, s.head_dim)
         qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # rotate q and k at once
         batch.store(index, qk[:, heads:], qkv[:, heads + kv_heads :])
-        x = x + F.linear(batch.attend(index, qk[:, :heads]), layer.o)
-        gate, up = F.linear(rms_norm(x, layer.mlp_norm, eps), layer.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.down)
+        x = x + batch.attend(index, qk[:, :heads]) @ layer.o
+        gate, up = (rms_norm(x, layer.mlp_norm, eps) @ layer.gate_up).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ layer.down
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy weights named as in Hugging Face's LlamaForCausalLM (q/k/v and gate/up fused here).
@@ -255,7 +265,7 @@ class LlamaModel(nn.Module):
                     continue
                 if target not in params:
                     raise ValueError(f"{name}: this model has no {target}")
-                dest = params[target]
+                dest = params[target].t()  # HF stores [out, in]; a vector's .t() is itself
                 if part is not None:
                     start, rows = spans[part]
                     dest = dest[start : start + rows]
@@ -263,7 +273,7 @@ class LlamaModel(nn.Module):
                     raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(dest.shape)}")
                 dest.copy_(tensor)
                 filled[target] += dest.shape[0]
-        unset = [n for n, p in params.items() if filled[n] != p.shape[0]]
+        unset = [n for n, p in params.items() if filled[n] != p.t().shape[0]]
         if unset:
             raise ValueError(f"state dict fills {len(unset)} parameters wrongly, e.g. {unset[:3]}")
 

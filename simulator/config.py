@@ -22,7 +22,14 @@ class SchedulerConfig:
     budget with prompt chunks (Sarathi-style mixed batches).
 
     KV cache: a request reserves prompt + output + k_max tokens when it is admitted and keeps
-    them until it finishes, so a running request never runs out of cache (no preemption).
+    them until it finishes, so a running request never runs out of cache (no preemption). The
+    output length stands in for the max_tokens a real request declares: an engine that reserves
+    max_tokens behaves the same when requests use all of it; one that allocates pages on demand
+    and preempts (vLLM) packs more requests and pays recomputation instead.
+
+    Token budget: decode requests always run, with their k + 1 tokens each; the budget limits
+    the prompt tokens that join them (so an iteration can exceed it by its decode tokens). vLLM's
+    V1 scheduler instead counts draft tokens against the budget and defers what does not fit.
     """
 
     max_num_seqs: int = field(default=256, metadata={"help": "requests in one batch, at most"})

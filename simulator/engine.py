@@ -16,7 +16,7 @@ from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
 from simulator.records import RequestLog, StepLog
-from simulator.replica import Replica
+from simulator.replica import Replica, check_fits
 from simulator.request import RequestState
 from simulator.step_cost import StepCostModel
 from traces import SpeculationTrace, Workload
@@ -31,12 +31,25 @@ class SimulationResult:
     meta: dict = field(default_factory=dict)
 
 
+class _Arrival(simpy.events.Event):
+    """A timeout at URGENT priority: an arrival at time t is routed before any iteration that
+    ends at t completes, so a request arriving exactly on an iteration boundary is always seen
+    by the next iteration and the router always sees the loads from before that boundary,
+    however the iterations were scheduled (one at a time, or a whole fast-path segment)."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.events.URGENT, delay)
+
+
 def arrivals(env: simpy.Environment, states: list[RequestState], cluster: _Cluster):
     """The arrival process: each request reaches the router at its arrival time."""
     for i, st in enumerate(states):
         delay = st.arrival_s - env.now
         if delay > 0:
-            yield env.timeout(delay)
+            yield _Arrival(env, delay)
         cluster.next_index = i + 1
         cluster.route(i).submit(st)
 
@@ -86,6 +99,20 @@ def simulate(
     env = simpy.Environment()
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)
     arrival_s = arrival_s - arrival_s[0]
+    check_fits(workload.request_ids, workload.prompt_tokens, workload.output_tokens, scheduler,
+               kv_capacity_tokens)
+    max_run = acceptance.meta.get("max_run")
+    if isinstance(max_run, int) and scheduler.k_max > max_run:
+        raise ConfigError(
+            f"the speculation trace caps accepted runs at {max_run} (a run of {max_run} means "
+            f"'at least {max_run}'), so it cannot replay k up to k_max={scheduler.k_max}; "
+            f"use --k-max {max_run} or record with a larger max run"
+        )
+    temperature = acceptance.meta.get("temperature")
+    if temperature not in (None, 0, 0.0):
+        raise ConfigError(f"the speculation trace was recorded at temperature {temperature}; "
+                          "replaying sampled acceptance (drawing from accept_prob) is not "
+                          "implemented yet: use a greedy (temperature 0) trace")
     replay = AcceptanceReplay(acceptance, workload.output_tokens)
     needed = set(type(policy).signals)
     if type(policy).uses_draft_stop:
@@ -121,7 +148,8 @@ def simulate(
         "scheduler": scheduler.__dict__,
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
-        "fast_path": bool(fast_path and type(policy).stateless_per_batch),
+        "fast_path": bool(fast_path and type(policy).stateless_per_batch
+                          and not scheduler.chunked_prefill),
         "engine_s": engine_s,
     }
     steps_df = steps.frame()

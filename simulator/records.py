@@ -63,7 +63,7 @@ class StepLog:
         self._blocks.append(block)
 
     def frame(self) -> pd.DataFrame:
-        """All iterations as one frame, ordered by start time (then log order).
+        """All iterations as one frame, ordered by start time, then replica.
 
         Built column-major with as few large temporaries as possible: at millions of
         iterations, allocating and touching memory is what costs.
@@ -72,11 +72,10 @@ class StepLog:
         parts = [np.asarray(b, dtype=np.float64).reshape(-1, width).T
                  if isinstance(b, list) else b for b in self._blocks]
         table = np.concatenate(parts, axis=1) if parts else np.zeros((width, 0))
-        start = table[STEP_INDEX["start_s"]]
-        # blocks arrive in near time order (each replica logs its own iterations in order), so a
-        # stable sort on start time is close to linear and keeps ties in log order
-        if np.any(start[1:] < start[:-1]):
-            table = table[:, np.argsort(start, kind="stable")]
+        start, replica = table[STEP_INDEX["start_s"]], table[STEP_INDEX["replica"]]
+        step = np.diff(start)
+        if np.any((step < 0) | ((step == 0) & (np.diff(replica) < 0))):
+            table = table[:, np.lexsort((replica, start))]  # by start time, then replica
         ints = [c for c in STEP_COLUMNS if c not in _FLOAT_COLUMNS]
         frame = pd.DataFrame(table[[STEP_INDEX[c] for c in ints]].astype(np.int64).T,
                              columns=ints, copy=False)

@@ -72,19 +72,7 @@ class Replica:
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
     def submit(self, st: RequestState) -> None:
-        st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max
-        if st.reserve > self.kv_capacity:
-            raise ConfigError(
-                f"request {st.request_id} needs {st.reserve} KV-cache tokens (prompt "
-                f"{st.prompt_tokens} + output {st.output_tokens} + k_max {self.sched.k_max}) but "
-                f"a replica holds {self.kv_capacity}; use a GPU with more memory or cap lengths"
-            )
-        budget = self.sched.max_batched_tokens
-        if budget is not None and not self.sched.chunked_prefill and st.prompt_tokens > budget:
-            raise ConfigError(
-                f"request {st.request_id} has a {st.prompt_tokens}-token prompt, over the "
-                f"{budget}-token budget per iteration; raise max_batched_tokens or chunk prefills"
-            )
+        st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max  # see check_fits
         st.run = self.acceptance.run(st.index)
         self.requests.replica[st.index] = self.index
         self.requests.arrival_s[st.index] = self.env.now  # the clock's value: never after admission
@@ -263,8 +251,8 @@ class Replica:
             st.accepted += emit - 1
             total_acc += emit - 1
             total_emit += emit
-            if outcomes is not None:
-                outcomes.append(self._outcome(st, g, k, acc, emit))
+            if outcomes is not None:  # accepted drafts past the request's end do not count
+                outcomes.append(self._outcome(st, g, k, emit - 1, emit))
         if outcomes is not None:
             self.policy.observe(self._context(batch), outcomes)
         return total_acc, total_emit
@@ -344,3 +332,31 @@ class Replica:
             st.chain = None
             self.policy.finish(st.request_id)
         self.running = keep
+
+
+def check_fits(request_ids, prompt_tokens, output_tokens, sched: SchedulerConfig,
+               kv_capacity_tokens: int) -> None:
+    """Refuse up front a workload with a request no replica could ever admit.
+
+    A request reserves prompt + output + k_max KV tokens for its whole life (the output length
+    stands in for the max_tokens a real request declares); without chunked prefill its whole
+    prompt must also fit one iteration's token budget.
+    """
+    reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + sched.k_max
+    worst = int(np.argmax(reserve))
+    if reserve[worst] > kv_capacity_tokens:
+        raise ConfigError(
+            f"request {int(request_ids[worst])} needs {int(reserve[worst])} KV-cache tokens "
+            f"(prompt {int(prompt_tokens[worst])} + output {int(output_tokens[worst])} + k_max "
+            f"{sched.k_max}) but a replica holds {kv_capacity_tokens}; use a GPU with more "
+            "memory or cap the lengths"
+        )
+    budget = sched.max_batched_tokens
+    if budget is not None and not sched.chunked_prefill:
+        longest = int(np.argmax(prompt_tokens))
+        if prompt_tokens[longest] > budget:
+            raise ConfigError(
+                f"request {int(request_ids[longest])} has a {int(prompt_tokens[longest])}-token "
+                f"prompt, over the {budget}-token budget per iteration; raise max_batched_tokens "
+                "or use --chunked-prefill"
+            )

@@ -8,6 +8,11 @@ A draft pass feeds one token per request (a chain drafter keeps its own KV cache
 newest token is new to it); when a batch also prefills prompts, the draft model prefills them in
 its first pass. Model-free drafters cost nothing to draft.
 
+Requests with different k are costed as a ragged batch: draft pass j only for the requests still
+drafting, the verify pass over exactly sum(k_r + 1) tokens. Engines that pad every request to
+the batch's largest k (fixed CUDA-graph shapes) pay more than this for per-request policies.
+A request at k = 0 still has its prompt prefilled by the draft model (its draft KV stays warm).
+
 `cached` may be 2-D (requests x steps): the fast path costs many steps of one batch at once.
 The draft passes only need, per pass j, the number of requests with k_r >= j and the sum of
 their cached tokens, so requests are bucketed by k once and the sums taken per bucket.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +19,19 @@ EXIT_BAD_INPUT = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["simulate", *argv]  # the main job is the default subcommand
     args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        args = parser.parse_args(["simulate", *(argv or [])])
     try:
         return args.handler(args)
+    except BrokenPipeError:  # the reader went away (`spectune ... | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except MemoryError:
+        print("spectune: error: ran out of memory; simulate fewer requests (--requests, "
+              "--duration) or a smaller grid", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (ValueError, OSError, KeyError) as exc:
         if getattr(args, "debug", False):
             raise
@@ -76,29 +85,27 @@ def _params(pairs: list[str]) -> dict[str, str]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator import ClusterConfig, SchedulerConfig
-    from spectune.files import write_csv, write_json
+    from spectune.files import prepare_out, to_json, write_csv, write_json
     from spectune.flags import dataclass_from_args
     from spectune.simulate import SimulationSpec, run
 
     spec = dataclass_from_args(SimulationSpec, args)
     scheduler = dataclass_from_args(SchedulerConfig, args)
     cluster = dataclass_from_args(ClusterConfig, args)
+    if args.out:
+        prepare_out(args.out)
     result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path)
     if args.out:
         write_csv(args.out / "requests.csv", result.requests)
         write_csv(args.out / "steps.csv", result.steps)
         write_json(args.out / "summary.json", summary)
     if args.format == "json":
-        print(json.dumps(summary, indent=2, default=_jsonable))
+        print(to_json(summary))
     else:
         print(_summary_table(summary))
         if args.out:
             print(f"\nrecords written to {args.out}/")
     return 0
-
-
-def _jsonable(value):
-    return value.item() if hasattr(value, "item") else str(value)
 
 
 def _fmt_s(value: float) -> str:

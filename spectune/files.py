@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -24,7 +25,24 @@ def _replace(path: Path, write) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    _replace(Path(path), lambda h: json.dump(data, h, indent=2, sort_keys=False, default=_plain))
+    _replace(Path(path), lambda h: h.write(to_json(data)))
+
+
+def to_json(data: Any) -> str:
+    """Strict JSON: NaN and infinities (e.g. TPOT of one-token requests) become null."""
+    return json.dumps(_finite(data), indent=2, default=_plain, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item") and not hasattr(value, "__len__"):
+        return _finite(value.item())
+    return value
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
@@ -38,3 +56,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     return str(value)
+
+
+def prepare_out(folder: Path) -> None:
+    """Create the output folder before a long run, so a bad path fails in a second, not later."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {folder}: exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".spectune-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {folder}: cannot write there ({exc.strerror})") from None

@@ -48,11 +48,14 @@ class SimulationSpec:
     rate: float | None = field(default=None, metadata={
         "help": "requests/s: rescales a trace's arrivals, or the rate of poisson/gamma "
                 "(2 if unset)"})
-    cv: float = field(default=2.0, metadata={"help": "gamma arrivals: burstiness (CV of gaps)"})
-    lengths: str = field(default="azure-conv", metadata={
-        "help": "poisson/gamma lengths: azure-conv, azure-code, fixed:PROMPT,OUTPUT, or a file"})
-    requests: int | None = field(default=1000, metadata={
-        "help": "the first N requests of a trace, or N synthetic ones"})
+    cv: float | None = field(default=None, metadata={
+        "help": "gamma arrivals only: burstiness, the CV of the gaps (2 if unset)"})
+    lengths: str | None = field(default=None, metadata={
+        "help": "poisson/gamma only: azure-conv (if unset), azure-code, fixed:PROMPT,OUTPUT, "
+                "or a workload file to draw (prompt, output) pairs from"})
+    requests: int | None = field(default=None, metadata={
+        "help": "the first N requests of a trace, or N synthetic ones (1000 if neither this "
+                "nor --duration is set)"})
     duration: float | None = field(default=None, metadata={
         "help": "keep requests arriving in the first S seconds"})
     target: str = field(default="Llama-3.1-8B", metadata={"help": "target model shape"})
@@ -75,8 +78,13 @@ class SimulationSpec:
             raise ConfigError(f"--requests must be >= 1, got {self.requests}")
         if self.duration is not None and not self.duration > 0:
             raise ConfigError(f"--duration must be > 0 seconds, got {self.duration}")
-        if not self.cv > 0:
+        if self.cv is not None and not self.cv > 0:
             raise ConfigError(f"--cv must be > 0, got {self.cv}")
+        if self.cv is not None and self.workload != "gamma":
+            raise ConfigError(f"--cv applies to --workload gamma only, not {self.workload!r}")
+        if self.lengths is not None and self.workload not in SYNTHETIC:
+            raise ConfigError(f"--lengths applies to --workload poisson/gamma only; "
+                              f"{self.workload!r} brings its own lengths")
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,12 @@ class SimulationInputs:
 
 
 def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
+    default_n = 1000 if spec.duration is None else None
     if spec.workload in SYNTHETIC:
-        n = spec.requests or 1000
         rate = spec.rate if spec.rate is not None else 2.0
-        lengths = parse_lengths(spec.lengths)
-        cv = spec.cv if spec.workload == "gamma" else 1.0
+        n = spec.requests or default_n or int(np.ceil(rate * spec.duration * 1.5)) + 10
+        lengths = parse_lengths(spec.lengths or "azure-conv")
+        cv = (spec.cv or 2.0) if spec.workload == "gamma" else 1.0
         wl = synthetic_workload(spec.workload, rate, n, lengths, rng, cv=cv)
     else:
         if spec.workload in builtin_names():
@@ -107,8 +116,9 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
             known = ", ".join([*builtin_names(), *SYNTHETIC])
             raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
                              "or a path to a .csv/.jsonl workload file")
-        if spec.requests is not None:
-            wl = wl.head(min(spec.requests, len(wl)))
+        n = spec.requests or default_n
+        if n is not None:
+            wl = wl.head(min(n, len(wl)))
         if spec.rate is not None:
             wl = rescale_to_rate(wl, spec.rate)
     if spec.duration is not None:
@@ -119,7 +129,8 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
 def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) -> SpeculationTrace:
     if spec.endswith(".npz") or Path(spec).exists():
         return SpeculationTrace.load(spec)
-    return parametric_trace(parse_acceptance(spec), workload.output_tokens, rng)
+    parse_acceptance(spec)  # a clear error for a malformed spec before any work
+    return parametric_trace(spec, workload.output_tokens, rng)
 
 
 def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],

@@ -52,8 +52,8 @@ def test_k_stays_within_bounds_whatever_is_observed(name, data):
                 for depth in range(k):
                     stop = policy.stop_drafting(req, depth, data.draw(st.floats(0.0, 1.0)),
                                                 data.draw(st.floats(0.0, 12.0)))
-                    if stop:
-                        ks[batch.index(req)] = depth
+                    if stop:  # the engine keeps the draft it stops at
+                        ks[batch.index(req)] = depth + 1
                         break
         outcomes = []
         for req, k in zip(batch, ks):

@@ -63,8 +63,8 @@ def hf_state(shape: ModelShape, seed: int = 0, gain: float = 1.5) -> dict[str, t
     return state
 
 
-def build(shape: ModelShape = TINY, seed: int = 0) -> LlamaModel:
-    model = LlamaModel(LlamaConfig(shape, rope_theta=THETA, rms_eps=EPS))
+def build(shape: ModelShape = TINY, seed: int = 0, **config) -> LlamaModel:
+    model = LlamaModel(LlamaConfig(shape, rope_theta=THETA, rms_eps=EPS, **config))
     model.load_hf_state_dict(hf_state(shape, seed))
     return model
 
@@ -192,14 +192,17 @@ def test_ragged_batch_property(requests, seed):
 
 @pytest.mark.parametrize(("cached", "new"), [(5, 1), (5, 3), (0, 4)])
 def test_uniform_fast_path_equals_per_request_path(cached, new):
-    model = build()
+    looped, batched = build(), build(batched_attention=True)
+    assert not looped.config.batched_attention  # CPU default: the per-request loop
     prefixes = [tokens(cached, seed=20 + r) for r in range(3)]
     feeds = [tokens(new, seed=30 + r) for r in range(3)]
-    caches = [prefilled(model, p) for p in prefixes]
-    assert BatchAttention([new] * 3, [c.clone() for c in caches]).uniform
-    batched = model(feeds, caches)
-    for prefix, feed, out in zip(prefixes, feeds, batched):
-        (alone,) = model([feed], [prefilled(model, prefix)])  # batch of one: the per-request loop
+    caches = [prefilled(batched, p) for p in prefixes]
+    assert BatchAttention([new] * 3, [c.clone() for c in caches], batched=True).uniform
+    fast = batched(feeds, caches)
+    slow = looped(feeds, [prefilled(looped, p) for p in prefixes])
+    for prefix, feed, out, reference in zip(prefixes, feeds, fast, slow):
+        torch.testing.assert_close(out, reference, **TIGHT)
+        (alone,) = looped([feed], [prefilled(looped, prefix)])
         torch.testing.assert_close(out, alone, **TIGHT)
 
 

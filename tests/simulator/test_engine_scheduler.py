@@ -167,7 +167,12 @@ def test_conservation_properties(seed, n, rate, k, alpha, max_num_seqs, replicas
     # tokens are conserved: the prefill's first token + every decode emission = output tokens
     assert steps["emitted"].sum() + n == req["output_tokens"].sum()
     assert steps["prefill_tokens"].sum() == req["prompt_tokens"].sum()
-    assert (req["steps"] == (req["output_tokens"] > 1) * req["steps"]).all()
+    assert (req["steps"][req["output_tokens"] == 1] == 0).all()
+    # per-request counters add up to the per-iteration ones
+    assert steps["decode_seqs"].sum() == req["steps"].sum()
+    assert steps["drafted"].sum() == req["drafted"].sum()
+    assert steps["accepted"].sum() == req["accepted"].sum()
+    assert (req["accepted"] <= req["drafted"]).all()
     # k within bounds
     assert steps["max_k"].max() <= k
     assert (steps["drafted"] <= k * steps["decode_seqs"]).all()
@@ -176,3 +181,32 @@ def test_conservation_properties(seed, n, rate, k, alpha, max_num_seqs, replicas
     for _, g in steps.groupby("replica"):
         ends = (g["start_s"] + g["duration_s"]).to_numpy()
         assert np.all(g["start_s"].to_numpy()[1:] >= ends[:-1] - 1e-9)
+
+
+class _StepLatency(LinearLatency):
+    """Every iteration costs exactly 2^-10 s: arrivals on a 2^-10 grid land on boundaries."""
+
+    def forward_s(self, role, num_seqs, query_tokens, cached_tokens, attn_pairs):
+        zero = 0.0 * np.asarray(cached_tokens, dtype=float)
+        return zero + (2.0**-10 if role == "target" else 0.0)
+
+    def step_overhead_s(self, num_seqs):
+        return 0.0 * np.asarray(num_seqs, dtype=float)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy,params", [("fixed", {"k": 0}), ("fixed", {"k": 3}),
+                                           ("batch_adaptive", {})])
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded"])
+def test_fast_path_matches_step_by_step_even_on_exact_boundaries(seed, policy, params, router):
+    rng = np.random.default_rng(seed)
+    n = 60
+    arrivals = np.sort(rng.integers(0, 400, n)) * 2.0**-10  # on iteration boundaries, with ties
+    wl = workload(arrivals, rng.integers(1, 50, n), rng.integers(1, 40, n))
+    trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
+    runs = [simulate(wl, _StepLatency(draft=False), trace, make_policy(policy, params), 100_000,
+                     SchedulerConfig(max_num_seqs=6), ClusterConfig(3, router),
+                     fast_path=fast) for fast in (True, False)]
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=False,
+                                  rtol=1e-12)
+    pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps, check_exact=False, rtol=1e-12)

@@ -142,3 +142,57 @@ def test_bad_speculation_trace_file(tmp_path, capsys):
     assert main(["simulate", *SMALL, "--acceptance", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.npz" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_concentration_suffix_reaches_the_trace(capsys):
+    s = _json(capsys, ["simulate", *SMALL, "--acceptance", "beta:7,3~20"])
+    assert s["inputs"]["acceptance"]["position_concentration"] == 20
+    assert s["inputs"]["acceptance"]["spec"] == "beta:7,3~20"
+
+
+def test_json_is_strict_even_with_undefined_metrics(tmp_path, capsys):
+    wl = tmp_path / "one_token.csv"
+    wl.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,1\n0.5,12,1\n")
+    assert main(["simulate", "--workload", str(wl), "--format", "json",
+                 "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert "NaN" not in text
+    s = json.loads(text)
+    assert s["tpot_s"]["mean"] is None  # one-token requests have no TPOT
+    json.loads((tmp_path / "o" / "summary.json").read_text(), parse_constant=_reject)
+
+
+def _reject(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
+
+
+def test_duration_alone_is_not_capped_by_the_default_request_count(capsys):
+    s = _json(capsys, ["simulate", "--duration", "400"])  # azure-conv runs 5.5 req/s
+    assert s["requests"] > 1500
+
+
+def test_flags_without_a_subcommand_run_simulate(capsys):
+    assert main(["--requests", "30"]) == 0
+    assert "requests 30" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workload", "azure-conv", "--lengths", "fixed:5,5"], "--lengths applies to"),
+    (["--workload", "poisson", "--cv", "3"], "--cv applies to --workload gamma only"),
+    (["--out", "/dev/null"], "exists and is not a folder"),
+])
+def test_options_that_do_not_apply_are_errors(capsys, argv, message):
+    assert main(["simulate", *SMALL, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_trace_capped_below_k_max_is_refused(tmp_path, capsys):
+    import numpy as np
+
+    from traces import parametric_trace
+
+    trace = parametric_trace("iid:0.95", np.full(5, 100), np.random.default_rng(0), max_run=3)
+    trace.save(tmp_path / "capped.npz")
+    assert main(["simulate", *SMALL, "--acceptance", str(tmp_path / "capped.npz"),
+                 "--set", "k=3"]) == 2
+    assert "caps accepted runs at 3" in capsys.readouterr().err
