@@ -55,8 +55,11 @@ class KVCache:
             return
         capacity = max(tokens, 2 * self.capacity)
         layers, _, kv_heads, _, head_dim = self._block.shape
-        block = self._block.new_empty(layers, 2, kv_heads, capacity, head_dim)
-        block[:, :, :, : self.length] = self._block[:, :, :, : self.length]
+        # A normal tensor even when grown inside a forward pass (inference mode), so that callers
+        # may still write to the cache outside one.
+        with torch.inference_mode(False):
+            block = self._block.new_empty(layers, 2, kv_heads, capacity, head_dim)
+            block[:, :, :, : self.length] = self._block[:, :, :, : self.length]
         self._block = block
         self._views()
 
@@ -64,6 +67,17 @@ class KVCache:
         """Forget every position from `length` on (rejected draft tokens)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"truncate length must be in [0, {self.length}], got {length}")
+        self.length = length
+
+    def fill_random_(self, length: int, generator: torch.Generator | None = None) -> None:
+        """Pretend `length` tokens are cached, with random K/V: for timing only.
+
+        Pass times do not depend on the values, but uninitialised memory may hold denormals,
+        which slow CPU arithmetic down, so the cache is filled with normal noise.
+        """
+        self.reserve(length)
+        with torch.no_grad():
+            self._block[:, :, :, :length].normal_(generator=generator)
         self.length = length
 
     def clone(self) -> KVCache:
@@ -94,6 +108,8 @@ class BatchAttention:
             raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
         if min(q) < 1:
             raise ValueError(f"every request needs >= 1 new token, got {q}")
+        if len({id(cache) for cache in caches}) != len(caches):
+            raise ValueError("a cache appears twice in one batch")
         self.q = q
         self.caches = caches
         self.cached = [cache.length for cache in caches]

@@ -4,8 +4,13 @@ One forward pass serves the profiler (random weights, timed) and the live specul
 (real weights, ragged batches): every request brings its own KV cache and its own number of new
 tokens. All new tokens of the batch are packed into one [tokens, hidden] matrix, so each
 projection is one matmul for the whole batch; only attention is per request, because each request
-attends over its own cache. Layout and maths follow Hugging Face's `LlamaForCausalLM` (fused here:
-q/k/v is one matrix, gate/up another) so that its checkpoints load by name.
+attends over its own cache.
+
+The maths is Hugging Face's `LlamaForCausalLM` and its weights load by name, but stored for speed:
+q/k/v fused into one matrix and gate/up into another (fewer kernels), and every matrix [in, out]
+so a projection is `x @ W`. MKL's fp32 GEMM for a few rows (a verify pass, a small batch) is up to
+2x faster that way than with HF's [out, in] (SmolLM2-135M verify of 5 tokens: 100 -> 74 ms on one
+CPU thread); GPUs do not mind either layout.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ KNOWN_HYPERPARAMETERS: dict[str, tuple[float, float]] = {
     "Llama-3.1-70B": (500_000.0, 1e-5),
     "Qwen2.5-7B": (1_000_000.0, 1e-6),
     "Qwen2.5-0.5B": (1_000_000.0, 1e-6),
-}
+}  # Llama-68M/160M (JackFram) are not checked here: they get the defaults
 
 _LOGITS = ("all", "last")
 
@@ -86,7 +91,10 @@ def config_for(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Hugging Face computes it: statistics in fp32, weight applied in x's dtype."""
+    """RMSNorm. fp32 takes torch's fused kernel (one op instead of six: this runs 2N+1 times a
+    pass); other dtypes round as Hugging Face does: statistics in fp32, weight in x's dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)

@@ -68,6 +68,21 @@ def _parser() -> argparse.ArgumentParser:
     pol.add_argument("--format", choices=("table", "json"), default="table")
     pol.set_defaults(handler=cmd_policies)
 
+    from spectune.profile import ProfileSpec
+
+    prof = sub.add_parser("profile", help="time real forward passes and fit a latency model",
+                          description="Time forward passes of random-weight models of catalog "
+                          "shapes (torch), fit the profiled latency model, and report its error "
+                          "on held-out grid points and on ragged batches timed for real. Needs "
+                          "the torch extra: pip install -e '.[torch]'.")
+    add_dataclass_flags(prof, ProfileSpec, "what to profile")
+    prof.add_argument("--out", type=Path, default=Path("profiles/default"),
+                      help="folder for latency.csv, latency.meta.json, ragged.csv, summary.json "
+                           "(a rerun resumes)")
+    prof.add_argument("--format", choices=("table", "json"), default="table")
+    prof.add_argument("--debug", action="store_true", help="show tracebacks")
+    prof.set_defaults(handler=cmd_profile)
+
     cat = sub.add_parser("catalog", help="list the known model shapes and GPUs")
     cat.set_defaults(handler=cmd_catalog)
     return parser
@@ -141,6 +156,34 @@ def _summary_table(s: dict) -> str:
         lines.append(f"\nSLO {s['slo']}: attainment {s['slo_attainment']:.1%}, goodput "
                      f"{s['goodput_tokens_per_s']:,.0f} tok/s")
     return "\n".join(lines)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from spectune.files import prepare_out, to_json, write_json
+    from spectune.flags import dataclass_from_args
+    from spectune.profile import ProfileSpec, print_summary, run_profile
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError("spectune profile needs torch: pip install -e '.[torch]'") from None
+    spec = dataclass_from_args(ProfileSpec, args)
+    prepare_out(args.out)
+    progress = None
+    if sys.stderr.isatty():
+        def progress(i, n, point, timing):
+            print(f"\r[{i}/{n}] {point.role} {point.phase} B={point.num_seqs} q={point.query} "
+                  f"c={point.cached}: {timing.median_s * 1e3:.2f} ms   ", end="", file=sys.stderr)
+    summary = run_profile(spec, args.out, progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    write_json(args.out / "summary.json", summary)
+    if args.format == "json":
+        print(to_json(summary))
+    else:
+        print_summary(summary)
+        print(f"\nprofile written to {args.out}/ (use it: spectune simulate --profile {args.out})")
+    return 0
 
 
 def cmd_policies(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from policies import Policy, make_policy
 from simulator import (
     ClusterConfig,
     ConfigError,
+    GpuSpec,
     LatencyModel,
     RooflineLatency,
     SchedulerConfig,
@@ -58,10 +59,16 @@ class SimulationSpec:
                 "nor --duration is set)"})
     duration: float | None = field(default=None, metadata={
         "help": "keep requests arriving in the first S seconds"})
-    target: str = field(default="Llama-3.1-8B", metadata={"help": "target model shape"})
-    draft: str = field(default="Llama-68M", metadata={
-        "help": "draft model shape, or 'none' for a model-free drafter (n-gram lookup)"})
-    hardware: str = field(default="H100-SXM", metadata={"help": "GPU of each replica"})
+    target: str | None = field(default=None, metadata={
+        "help": "target model shape (Llama-3.1-8B if unset; a --profile brings its own)"})
+    draft: str | None = field(default=None, metadata={
+        "help": "draft model shape, or 'none' for a model-free drafter (n-gram lookup) "
+                "(Llama-68M if unset; a --profile brings its own)"})
+    hardware: str | None = field(default=None, metadata={
+        "help": "GPU of each replica, for the roofline (H100-SXM if unset)"})
+    profile: str | None = field(default=None, metadata={
+        "help": "latency from a profile folder written by `spectune profile` instead of the "
+                "roofline"})
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
                 "variation around alpha), or a speculation trace (.npz)"})
@@ -82,6 +89,9 @@ class SimulationSpec:
             raise ConfigError(f"--cv must be > 0, got {self.cv}")
         if self.cv is not None and self.workload != "gamma":
             raise ConfigError(f"--cv applies to --workload gamma only, not {self.workload!r}")
+        if self.profile is not None and (self.target or self.draft or self.hardware):
+            raise ConfigError("--profile brings its own models and device; drop --target, "
+                              "--draft and --hardware (or profile the models you want)")
         if self.lengths is not None and self.workload not in SYNTHETIC:
             raise ConfigError(f"--lengths applies to --workload poisson/gamma only; "
                               f"{self.workload!r} brings its own lengths")
@@ -137,17 +147,40 @@ def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
                  scheduler: SchedulerConfig) -> SimulationInputs:
     seeds = np.random.SeedSequence(spec.seed).spawn(2)
     workload = build_workload(spec, np.random.default_rng(seeds[0]))
-    target = get_model(spec.target)
-    draft = None if spec.draft.lower() in ("none", "ngram", "") else get_model(spec.draft)
-    gpu = get_gpu(spec.hardware)
-    latency = RooflineLatency(target, draft, gpu)
-    kv = scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
+    if spec.profile is not None:
+        latency, kv = _profiled(spec.profile, scheduler)
+    else:
+        target = get_model(spec.target or "Llama-3.1-8B")
+        draft_name = spec.draft or "Llama-68M"
+        draft = None if draft_name.lower() in ("none", "ngram", "") else get_model(draft_name)
+        gpu = get_gpu(spec.hardware or "H100-SXM")
+        latency = RooflineLatency(target, draft, gpu)
+        kv = scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
     acceptance = build_acceptance(spec.acceptance, workload, np.random.default_rng(seeds[1]))
     policy = make_policy(spec.policy, policy_params)
     slo = None
     if spec.slo_ttft is not None or spec.slo_tpot is not None:
         slo = Slo(ttft_s=spec.slo_ttft, tpot_s=spec.slo_tpot)
     return SimulationInputs(workload, latency, acceptance, policy, kv, slo)
+
+
+def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
+    """The profiled latency model of `folder`, and a KV capacity from the profiled device."""
+    from simulator.latency_table import LatencyTable
+    from simulator.profiled import ProfiledLatency
+
+    table = LatencyTable.load(Path(folder) / "latency" if Path(folder).is_dir() else folder)
+    latency = ProfiledLatency(table)
+    if scheduler.kv_capacity_tokens:
+        return latency, scheduler.kv_capacity_tokens
+    memory = table.meta.get("memory_bytes")
+    if not isinstance(memory, int):
+        raise ConfigError(f"{folder}: the profile does not record the device's memory; "
+                          "give --kv-capacity-tokens")
+    device = GpuSpec(name=table.meta["device"], memory_bytes=memory, bandwidth_bytes_per_s=1.0,
+                     bf16_flops_per_s=1.0, source="profile")
+    size = {"fp32": 4, "bf16": 2, "fp16": 2}.get(table.meta["dtype"], 2)
+    return latency, kv_capacity_tokens(device, table.target, table.draft, dtype_bytes=size)
 
 
 def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: SchedulerConfig,

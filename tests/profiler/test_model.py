@@ -19,6 +19,7 @@ from profiler.model import (  # noqa: E402
     RotaryTable,
     apply_rotary,
     config_for,
+    rms_norm,
 )
 from simulator.catalog import ModelShape, get_model  # noqa: E402
 
@@ -260,6 +261,29 @@ def test_rotary_matches_naive_rotate_half():
             )  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_the_hugging_face_formula(dtype):
+    gen = torch.Generator().manual_seed(12)
+    x = (torch.randn(5, 64, generator=gen) * 3).to(dtype)
+    weight = (1 + torch.randn(64, generator=gen) * 0.1).to(dtype)
+    xf = x.float()
+    expected = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(dtype)
+    torch.testing.assert_close(rms_norm(x, weight, EPS), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_float64_model_matches_the_reference_to_rounding():
+    # Another dtype end to end (bf16 matmuls can crash CPUs whose AMX the OS has not enabled)
+    state = hf_state(TINY, seed=13)
+    seq = tokens(10, seed=14)
+    model = LlamaModel(LlamaConfig(TINY, rope_theta=THETA, rms_eps=EPS, dtype=torch.float64))
+    model.load_hf_state_dict(state)
+    cache = model.new_cache()
+    logits = torch.cat([model([seq[:6]], [cache])[0], model([seq[6:]], [cache])[0]])
+    assert logits.dtype == torch.float64
+    # not 1e-12: rotary angles are fp32 in any dtype, as in Hugging Face
+    torch.testing.assert_close(logits, naive_logits(TINY, state, seq), atol=1e-5, rtol=1e-5)
+
+
 def test_cache_grows_past_its_capacity_without_changing_logits():
     model = build()
     seq = tokens(10, seed=8)
@@ -267,6 +291,7 @@ def test_cache_grows_past_its_capacity_without_changing_logits():
     small = model.new_cache(capacity=2)
     parts = [model([chunk], [small])[0] for chunk in seq.split(3)]
     assert small.capacity >= 10
+    assert not small.keys[0].is_inference()  # grown inside a forward pass, still writable outside
     torch.testing.assert_close(torch.cat(parts), full, **TIGHT)
 
 
@@ -327,6 +352,10 @@ def test_forward_rejects_bad_calls():
         model([tokens(2, 0), tokens(2, 1)], [cache])
     with pytest.raises(ValueError, match=">= 1 new token"):
         model([tokens(0, 0)], [cache])
+    with pytest.raises(ValueError, match="twice"):
+        model([tokens(2, 0), tokens(2, 1)], [cache, cache])
+    with pytest.raises(ValueError, match="1-D"):
+        model([tokens(4, 0).view(2, 2)], [cache])
     assert cache.length == 0
 
 

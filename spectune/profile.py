@@ -1,0 +1,229 @@
+"""The `profile` job: time real forward passes, fit the profiled model, report its error.
+
+Steps: build random-weight models of the catalog shapes on the device; sweep the grid (resumable);
+time random ragged batches for real; hold out interior grid points and refit to measure the
+interpolation error; predict the ragged batches with the full model; compare a roofline built
+from the device's measured peaks. Everything lands in `--out`: the table (`latency.csv`,
+`latency.meta.json`), `ragged.csv` and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator import ConfigError, get_model
+from simulator.latency import attention_pairs
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--{name.replace('_', '-')} expects integers separated by commas, "
+                         f"got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What to profile. The CLI's flags are these fields."""
+
+    target: str = field(default="SmolLM2-135M", metadata={"help": "target model shape"})
+    draft: str = field(default="SmolLM2-135M-EE4", metadata={
+        "help": "draft model shape, or 'none' for a model-free drafter"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda or cuda:N"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "fp32, bf16 or fp16 (unset: fp32 on CPU, bf16 on CUDA)"})
+    threads: int = field(default=1, metadata={
+        "help": "CPU threads (1 times steadily on a shared machine)"})
+    quick: bool = field(default=False, metadata={"help": "the small CI grid and fewer repeats"})
+    repeats: int | None = field(default=None, metadata={
+        "help": "timed calls per point (5; 3 quick)"})
+    warmup: int | None = field(default=None, metadata={"help": "untimed calls first (2; 1 quick)"})
+    ragged: int = field(default=30, metadata={"help": "random ragged batches timed for real"})
+    batch_sizes: str | None = field(default=None, metadata={"help": "grid axis, e.g. 1,2,4,8"})
+    query_tokens: str | None = field(default=None, metadata={"help": "grid axis (1 = decode)"})
+    context_tokens: str | None = field(default=None, metadata={"help": "grid axis"})
+    prompt_tokens: str | None = field(default=None, metadata={"help": "prefill grid axis"})
+    prefill_batch_sizes: str | None = field(default=None, metadata={"help": "prefill grid axis"})
+    seed: int = field(default=0, metadata={"help": "seed of weights, tokens and ragged batches"})
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        for name in ("repeats", "ragged"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "ragged" else 1):
+                raise ValueError(f"--{name} must be >= {0 if name == 'ragged' else 1}, "
+                                 f"got {value}")
+        if self.warmup is not None and self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+
+    def grid(self):
+        from profiler.grid import DEFAULT_GRID, QUICK_GRID, Grid
+
+        base = QUICK_GRID if self.quick else DEFAULT_GRID
+        axes = {name: _ints(getattr(self, name), name) for name in base.as_dict()}
+        return Grid(**{name: values if values is not None else getattr(base, name)
+                       for name, values in axes.items()})
+
+
+def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
+    """Profile, evaluate, write everything to `out`; return the summary."""
+    import torch
+
+    from profiler import device as devices
+    from profiler.model import LlamaModel, config_for
+    from profiler.peaks import device_memory_bytes, measure_peaks
+    from profiler.sweep import Models, run_sweep
+    from simulator.latency_table import new_meta
+
+    started = time.perf_counter()
+    grid = spec.grid()
+    device = devices.resolve(spec.device)
+    dtype_name = spec.dtype or ("fp32" if device.type == "cpu" else "bf16")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    if device.type == "cpu":
+        torch.set_num_threads(spec.threads)
+    target_shape = get_model(spec.target)
+    draft_shape = None if spec.draft.lower() in ("none", "ngram") else get_model(spec.draft)
+    repeats = spec.repeats or (3 if spec.quick else 5)
+    warmup = spec.warmup if spec.warmup is not None else (1 if spec.quick else 2)
+    check_memory(grid, target_shape, draft_shape, dtype, device)
+
+    def build(shape):
+        return LlamaModel.random(config_for(shape, dtype=dtype, device=device), seed=spec.seed)
+
+    models = Models(build(target_shape), build(draft_shape) if draft_shape else None)
+    name, driver = devices.describe(device)
+    meta = new_meta(name, driver, torch.__version__, dtype_name, target_shape, draft_shape,
+                    grid.as_dict(), repeats, warmup,
+                    notes="random weights (latency does not depend on values); "
+                          f"spectune profile{' --quick' if spec.quick else ''}")
+    meta["memory_bytes"] = device_memory_bytes(device)
+    meta["threads"] = spec.threads if device.type == "cpu" else None
+    out.mkdir(parents=True, exist_ok=True)
+    table = run_sweep(models, grid, device, meta, out / "latency", warmup, repeats, spec.seed,
+                      progress=progress)
+    ragged = measure_ragged(models, grid, spec.ragged, device, warmup, repeats, spec.seed,
+                            out / "ragged.csv")
+    peaks = measure_peaks(device, dtype, name)
+    summary = evaluate(table, ragged, peaks, dtype)
+    summary.update({"device": name, "dtype": dtype_name, "rows": len(table.rows),
+                    "ragged_batches": len(ragged), "table": str(out / "latency.csv"),
+                    "spec": asdict(spec), "wall_s": time.perf_counter() - started})
+    return summary
+
+
+def check_memory(grid, target, draft, dtype, device) -> None:
+    """Refuse a grid whose largest pass cannot fit, before timing anything."""
+    import torch
+
+    from profiler.peaks import available_bytes
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    weights = sum(m.params for m in (target, draft) if m) * size
+    kv = sum(m.kv_bytes_per_token(size) for m in (target, draft) if m)
+    b = max(max(grid.batch_sizes), max(grid.prefill_batch_sizes))
+    tokens = max(max(grid.context_tokens) + max(grid.query_tokens), max(grid.prompt_tokens))
+    q = max(max(grid.query_tokens) * max(grid.batch_sizes),
+            max(grid.prompt_tokens) * max(grid.prefill_batch_sizes))
+    activations = q * max(target.vocab, 4 * target.ffn) * 4 * size
+    need = weights + b * tokens * kv + activations
+    have = available_bytes(device)
+    if need > 0.8 * have:
+        raise ConfigError(f"the largest pass of this grid needs about {need / 2**30:.1f} GiB "
+                          f"({b} requests x {tokens} tokens of KV + weights + activations) but "
+                          f"{device} has {have / 2**30:.1f} GiB free; shrink the grid")
+
+
+def measure_ragged(models, grid, n, device, warmup, repeats, seed, path: Path) -> pd.DataFrame:
+    """Time `n` random ragged batches of the target (resuming from `path`)."""
+    from profiler.sweep import random_ragged, time_pass
+    from spectune.files import write_csv
+
+    batches = random_ragged(grid, n, np.random.default_rng(seed))
+    done = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    rows = done.to_dict("records")[:n]
+    for i, (queries, cached) in enumerate(batches[len(rows):], start=len(rows)):
+        timing = time_pass(models.target, len(queries), queries, cached, device, warmup, repeats,
+                           seed + 10_000 + i)
+        q, c = np.asarray(queries), np.asarray(cached)
+        rows.append({"role": "target", "num_seqs": len(q), "query_tokens": int(q.sum()),
+                     "cached_tokens": int(c.sum()), "attn_pairs": int(attention_pairs(q, c).sum()),
+                     "queries": " ".join(map(str, queries)), "cached": " ".join(map(str, cached)),
+                     "median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s})
+        write_csv(path, pd.DataFrame(rows))
+    return pd.DataFrame(rows)
+
+
+def evaluate(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
+    """Held-out and ragged errors of the profiled model; the roofline's error per phase."""
+    from simulator import RooflineLatency
+    from simulator.profiled import (
+        ProfiledLatency,
+        error_summary,
+        heldout_split,
+        prediction_errors,
+        ragged_errors,
+    )
+    from simulator.roofline import RooflineParams
+
+    train, held = heldout_split(table)
+    heldout = error_summary(prediction_errors(ProfiledLatency(train), held))
+    full = ProfiledLatency(table)
+    ragged_summary = error_summary(ragged_errors(full, ragged) if len(ragged) else np.array([]))
+    size = 4 if str(dtype).endswith("float32") else 2
+    pure = RooflineParams(bandwidth_efficiency=1.0, flops_efficiency=1.0, pass_fixed_s=0.0,
+                          per_layer_s=0.0, step_overhead_s=0.0, per_seq_overhead_s=0.0)
+    roofline = RooflineLatency(table.target, table.draft, peaks, dtype_bytes=size, params=pure)
+    per_phase = {}
+    for (role, phase), rows in table.rows.groupby(["role", "phase"]):
+        errors = prediction_errors(roofline, rows)
+        profiled = prediction_errors(full, rows)
+        per_phase[f"{role}/{phase}"] = {
+            "roofline_median_abs_pct": float(np.median(np.abs(errors)) * 100),
+            "roofline_median_signed_pct": float(np.median(errors) * 100),
+            "profiled_median_abs_pct": float(np.median(np.abs(profiled)) * 100),
+            "rows": len(rows)}
+    return {
+        "heldout_median_abs_pct_error": heldout["median_abs_pct"],
+        "heldout_p90_abs_pct_error": heldout["p90_abs_pct"],
+        "heldout_points": heldout["n"],
+        "ragged_median_abs_pct_error": ragged_summary["median_abs_pct"],
+        "ragged_p90_abs_pct_error": ragged_summary["p90_abs_pct"],
+        "roofline_vs_measured": per_phase,
+        "roofline_peaks": peaks.source,
+        "model": full.describe(),
+    }
+
+
+def print_summary(s: dict, out=sys.stdout) -> None:
+    def pct(v):
+        return "-" if v is None else f"{v:.1f}%"
+
+    print(f"device   {s['device']}, {s['dtype']}   rows {s['rows']}   "
+          f"({s['wall_s']:.0f} s)", file=out)
+    print("profiled model error: held-out grid points median "
+          f"{pct(s['heldout_median_abs_pct_error'])}, p90 "
+          f"{pct(s['heldout_p90_abs_pct_error'])} ({s['heldout_points']} points); "
+          f"ragged batches median {pct(s['ragged_median_abs_pct_error'])}, p90 "
+          f"{pct(s['ragged_p90_abs_pct_error'])} ({s['ragged_batches']} batches)", file=out)
+    print(f"\nroofline from measured peaks ({s['roofline_peaks']}) vs measured:", file=out)
+    print(f"  {'phase':<16}{'rows':>5}{'roofline |err|':>16}{'signed':>9}{'profiled |err|':>16}",
+          file=out)
+    for phase, r in s["roofline_vs_measured"].items():
+        print(f"  {phase:<16}{r['rows']:>5}{pct(r['roofline_median_abs_pct']):>16}"
+              f"{r['roofline_median_signed_pct']:>+8.0f}%{pct(r['profiled_median_abs_pct']):>16}",
+              file=out)
