@@ -1,11 +1,22 @@
-"""Run a profile sweep: time every grid point, keep each row as soon as it is measured.
+"""Run a profile sweep: time every grid point and the ragged batches, in interleaved rounds.
 
-The table is rewritten (atomically) after every point, so an interrupted sweep loses at most the
-point in flight; a rerun into the same folder with the same settings skips what is already there.
+On a shared machine the clock drifts: for seconds at a time every pass runs 20-40% slower (seen
+on this project's 2-core CPU machines, one thread, nothing else running). Timing each point's
+repeats back to back lets one slow spell skew whole points, and the fitted model with them. So
+the sweep runs in rounds: each round times every point once (after one untimed call), and a
+point's time is the median over rounds, spread across the whole run.
+
+The samples are saved after every round (`samples.json`, atomically) and the table rewritten, so
+an interrupted sweep keeps what it measured, and a rerun with the same settings resumes.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +28,11 @@ import torch
 from profiler.grid import Grid, Point, points
 from profiler.kv_cache import KVCache
 from profiler.model import LlamaModel
-from profiler.timing import Timing, time_call
+from simulator.latency import attention_pairs
 from simulator.latency_table import COLUMNS, LatencyTable, table_paths
 
-#: meta keys that must match for a rerun to resume an existing table
-RESUME_KEYS = ("device", "dtype", "target", "draft", "repeats", "warmup", "torch_version")
+#: meta keys that must match for a rerun to resume an existing sweep
+RESUME_KEYS = ("device", "dtype", "target", "draft", "grid", "repeats", "warmup", "torch_version")
 
 
 @dataclass
@@ -38,90 +49,162 @@ class Models:
         return model
 
 
-def filled_caches(model: LlamaModel, batch: int, cached: int, room: int,
-                  generator: torch.Generator) -> list[KVCache]:
-    """Caches already holding `cached` tokens of random K/V (values never change the time, but
-    uninitialised memory can hold denormals, which do on a CPU)."""
-    caches = []
-    for _ in range(batch):
-        cache = model.new_cache(cached + room)
-        cache.fill_random_(cached, generator)
-        caches.append(cache)
-    return caches
+class CachePool:
+    """Per model, `size` KV caches filled with random K/V up to the longest context.
+
+    A pass for contexts c_r just sets each cache's length to c_r: the rows past it hold random
+    values, which is all a timing needs (values never change a pass's time, but uninitialised
+    memory can hold denormals, which do on a CPU). One pool serves every point and batch.
+    """
+
+    def __init__(self, model: LlamaModel, size: int, longest: int, room: int,
+                 generator: torch.Generator) -> None:
+        self.caches: list[KVCache] = []
+        for _ in range(size):
+            cache = model.new_cache(longest + room)
+            cache.fill_random_(longest + room, generator)
+            self.caches.append(cache)
+
+    def set_lengths(self, cached: list[int]) -> list[KVCache]:
+        chosen = self.caches[: len(cached)]
+        for cache, c in zip(chosen, cached):
+            cache.length = c
+        return chosen
 
 
-def time_pass(model: LlamaModel, num_seqs: int, queries: list[int], cached: list[int],
-              device: torch.device, warmup: int, repeats: int, seed: int,
-              last_logits: bool = False) -> Timing:
-    """Time one forward pass of a (possibly ragged) batch, restoring the caches between calls."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    caches = [filled_caches(model, 1, c, q + 1, generator)[0] for q, c in zip(queries, cached)]
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass to time: a role and per-request (query, cached) lengths."""
+
+    role: str
+    queries: tuple[int, ...]
+    cached: tuple[int, ...]
+    last_logits: bool = False
+
+
+def _timed(model: LlamaModel, pool: CachePool, p: Pass, device: torch.device,
+           generator: torch.Generator) -> float:
+    """Seconds of one call of `p` (the caches are reset before it)."""
     vocab = model.config.shape.vocab
-    tokens = [torch.randint(vocab, (q,), generator=generator, device=device) for q in queries]
-
-    def rollback() -> None:
-        for cache, c in zip(caches, cached):
-            cache.truncate(c)
-
-    mode = "last" if last_logits else "all"
-    return time_call(lambda: model(tokens, caches, logits=mode), device, warmup, repeats,
-                     setup=rollback)
-
-
-def measure(models: Models, point: Point, device: torch.device, warmup: int, repeats: int,
-            seed: int) -> Timing:
-    model = models.get(point.role)
-    return time_pass(model, point.num_seqs, [point.query] * point.num_seqs,
-                     [point.cached] * point.num_seqs, device, warmup, repeats, seed,
-                     last_logits=point.phase == "prefill")
-
-
-def run_sweep(models: Models, grid: Grid, device: torch.device, meta: dict, out_prefix: Path,
-              warmup: int, repeats: int, seed: int = 0,
-              progress: Callable[[int, int, Point, Timing], None] | None = None) -> LatencyTable:
-    """Time every grid point not yet in `out_prefix`'s table; save after each one."""
-    todo = points(grid, models.draft is not None)
-    rows = _resume(out_prefix, meta)
-    done = {tuple(r) for r in rows[["role", "phase", "num_seqs", "query_tokens_per_seq",
-                                    "cached_tokens_per_seq"]].itertuples(index=False)}
-    records = rows.to_dict("records")
-    for i, point in enumerate(todo):
-        if point.key in done:
-            continue
-        timing = measure(models, point, device, warmup, repeats, seed + i)
-        records.append({"role": point.role, "phase": point.phase, "num_seqs": point.num_seqs,
-                        "query_tokens_per_seq": point.query,
-                        "cached_tokens_per_seq": point.cached, "median_s": timing.median_s,
-                        "p10_s": timing.p10_s, "p90_s": timing.p90_s,
-                        "repeats": timing.repeats})
-        LatencyTable(pd.DataFrame(records, columns=list(COLUMNS)), meta).save(out_prefix)
-        if progress is not None:
-            progress(i + 1, len(todo), point, timing)
-    return LatencyTable.load(out_prefix)
+    tokens = [torch.randint(vocab, (q,), generator=generator, device=device) for q in p.queries]
+    caches = pool.set_lengths(list(p.cached))
+    mode = "last" if p.last_logits else "all"
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        model(tokens, caches, logits=mode)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    model(tokens, caches, logits=mode)
+    elapsed = time.perf_counter() - t0
+    if not elapsed > 0:
+        raise RuntimeError(f"a {p.role} pass took no measurable time: {p}")
+    return elapsed
 
 
-def _resume(out_prefix: Path, meta: dict) -> pd.DataFrame:
-    """Rows already measured with the same settings; an error if the settings differ."""
-    csv_path, meta_path = table_paths(out_prefix)
-    if not (csv_path.exists() and meta_path.exists()):
-        return pd.DataFrame(columns=list(COLUMNS))
-    old = LatencyTable.load(out_prefix)
-    changed = [k for k in RESUME_KEYS if old.meta.get(k) != meta.get(k)]
-    if changed:
-        raise ValueError(f"{csv_path} was measured with other settings ({', '.join(changed)}); "
-                         "use another --out folder, or delete it to start over")
-    return old.rows
+def grid_passes(grid: Grid, with_draft: bool) -> list[tuple[Point, Pass]]:
+    return [(pt, Pass(pt.role, (pt.query,) * pt.num_seqs, (pt.cached,) * pt.num_seqs,
+                      pt.phase == "prefill")) for pt in points(grid, with_draft)]
 
 
-def random_ragged(grid: Grid, n: int,
-                  rng: np.random.Generator) -> list[tuple[list[int], list[int]]]:
-    """`n` ragged batches inside the grid's box: per request its own query and cached lengths."""
-    batches = []
+def random_ragged(grid: Grid, n: int, rng: np.random.Generator) -> list[Pass]:
+    """`n` ragged target batches inside the grid's box: each request its own q and context."""
     q_hi, c_lo, c_hi = max(grid.query_tokens), min(grid.context_tokens), max(grid.context_tokens)
-    b_lo, b_hi = min(grid.batch_sizes), max(grid.batch_sizes)
+    b_lo, b_hi = max(min(grid.batch_sizes), 2), max(max(grid.batch_sizes), 2)
+    out = []
     for _ in range(n):
-        b = int(rng.integers(max(b_lo, 2), max(b_hi, 2) + 1))
-        queries = rng.integers(1, q_hi + 1, b).tolist()
-        cached = rng.integers(c_lo, c_hi + 1, b).tolist()
-        batches.append((queries, cached))
-    return batches
+        b = int(rng.integers(b_lo, b_hi + 1))
+        out.append(Pass("target", tuple(rng.integers(1, q_hi + 1, b).tolist()),
+                        tuple(rng.integers(c_lo, c_hi + 1, b).tolist())))
+    return out
+
+
+def run_sweep(models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,
+              warmup: int, repeats: int, ragged: int = 0, seed: int = 0,
+              progress: Callable[[int, int], None] | None = None
+              ) -> tuple[LatencyTable, pd.DataFrame]:
+    """Time the grid and `ragged` random ragged batches in `repeats` interleaved rounds."""
+    grid_items = grid_passes(grid, models.draft is not None)
+    ragged_passes = random_ragged(grid, ragged, np.random.default_rng(seed))
+    jobs = [p for _, p in grid_items] + ragged_passes
+    samples = _resume(out, meta, len(jobs))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    longest = max(grid.context_tokens)
+    room = max(max(grid.query_tokens), max(grid.prompt_tokens)) + 1
+    size = max(max(grid.batch_sizes), max(grid.prefill_batch_sizes))
+    pools = {role: CachePool(models.get(role), size, longest, room, generator)
+             for role in ("target", "draft") if role == "target" or models.draft is not None}
+    rounds_done = min(len(s) for s in samples)
+    for r in range(rounds_done, repeats):
+        for i, job in enumerate(jobs):
+            if len(samples[i]) > r:
+                continue
+            model, pool = models.get(job.role), pools[job.role]
+            for _ in range(warmup):
+                _timed(model, pool, job, device, generator)
+            samples[i].append(_timed(model, pool, job, device, generator))
+        _save(out, meta, samples)
+        table, ragged_rows = _results(grid_items, ragged_passes, samples, meta)
+        table.save(out / "latency")
+        if progress is not None:
+            progress(r + 1, repeats)
+    table, ragged_rows = _results(grid_items, ragged_passes, samples, meta)
+    table.save(out / "latency")
+    return table, ragged_rows
+
+
+def _results(grid_items, ragged_passes, samples, meta) -> tuple[LatencyTable, pd.DataFrame]:
+    rows = []
+    for (pt, _), s in zip(grid_items, samples):
+        rows.append({"role": pt.role, "phase": pt.phase, "num_seqs": pt.num_seqs,
+                     "query_tokens_per_seq": pt.query, "cached_tokens_per_seq": pt.cached,
+                     **_stats(s)})
+    table = LatencyTable(pd.DataFrame(rows, columns=list(COLUMNS)), meta)
+    ragged = []
+    for p, s in zip(ragged_passes, samples[len(grid_items):]):
+        q, c = np.asarray(p.queries), np.asarray(p.cached)
+        ragged.append({"role": p.role, "num_seqs": len(q), "query_tokens": int(q.sum()),
+                       "cached_tokens": int(c.sum()),
+                       "attn_pairs": int(attention_pairs(q, c).sum()),
+                       "queries": " ".join(map(str, p.queries)),
+                       "cached": " ".join(map(str, p.cached)), **_stats(s)})
+    return table, pd.DataFrame(ragged)
+
+
+def _stats(s: list[float]) -> dict:
+    ordered = sorted(s)
+
+    def quantile(x: float) -> float:
+        pos = x * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {"median_s": statistics.median(s), "p10_s": quantile(0.1), "p90_s": quantile(0.9),
+            "repeats": len(s)}
+
+
+def _resume(out: Path, meta: dict, n: int) -> list[list[float]]:
+    """Samples already taken with the same settings; an error if the settings differ."""
+    path = out / "samples.json"
+    if not path.exists():
+        return [[] for _ in range(n)]
+    saved = json.loads(path.read_text())
+    changed = [k for k in RESUME_KEYS if saved["meta"].get(k) != meta.get(k)]
+    if changed or len(saved["samples"]) != n:
+        csv_path, _ = table_paths(out / "latency")
+        raise ValueError(f"{csv_path.parent} was profiled with other settings "
+                         f"({', '.join(changed) or 'the ragged batches'}); use another --out "
+                         "folder, or delete it to start over")
+    return [list(s) for s in saved["samples"]]
+
+
+def _save(out: Path, meta: dict, samples: list[list[float]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".samples.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"meta": meta, "samples": samples}, handle)
+    os.replace(tmp, out / "samples.json")

@@ -171,9 +171,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prepare_out(args.out)
     progress = None
     if sys.stderr.isatty():
-        def progress(i, n, point, timing):
-            print(f"\r[{i}/{n}] {point.role} {point.phase} B={point.num_seqs} q={point.query} "
-                  f"c={point.cached}: {timing.median_s * 1e3:.2f} ms   ", end="", file=sys.stderr)
+        def progress(done, rounds):
+            print(f"\rround {done}/{rounds} done", end="", file=sys.stderr)
     summary = run_profile(spec, args.out, progress)
     if progress is not None:
         print(file=sys.stderr)

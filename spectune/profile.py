@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from simulator import ConfigError, get_model
-from simulator.latency import attention_pairs
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -47,8 +46,10 @@ class ProfileSpec:
         "help": "CPU threads (1 times steadily on a shared machine)"})
     quick: bool = field(default=False, metadata={"help": "the small CI grid and fewer repeats"})
     repeats: int | None = field(default=None, metadata={
-        "help": "timed calls per point (5; 3 quick)"})
-    warmup: int | None = field(default=None, metadata={"help": "untimed calls first (2; 1 quick)"})
+        "help": "rounds: each times every point once; a point's time is the median over "
+                "rounds (5; 3 quick)"})
+    warmup: int | None = field(default=None, metadata={
+        "help": "untimed calls before each timed one (1)"})
     ragged: int = field(default=30, metadata={"help": "random ragged batches timed for real"})
     batch_sizes: str | None = field(default=None, metadata={"help": "grid axis, e.g. 1,2,4,8"})
     query_tokens: str | None = field(default=None, metadata={"help": "grid axis (1 = decode)"})
@@ -88,6 +89,7 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     from profiler.peaks import device_memory_bytes, measure_peaks
     from profiler.sweep import Models, run_sweep
     from simulator.latency_table import new_meta
+    from spectune.files import write_csv
 
     started = time.perf_counter()
     grid = spec.grid()
@@ -99,7 +101,7 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     target_shape = get_model(spec.target)
     draft_shape = None if spec.draft.lower() in ("none", "ngram") else get_model(spec.draft)
     repeats = spec.repeats or (3 if spec.quick else 5)
-    warmup = spec.warmup if spec.warmup is not None else (1 if spec.quick else 2)
+    warmup = spec.warmup if spec.warmup is not None else 1
     check_memory(grid, target_shape, draft_shape, dtype, device)
 
     def build(shape):
@@ -114,10 +116,10 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     meta["memory_bytes"] = device_memory_bytes(device)
     meta["threads"] = spec.threads if device.type == "cpu" else None
     out.mkdir(parents=True, exist_ok=True)
-    table = run_sweep(models, grid, device, meta, out / "latency", warmup, repeats, spec.seed,
-                      progress=progress)
-    ragged = measure_ragged(models, grid, spec.ragged, device, warmup, repeats, spec.seed,
-                            out / "ragged.csv")
+    table, ragged = run_sweep(models, grid, device, meta, out, warmup, repeats, spec.ragged,
+                              spec.seed, progress=progress)
+    if len(ragged):
+        write_csv(out / "ragged.csv", ragged)
     peaks = measure_peaks(device, dtype, name)
     summary = evaluate(table, ragged, peaks, dtype)
     summary.update({"device": name, "dtype": dtype_name, "rows": len(table.rows),
@@ -148,26 +150,6 @@ def check_memory(grid, target, draft, dtype, device) -> None:
                           f"{device} has {have / 2**30:.1f} GiB free; shrink the grid")
 
 
-def measure_ragged(models, grid, n, device, warmup, repeats, seed, path: Path) -> pd.DataFrame:
-    """Time `n` random ragged batches of the target (resuming from `path`)."""
-    from profiler.sweep import random_ragged, time_pass
-    from spectune.files import write_csv
-
-    batches = random_ragged(grid, n, np.random.default_rng(seed))
-    done = pd.read_csv(path) if path.exists() else pd.DataFrame()
-    rows = done.to_dict("records")[:n]
-    for i, (queries, cached) in enumerate(batches[len(rows):], start=len(rows)):
-        timing = time_pass(models.target, len(queries), queries, cached, device, warmup, repeats,
-                           seed + 10_000 + i)
-        q, c = np.asarray(queries), np.asarray(cached)
-        rows.append({"role": "target", "num_seqs": len(q), "query_tokens": int(q.sum()),
-                     "cached_tokens": int(c.sum()), "attn_pairs": int(attention_pairs(q, c).sum()),
-                     "queries": " ".join(map(str, queries)), "cached": " ".join(map(str, cached)),
-                     "median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s})
-        write_csv(path, pd.DataFrame(rows))
-    return pd.DataFrame(rows)
-
-
 def evaluate(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
     """Held-out and ragged errors of the profiled model; the roofline's error per phase."""
     from simulator import RooflineLatency
@@ -181,7 +163,8 @@ def evaluate(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
     from simulator.roofline import RooflineParams
 
     train, held = heldout_split(table)
-    heldout = error_summary(prediction_errors(ProfiledLatency(train), held))
+    trained = ProfiledLatency(train)
+    heldout = error_summary(prediction_errors(trained, held))
     full = ProfiledLatency(table)
     ragged_summary = error_summary(ragged_errors(full, ragged) if len(ragged) else np.array([]))
     size = 4 if str(dtype).endswith("float32") else 2
@@ -191,12 +174,13 @@ def evaluate(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
     per_phase = {}
     for (role, phase), rows in table.rows.groupby(["role", "phase"]):
         errors = prediction_errors(roofline, rows)
-        profiled = prediction_errors(full, rows)
+        mine = held[(held["role"] == role) & (held["phase"] == phase)]
         per_phase[f"{role}/{phase}"] = {
             "roofline_median_abs_pct": float(np.median(np.abs(errors)) * 100),
             "roofline_median_signed_pct": float(np.median(errors) * 100),
-            "profiled_median_abs_pct": float(np.median(np.abs(profiled)) * 100),
-            "rows": len(rows)}
+            "profiled_heldout_median_abs_pct": error_summary(
+                prediction_errors(trained, mine))["median_abs_pct"] if len(mine) else None,
+            "heldout_points": len(mine), "rows": len(rows)}
     return {
         "heldout_median_abs_pct_error": heldout["median_abs_pct"],
         "heldout_p90_abs_pct_error": heldout["p90_abs_pct"],
@@ -221,9 +205,9 @@ def print_summary(s: dict, out=sys.stdout) -> None:
           f"ragged batches median {pct(s['ragged_median_abs_pct_error'])}, p90 "
           f"{pct(s['ragged_p90_abs_pct_error'])} ({s['ragged_batches']} batches)", file=out)
     print(f"\nroofline from measured peaks ({s['roofline_peaks']}) vs measured:", file=out)
-    print(f"  {'phase':<16}{'rows':>5}{'roofline |err|':>16}{'signed':>9}{'profiled |err|':>16}",
-          file=out)
+    print(f"  {'phase':<16}{'rows':>5}{'roofline |err|':>16}{'signed':>9}"
+          f"{'profiled |err| (held-out pts)':>31}", file=out)
     for phase, r in s["roofline_vs_measured"].items():
+        held = f"{pct(r['profiled_heldout_median_abs_pct'])} ({r['heldout_points']})"
         print(f"  {phase:<16}{r['rows']:>5}{pct(r['roofline_median_abs_pct']):>16}"
-              f"{r['roofline_median_signed_pct']:>+8.0f}%{pct(r['profiled_median_abs_pct']):>16}",
-              file=out)
+              f"{r['roofline_median_signed_pct']:>+8.0f}%{held:>31}", file=out)
