@@ -13,9 +13,7 @@ an interrupted sweep keeps what it measured, and a rerun with the same settings 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from profiler.kv_cache import KVCache
 from profiler.model import LlamaModel
 from simulator.latency import attention_pairs
 from simulator.latency_table import COLUMNS, LatencyTable, table_paths
+from traces import atomic_write
 
 #: meta keys that must match for a rerun to resume an existing sweep
 RESUME_KEYS = ("device", "dtype", "target", "draft", "grid", "repeats", "warmup", "torch_version")
@@ -204,7 +203,5 @@ def _resume(out: Path, meta: dict, n: int) -> list[list[float]]:
 
 def _save(out: Path, meta: dict, samples: list[list[float]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".samples.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"meta": meta, "samples": samples}, handle)
-    os.replace(tmp, out / "samples.json")
+    with atomic_write(out / "samples.json") as handle:
+        handle.write(json.dumps({"meta": meta, "samples": samples}).encode("utf-8"))

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +27,7 @@ import pandas as pd
 
 from simulator.catalog import ModelShape
 from simulator.errors import ConfigError
+from traces import atomic_write
 
 SCHEMA_VERSION = 1
 ROLE_PHASES: dict[str, tuple[str, ...]] = {
@@ -158,17 +157,9 @@ def table_paths(path: str | Path) -> tuple[Path, Path]:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Readers never see half a file (temporary file beside `path`, then rename)."""
+    with atomic_write(path) as handle:
+        handle.write(text.encode("utf-8"))
 
 
 def _check_meta(meta: object, where: str) -> None:

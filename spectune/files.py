@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from traces import atomic_write
 
-def _replace(path: Path, write) -> None:
+
+def _replace(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            write(handle)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as handle:
+        handle.write(text.encode("utf-8"))
 
 
 def write_json(path: Path, data: Any) -> None:
-    _replace(Path(path), lambda h: h.write(to_json(data)))
+    _replace(Path(path), to_json(data))
 
 
 def to_json(data: Any) -> str:
@@ -46,7 +40,7 @@ def _finite(value: Any) -> Any:
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    _replace(Path(path), lambda h: frame.to_csv(h, index=False, float_format="%.9g"))
+    _replace(Path(path), frame.to_csv(index=False, float_format="%.9g"))
 
 
 def _plain(value: Any) -> Any:

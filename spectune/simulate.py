@@ -67,8 +67,8 @@ class SimulationSpec:
     hardware: str | None = field(default=None, metadata={
         "help": "GPU of each replica, for the roofline (H100-SXM if unset)"})
     profile: str | None = field(default=None, metadata={
-        "help": "latency from a profile folder written by `spectune profile` instead of the "
-                "roofline"})
+        "help": "latency from a profile instead of the roofline: a folder written by "
+                "`spectune profile`, or a shipped one (cpu-smollm2-135m)"})
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
                 "variation around alpha), or a speculation trace (.npz)"})
@@ -166,10 +166,11 @@ def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
 
 def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
     """The profiled latency model of `folder`, and a KV capacity from the profiled device."""
+    from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
     from simulator.profiled import ProfiledLatency
 
-    table = LatencyTable.load(Path(folder) / "latency" if Path(folder).is_dir() else folder)
+    table = LatencyTable.load(resolve_profile(folder))
     latency = ProfiledLatency(table)
     if scheduler.kv_capacity_tokens:
         return latency, scheduler.kv_capacity_tokens

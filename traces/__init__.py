@@ -4,6 +4,7 @@ This package sits at the bottom of spectune's import graph: it depends only on n
 standard library, and importing it does no I/O (built-in traces load on first use).
 """
 
+from traces._atomic import atomic_write
 from traces.builtin import DEFAULT_WORKLOAD, builtin_names, builtin_workload
 from traces.errors import TraceError
 from traces.loaders import load_workload, save_workload
@@ -31,6 +32,7 @@ __all__ = [
     "SpeculationTrace",
     "TraceError",
     "Workload",
+    "atomic_write",
     "builtin_names",
     "builtin_workload",
     "gamma_arrivals",
