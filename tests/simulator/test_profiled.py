@@ -344,3 +344,20 @@ def test_unknown_options_are_clear_errors():
         ProfiledLatency(make_table(), extrapolation="linear")
     with pytest.raises(ConfigError, match="role"):
         ProfiledLatency(make_table()).forward_s("drafter", 1, 1, 1, 1)
+
+
+def test_the_shipped_cpu_profile_meets_its_error_targets():
+    """The profile shipped in the package, re-evaluated from its own files (no timing here):
+    interpolation error at held-out grid points and on the ragged batches timed with it."""
+    from simulator.builtin_profiles import DATA, builtin_profile_names, resolve_profile
+
+    assert "cpu-smollm2-135m" in builtin_profile_names()
+    table = LatencyTable.load(resolve_profile("cpu-smollm2-135m"))
+    assert table.meta["device"].startswith("cpu:") and table.meta["dtype"] == "fp32"
+    train, held = heldout_split(table)
+    heldout = error_summary(prediction_errors(ProfiledLatency(train), held))
+    ragged = pd.read_csv(DATA / "cpu-smollm2-135m" / "ragged.csv")
+    on_ragged = error_summary(ragged_errors(ProfiledLatency(table), ragged))
+    assert heldout["n"] >= 5 and on_ragged["n"] >= 30
+    assert heldout["median_abs_pct"] <= 5 and heldout["p90_abs_pct"] <= 10
+    assert on_ragged["median_abs_pct"] <= 5 and on_ragged["p90_abs_pct"] <= 10
