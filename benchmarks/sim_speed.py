@@ -13,17 +13,21 @@ Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 1000
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: time numpy single-threaded
+# this folder holds benchmarks/policies.py, which would shadow the `policies` package
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
 
-import argparse
-import platform
-import time
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
 
-from policies import make_policy
-from simulator import SchedulerConfig, summarize
-from simulator.engine import simulate
-from spectune.simulate import SimulationSpec, build_inputs
+from policies import make_policy  # noqa: E402
+from simulator import SchedulerConfig, summarize  # noqa: E402
+from simulator.engine import simulate  # noqa: E402
+from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
 
 
 def measure(n: int, k: int) -> dict:
