@@ -12,8 +12,8 @@ GGML spec. llama.cpp stores the Q and K rows permuted for its interleaved RoPE; 
 in Hugging Face's rotate-half order, so the weights load by HF name into `LlamaModel`.
 
 Parsing the metadata is slow (`GGUFReader` builds ~100k Python objects for the vocabulary:
-2.5 s), so the first load caches the fp32 weights (a torch file, memory-mapped on later loads)
-and the tokenizer (JSON); a cached load takes ~0.1 s.
+2.5-4 s of a ~6 s first load), so the first load caches the fp32 weights (a 540 MB torch file,
+memory-mapped copy-on-write by later loads) and the tokenizer (JSON); a cached load takes ~0.1 s.
 """
 
 from __future__ import annotations
