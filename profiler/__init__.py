@@ -1,1 +1,2 @@
-"""Real forward-pass timing, drafters and the live engine (torch). Not built yet: see the issues."""
+"""torch-only: models of catalog shapes, real SmolLM2 weights, timing and profile sweeps,
+drafters, and the live speculative-decoding engine. The only package that imports torch."""

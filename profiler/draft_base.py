@@ -1,0 +1,63 @@
+"""The drafter interface: what the live engine asks of any drafter, and what a chain carries.
+
+A drafter proposes, for every request of a batch, a greedy chain of up to k_r tokens after the
+request's token history (prompt + generated). After each proposed token the engine's stop rule
+(the policy's `stop_drafting`) may end that request's chain; the token is kept. The chain ends at
+k_r, at a stop, or (n-gram) when the lookup has nothing more to propose, so a chain may be shorter
+than k_r: the engine verifies and records what was actually drafted.
+
+Drafters keep whatever state they need per request (a model drafter: a KV cache) and re-sync it
+from the history at each `propose`, so the engine never has to report acceptances back: whatever
+the drafter fed that the history no longer agrees with (rejected drafts) is rolled back then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+#: (row of the request in the batch, depth of the token in its chain, draft top-1, entropy) -> stop
+StopRule = Callable[[int, int, float, float], bool]
+
+
+@dataclass
+class DraftChain:
+    """One request's proposals in one step, with what the draft knew about each.
+
+    `probs` [len, vocab] holds the draft's distribution at each proposed position (model drafters,
+    when the caller asked for it: KL and acceptance probability need it); None otherwise.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    top1: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter:
+    """What the live engine needs of a drafter. `model_free` drafters cost no model pass."""
+
+    name: str = ""
+    model_free: bool = False
+
+    def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """New requests were prefilled by the target (model drafters prefill them too)."""
+
+    def propose(
+        self,
+        request_ids: Sequence[int],
+        histories: Sequence[Sequence[int]],
+        ks: Sequence[int],
+        stop: StopRule | None = None,
+        keep_probs: bool = False,
+    ) -> list[DraftChain]:
+        """Greedy chains of at most ks[i] tokens after histories[i] (k = 0: an empty chain)."""
+        raise NotImplementedError
+
+    def finish(self, request_id: int) -> None:
+        """The request left: drop its state."""

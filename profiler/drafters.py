@@ -1,0 +1,128 @@
+"""Drafters by name: n-gram prompt lookup (here), a draft model and an early exit (model_drafter).
+
+The interface is `profiler.draft_base.Drafter`; `make_drafter` builds one from a name such as
+"ngram", "early-exit:4" or "model:Llama-68M", the spelling the CLI and the records use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from profiler.draft_base import DraftChain, Drafter, StopRule
+from profiler.model_drafter import EarlyExitDrafter, ModelDrafter, early_exit_model
+from simulator.catalog import ModelShape, get_model
+
+__all__ = [
+    "DraftChain",
+    "Drafter",
+    "EarlyExitDrafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "StopRule",
+    "early_exit_model",
+    "make_drafter",
+]
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup (Saxena 2023; transformers' `prompt_lookup_num_tokens`, vLLM's ngram).
+
+    Find the longest suffix n-gram (max_n down to min_n tokens) of prompt + generated text that
+    occurred earlier, at its earliest occurrence (as transformers does), and propose the tokens
+    that followed it there. Model-free: no pass, no distribution. The stop rule sees top-1 = 1.0
+    and entropy = 0.0 (the lookup is certain of its proposal), and the signals treat the draft
+    distribution as one-hot on the proposed token.
+    """
+
+    model_free = True
+
+    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self.name = "ngram" if (min_n, max_n) == (1, 3) else f"ngram:{min_n}-{max_n}"
+
+    def lookup(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens that followed the earliest earlier occurrence of the longest suffix."""
+        tokens = np.asarray(history, dtype=np.int64)
+        size = tokens.size
+        if k <= 0 or size < 2:
+            return []
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            # windows starting at j = 0 .. size - n - 1: earlier than the suffix, with a follower
+            windows = sliding_window_view(tokens[:-1], n)
+            hits = np.flatnonzero((windows == tokens[size - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + n
+                return tokens[start : start + k].tolist()
+        return []
+
+    def propose(
+        self,
+        request_ids: Sequence[int],
+        histories: Sequence[Sequence[int]],
+        ks: Sequence[int],
+        stop: StopRule | None = None,
+        keep_probs: bool = False,
+    ) -> list[DraftChain]:
+        chains = []
+        for row, (history, k) in enumerate(zip(histories, ks)):
+            chain = DraftChain()
+            for depth, token in enumerate(self.lookup(history, k)):
+                chain.tokens.append(token)
+                chain.top1.append(1.0)
+                chain.entropy.append(0.0)
+                if stop is not None and stop(row, depth, 1.0, 0.0):
+                    break
+            chains.append(chain)
+        return chains
+
+
+def make_drafter(
+    spec: str,
+    target,
+    *,
+    draft_model=None,
+    shapes: Mapping[str, ModelShape] | None = None,
+    seed: int = 0,
+) -> Drafter:
+    """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L" or "model:<shape name>".
+
+    "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
+    `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
+    losslessness tests; real weights come from GGUF).
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "ngram":
+        if not arg:
+            return NgramDrafter()
+        lo, _, hi = arg.partition("-")
+        if not (lo.isdigit() and hi.isdigit()):
+            raise ValueError(f"drafter {spec!r}: write ngram:MIN-MAX, e.g. ngram:1-3")
+        return NgramDrafter(int(lo), int(hi))
+    if kind == "early-exit":
+        if not arg.isdigit():
+            raise ValueError(f"drafter {spec!r}: write early-exit:L with L the layers kept")
+        return EarlyExitDrafter(target, int(arg))
+    if kind == "model":
+        if draft_model is None:
+            draft_model = _random_draft(arg, target, shapes, seed)
+        vocab, target_vocab = draft_model.config.shape.vocab, target.config.shape.vocab
+        if vocab != target_vocab:
+            raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
+        return ModelDrafter(draft_model, name=spec)
+    raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L, model:<shape name>")
+
+
+def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):
+    """Random weights of a named shape, in the target's dtype and on its device."""
+    from profiler.model import LlamaModel, config_for
+
+    if not name:
+        raise ValueError("drafter 'model:' needs a shape name, e.g. model:Llama-68M")
+    shape = (shapes or {}).get(name) or get_model(name)
+    config = config_for(shape, dtype=target.config.dtype, device=target.config.device)
+    return LlamaModel.random(config, seed)

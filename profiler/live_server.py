@@ -1,0 +1,220 @@
+"""The live engine's scheduler loop for one run: admission, prefill and decode iterations.
+
+Mirrors simulator/replica.py (`Replica.serve`, `_admit_whole`, `_prefill_iteration`,
+`_mixed_iteration` without chunks, `_finish_done`) with real passes and a real clock; the
+records are written the same way, with the same values taken at the same moments.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+
+from policies import DraftOutcome, Policy, StepContext
+from profiler.draft_base import StopRule
+from profiler.live_request import EngineClock, LiveRequest
+from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy
+from simulator.errors import ConfigError
+from simulator.records import RequestLog, StepLog
+
+if TYPE_CHECKING:
+    from profiler.live_engine import LiveEngine
+
+
+class LiveServer:
+    """One run's state: queues, KV reservations, records. `serve` runs it to completion."""
+
+    def __init__(
+        self, engine: LiveEngine, policy: Policy, clock: EngineClock, requests: list[LiveRequest]
+    ) -> None:
+        self.engine, self.policy, self.clock = engine, policy, clock
+        self.sched = engine.scheduler
+        self.capacity = engine.kv_capacity_tokens
+        self.observes = type(policy).observe is not Policy.observe
+        self.signals = frozenset(type(policy).signals)
+        self.pending = deque(requests)  # not arrived yet
+        self.waiting: deque[LiveRequest] = deque()
+        self.running: list[LiveRequest] = []
+        self.kv_used = 0
+        self.step_index = 0
+        self.steps = StepLog()
+        self.log = RequestLog(len(requests))
+        for st in requests:
+            st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max
+            self.log.replica[st.index] = 0
+
+    def serve(self) -> pd.DataFrame:
+        """Run until every request has finished; the per-step records."""
+        while self.pending or self.waiting or self.running:
+            self._arrive()
+            if not (self.waiting or self.running):
+                self.clock.wait_until(self.pending[0].arrival_s)
+                continue
+            start = self.clock.now()
+            admitted = self._admit(start)
+            if admitted:
+                self._prefill(admitted, start)
+            elif not self.running:
+                raise RuntimeError("the engine holds requests it can neither admit nor run")
+            else:
+                self._decode(start)
+        return self.steps.frame()
+
+    def _arrive(self) -> None:
+        now = self.clock.now()
+        while self.pending and self.pending[0].arrival_s <= now:
+            st = self.pending.popleft()
+            self.log.arrival_s[st.index] = st.arrival_s
+            self.waiting.append(st)
+
+    def _admit(self, now: float) -> list[LiveRequest]:
+        """FCFS while the batch cap, the KV reservation and the prompt-token budget allow."""
+        admitted: list[LiveRequest] = []
+        budget = self.sched.max_batched_tokens or np.inf
+        used = 0
+        while self.waiting:
+            st = self.waiting[0]
+            if len(self.running) + len(admitted) >= self.sched.max_num_seqs:
+                break
+            if self.kv_used + st.reserve > self.capacity or used + st.prompt_tokens > budget:
+                break
+            self.waiting.popleft()
+            self.kv_used += st.reserve
+            self.log.admitted_s[st.index] = now
+            used += st.prompt_tokens
+            admitted.append(st)
+        return admitted
+
+    # -- iterations ----------------------------------------------------------------------------
+
+    def _prefill(self, admitted: list[LiveRequest], start: float) -> None:
+        """Prefill the new prompts (target and model drafter); their first tokens end it."""
+        waiting, kv = len(self.waiting), self.kv_used
+        held = waiting + len(admitted) + len(self.running)
+        target, device = self.engine.target, self.engine.device
+        for st in admitted:
+            st.cache = target.new_cache(st.reserve + 1)
+        prompts = [torch.tensor(st.tokens, dtype=torch.int64, device=device) for st in admitted]
+        logits = target(prompts, [st.cache for st in admitted], logits="last")
+        ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
+        self.engine.drafter.start(ids, [list(st.tokens) for st in admitted])
+        for st, token in zip(admitted, torch.cat(logits).argmax(dim=-1).tolist()):
+            st.tokens.append(token)
+            st.generated = 1
+        end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
+        self.step_index += 1
+        row = (0, start, end - start, 0, len(admitted), sum(prompt_tokens), 0, 0, 0, 0)
+        self.steps.add(*row, waiting, held, kv)
+        for st in admitted:
+            self.log.first_token_s[st.index] = end
+            self.running.append(st)
+        self._finish_done(end)
+
+    def _decode(self, start: float) -> None:
+        """One speculative step for every running request; the policy observes the outcomes."""
+        batch = list(self.running)
+        ks = self._choose(batch)
+        waiting, held, kv = len(self.waiting), len(self.waiting) + len(batch), self.kv_used
+        cached = [st.context_tokens - 1 for st in batch]  # before the step, as the simulator's
+        results = self._speculate(batch, ks)
+        outcomes = [self._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
+        drafted = [res.drafted for res in results]
+        end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached))
+        self.step_index += 1
+        if self.observes:  # after the end, at the end's time, as in the simulator
+            self.policy.observe(self._context(batch), outcomes)
+        accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
+        row = (0, start, end - start, len(batch), 0, 0, sum(drafted), max(drafted))
+        self.steps.add(*row, accepted, emitted, waiting, held, kv)
+        self._finish_done(end)
+
+    def _speculate(self, batch: list[LiveRequest], ks: list[int]) -> list[Verified]:
+        """Draft chains (cut by the policy's stop rule), then one greedy verify pass."""
+        drafter = self.engine.drafter
+        keep_probs = bool(self.signals & PROB_SIGNALS) and not drafter.model_free
+        ids, histories = [st.request_id for st in batch], [st.tokens for st in batch]
+        chains = drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
+        caches = [st.cache for st in batch]
+        lasts = [st.tokens[-1] for st in batch]
+        room = [st.output_tokens - st.generated for st in batch]
+        return verify_greedy(self.engine.target, caches, lasts, chains, room, self.signals)
+
+    def _apply(self, st: LiveRequest, k: int, res: Verified) -> DraftOutcome:
+        """Emit a request's tokens and count its step; what the policy is told of it."""
+        g = st.generated
+        st.tokens.extend(res.emitted)
+        st.generated = g + len(res.emitted)
+        st.steps += 1
+        st.drafted += res.drafted
+        st.accepted += res.accepted
+        st.log.append((g, k, res.drafted, res.accepted, len(res.emitted)))
+        if st.cache.length > st.reserve:
+            raise RuntimeError(f"request {st.request_id} outgrew its KV reservation")
+        return DraftOutcome(st.request_id, res.drafted, res.accepted, len(res.emitted), g,
+                            res.signals)
+
+    # -- the policy --------------------------------------------------------------------------
+
+    def _choose(self, batch: list[LiveRequest]) -> list[int]:
+        ks = [int(k) for k in self.policy.choose(self._context(batch))]
+        if len(ks) != len(batch):
+            raise RuntimeError(
+                f"policy {self.policy.name!r} returned {len(ks)} k for {len(batch)} requests"
+            )
+        k_max = self.sched.k_max
+        for k in ks:
+            if not 0 <= k <= k_max:
+                raise ConfigError(
+                    f"policy {self.policy.name!r} chose k={k}, outside the "
+                    f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k"
+                )
+        return ks
+
+    def _context(self, batch: list[LiveRequest]) -> StepContext:
+        return StepContext(
+            now_s=self.clock.now(),
+            replica=0,
+            step_index=self.step_index,
+            requests=batch,
+            k_max=self.sched.k_max,
+            cost=self.engine.cost,
+            kv_capacity_tokens=self.capacity,
+            kv_free_tokens=self.capacity - self.kv_used,
+            waiting=len(self.waiting),
+        )
+
+    def _stop_rule(self, batch: list[LiveRequest]) -> StopRule | None:
+        if not type(self.policy).uses_draft_stop:
+            return None
+        policy = self.policy
+        return lambda row, depth, top1, ent: policy.stop_drafting(batch[row], depth, top1, ent)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _end(self, start: float, cost_s: Callable[[], float]) -> float:
+        """The clock once the device has finished this iteration's work (`cost_s`: the
+        simulator's price of the iteration, which only a VirtualClock reads)."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+        return self.clock.end_iteration(start, cost_s)
+
+    def _finish_done(self, now: float) -> None:
+        keep = []
+        for st in self.running:
+            if st.generated < st.output_tokens:
+                keep.append(st)
+                continue
+            self.log.finish_s[st.index] = now
+            self.log.steps[st.index] = st.steps
+            self.log.drafted[st.index] = st.drafted
+            self.log.accepted[st.index] = st.accepted
+            self.kv_used -= st.reserve
+            st.cache = None
+            self.engine.drafter.finish(st.request_id)
+            self.policy.finish(st.request_id)
+        self.running = keep

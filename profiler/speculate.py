@@ -1,0 +1,109 @@
+"""One greedy verification pass over a batch of draft chains, and the signals a policy may see.
+
+Request r's target cache holds every token but its newest (`last`). The verify pass feeds
+[last, d_1 .. d_n] (n = its chain length, q_r = n + 1) in one ragged batch and keeps all logits:
+row i is the target's distribution of the token after d_i (row 0: after `last`). Greedy
+acceptance (Leviathan et al. 2023, temperature 0): d_{i+1} is accepted while it equals the argmax
+of row i, so accepted = the number of leading drafts that match; row `accepted` then gives the
+bonus token (all accepted) or the correction (the first rejected draft's place). Every emitted
+token is the target's own argmax after a prefix that is the target's own output, which is why
+the output equals target-only greedy decoding (up to fp rounding on exact near-ties: a q = n + 1
+pass and a q = 1 pass use different matmul shapes).
+
+Signals (POLICIES.md §7), for observed positions only (the accepted drafts and the first
+rejected one), with p the target's and q the draft's distribution at a position:
+  kl            KL(p ‖ q) = Σ p (log p − log q), probabilities clamped at 1e-8 inside the logs
+                (and the sum at 0: rounding, or the clamp's extra mass, can dip it below)
+  accept_prob   Σ min(p, q), the probability that rejection sampling would accept the draft
+  draft_top1    max q      draft_entropy   −Σ q log q
+A model-free drafter's q is one-hot on its proposal (top-1 1.0, entropy 0.0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from profiler.draft_base import DraftChain
+from profiler.kv_cache import KVCache
+from profiler.model import LlamaModel
+
+CLAMP = 1e-8
+PROB_SIGNALS = frozenset({"kl", "accept_prob"})  # need the draft's whole distribution
+
+
+@dataclass
+class Verified:
+    """One request's result of a verify pass: the drafts kept and the tokens emitted."""
+
+    drafted: int
+    accepted: int  # drafts accepted and emitted (cut at the request's max tokens)
+    emitted: list[int]
+    signals: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def verify_greedy(
+    target: LlamaModel,
+    caches: Sequence[KVCache],
+    lasts: Sequence[int],
+    chains: Sequence[DraftChain],
+    remaining: Sequence[int],
+    signals: frozenset[str] = frozenset(),
+) -> list[Verified]:
+    """Verify every chain in one target pass; roll each cache back past its rejected drafts.
+
+    `remaining[r]` is how many tokens request r may still emit (>= 1): emission stops there.
+    """
+    device = target.config.device
+    tokens = [
+        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
+        for last, chain in zip(lasts, chains)
+    ]
+    starts = [cache.length for cache in caches]
+    logits = target(tokens, list(caches), logits="all")
+    flat = torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # one device sync
+    out, offset = [], 0
+    for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
+        best, offset = flat[offset : offset + len(chain) + 1], offset + len(chain) + 1
+        accepted = 0
+        while accepted < len(chain) and chain.tokens[accepted] == best[accepted]:
+            accepted += 1
+        emitted = [*chain.tokens[:accepted], best[accepted]][:room]
+        cache.truncate(start + 1 + accepted)  # last + accepted drafts; the bonus is fed next
+        seen = min(len(emitted), len(chain))  # accepted + first rejected, cut at max tokens
+        values = _signals(rows[:seen], chain, seen, signals) if signals else {}
+        out.append(Verified(len(chain), len(emitted) - 1, emitted, values))
+    return out
+
+
+def _signals(
+    target_rows: torch.Tensor, chain: DraftChain, seen: int, names: frozenset[str]
+) -> dict[str, np.ndarray]:
+    """The declared per-position signals of the first `seen` drafted positions."""
+    out: dict[str, np.ndarray] = {}
+    if "draft_top1" in names:
+        out["draft_top1"] = np.asarray(chain.top1[:seen], dtype=np.float64)
+    if "draft_entropy" in names:
+        out["draft_entropy"] = np.asarray(chain.entropy[:seen], dtype=np.float64)
+    if names & PROB_SIGNALS:
+        p = torch.softmax(target_rows.double(), dim=-1)
+        q = _draft_probs(chain, seen, p)
+        if "kl" in names:
+            log_ratio = p.clamp_min(CLAMP).log() - q.clamp_min(CLAMP).log()
+            out["kl"] = (p * log_ratio).sum(dim=-1).clamp_min(0.0).cpu().numpy()
+        if "accept_prob" in names:
+            out["accept_prob"] = torch.minimum(p, q).sum(dim=-1).cpu().numpy()
+    return out
+
+
+def _draft_probs(chain: DraftChain, seen: int, like: torch.Tensor) -> torch.Tensor:
+    """The draft's distributions at the first `seen` positions; one-hot for model-free drafts."""
+    if chain.probs is not None:
+        return chain.probs[:seen].to(like)
+    q = torch.zeros_like(like)
+    index = torch.tensor(chain.tokens[:seen], dtype=torch.int64, device=like.device)
+    q[torch.arange(seen, device=like.device), index] = 1.0
+    return q
