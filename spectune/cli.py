@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--debug", action="store_true", help="show tracebacks")
     prof.set_defaults(handler=cmd_profile)
 
+    from spectune.record import add_record_parser
+
+    add_record_parser(sub)
+
     cat = sub.add_parser("catalog", help="list the known model shapes and GPUs")
     cat.set_defaults(handler=cmd_catalog)
     return parser

@@ -1,0 +1,141 @@
+"""Record speculation traces by teacher forcing (DESIGN.md "Speculation traces").
+
+Greedy decoding fixes the target's output, so per request: generate the target's greedy output
+(up to `max_tokens`, stopping after EOS inclusive), then run the drafter over prompt + output from
+the true prefix at every output position t:
+
+- a model drafter (`model:...`, `early-exit:L`): one teacher-forced draft pass over the whole
+  sequence gives its argmax at every position; match[t] = (draft argmax at t == output[t]) and
+  run = run_from_matches(match) capped at `max_run` (a greedy chain keeps proposing the draft's
+  argmax after the true prefix for as long as it matches). Signals per position from the target's
+  distribution p (the logits that chose output[t]) and the draft's q: accept_prob = sum min(p, q),
+  kl = KL(p || q) clamped at >= 1e-8, draft_top1 = max q, draft_entropy = H(q).
+- the n-gram lookup (no distribution): run[t] = how many of the lookup's proposals from the true
+  prefix at t match output[t:] (computed directly per position; the lookup's first k proposals do
+  not depend on k, so min(k, run[t]) is what a k-token lookup gets accepted). Signals: draft_top1
+  1.0 and draft_entropy 0.0 (as the live engine's stop rule sees them); accept_prob and kl are
+  None (absent): a one-hot "distribution" would make them degenerate, not informative.
+
+Position 0 is produced by the prefill and never drafted: run[0] = 0 (its signals are still
+stored). Replaying a fixed k: a step at position g accepts min(k, run[g], N - g - 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from profiler.draft_base import Drafter
+from profiler.drafters import NgramDrafter
+from profiler.model import LlamaModel
+from traces import RequestSpeculation, run_from_matches
+
+__all__ = ["greedy_output", "model_signals", "ngram_runs", "record_request"]
+
+
+@torch.no_grad()
+def greedy_output(
+    target: LlamaModel,
+    prompt: Sequence[int],
+    max_tokens: int,
+    eos_id: int | None = None,
+    keep_logits: bool = False,
+) -> tuple[list[int], torch.Tensor | None]:
+    """The target's greedy output (prefill, then one token per pass) and, if asked, the fp32
+    logits that chose each output token [N, vocab]."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    device = target.config.device
+    cache = target.new_cache(len(prompt) + max_tokens)
+    logits = target([torch.tensor(list(prompt), device=device)], [cache], logits="last")[0][0]
+    out: list[int] = []
+    rows: list[torch.Tensor] = []
+    while True:
+        token = int(logits.argmax())
+        out.append(token)
+        if keep_logits:
+            rows.append(logits.float().cpu())
+        if len(out) == max_tokens or token == eos_id:
+            return out, (torch.stack(rows) if keep_logits else None)
+        feed = torch.tensor([token], device=device)
+        logits = target([feed], [cache], logits="last")[0][0]
+
+
+def ngram_runs(
+    drafter: NgramDrafter, prompt: Sequence[int], output: Sequence[int], max_run: int
+) -> np.ndarray:
+    """run[t] for the n-gram lookup: matching prefix of its proposals from the true prefix."""
+    history = list(prompt) + list(output)
+    run = np.zeros(len(output), dtype=np.int32)
+    for t in range(1, len(output)):
+        proposal = drafter.lookup(history[: len(prompt) + t], max_run)
+        n = 0
+        for a, b in zip(proposal, output[t:]):
+            if a != b:
+                break
+            n += 1
+        run[t] = n
+    return run
+
+
+@torch.no_grad()
+def model_signals(
+    draft: LlamaModel,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    target_logits: torch.Tensor,
+    max_run: int,
+) -> dict[str, np.ndarray]:
+    """run and the four signals for a model drafter, from one teacher-forced draft pass."""
+    device = draft.config.device
+    sequence = torch.tensor(list(prompt) + list(output[:-1]), device=device)
+    rows = draft([sequence], [draft.new_cache(len(sequence))], logits="all")[0]
+    rows = rows[len(prompt) - 1 :].float().cpu()  # row t predicts output[t]
+    match = rows.argmax(dim=-1).numpy() == np.asarray(output)
+    run = run_from_matches(match, max_run).astype(np.int32)
+    run[0] = 0  # the prefill emits position 0
+    logp = torch.log_softmax(target_logits.float(), dim=-1)
+    logq = torch.log_softmax(rows, dim=-1)
+    p, q = logp.exp(), logq.exp()
+    kl = (p * (logp - logq)).sum(dim=-1).clamp(min=1e-8)
+    return {
+        "run": run,
+        "accept_prob": torch.minimum(p, q).sum(dim=-1).clamp(max=1.0).numpy(),
+        "kl": kl.numpy(),
+        "draft_top1": q.max(dim=-1).values.numpy(),
+        "draft_entropy": torch.special.entr(q).sum(dim=-1).numpy(),
+    }
+
+
+def record_request(
+    target: LlamaModel,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    max_tokens: int,
+    eos_id: int | None = None,
+    max_run: int = 16,
+    key: str = "",
+    category: str | None = None,
+) -> tuple[RequestSpeculation, list[int]]:
+    """One request's speculation record and the target's greedy output tokens."""
+    if max_run < 1:
+        raise ValueError(f"max_run must be >= 1, got {max_run}")
+    if len(prompt) < 1:
+        raise ValueError(f"request {key!r}: empty prompt")
+    if isinstance(drafter, NgramDrafter):
+        output, _ = greedy_output(target, prompt, max_tokens, eos_id)
+        n = len(output)
+        record = RequestSpeculation(
+            run=ngram_runs(drafter, prompt, output, max_run),
+            draft_top1=np.ones(n, dtype=np.float32),
+            draft_entropy=np.zeros(n, dtype=np.float32),
+            key=key, category=category)  # fmt: skip
+        return record, output
+    draft = getattr(drafter, "model", None)
+    if not isinstance(draft, LlamaModel):
+        raise ValueError(f"drafter {drafter.name!r}: cannot record (neither n-gram nor a model)")
+    output, logits = greedy_output(target, prompt, max_tokens, eos_id, keep_logits=True)
+    signals = model_signals(draft, prompt, output, logits, max_run)
+    return RequestSpeculation(**signals, key=key, category=category), output

