@@ -133,6 +133,14 @@ def _fmt_s(value: float) -> str:
     return f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.3f} s"
 
 
+def _acceptance_line(acc: dict) -> str:
+    if acc.get("parametric"):
+        return acc.get("description", acc.get("spec", "?"))
+    tiled = ", repeated to the workload's lengths" if acc.get("tiled_to_workload_lengths") else ""
+    return (f"recorded: {acc.get('drafter', '?')} drafting for {acc.get('target', '?')} "
+            f"({acc.get('trace_requests', '?')} requests{tiled})")
+
+
 def _summary_table(s: dict) -> str:
     inputs = s["inputs"]
     pol = inputs["policy"]
@@ -141,7 +149,7 @@ def _summary_table(s: dict) -> str:
     lines = [
         f"workload     {inputs['workload']}",
         f"latency      {inputs['latency_model']}",
-        f"acceptance   {acc.get('description', acc.get('spec', acc.get('source', '?')))}",
+        f"acceptance   {_acceptance_line(acc)}",
         f"policy       {pol['name']}({params})   replicas {inputs['cluster']['replicas']}   "
         f"KV capacity {inputs['kv_capacity_tokens']:,} tokens",
         "",

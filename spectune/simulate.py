@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,8 @@ class SimulationSpec:
                 "`spectune profile`, or a shipped one (cpu-smollm2-135m)"})
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
-                "variation around alpha), or a speculation trace (.npz)"})
+                "variation around alpha), a speculation trace (.npz), or a shipped recording: "
+                "smollm2-ngram, smollm2-early-exit-20"})
     policy: str = field(default="fixed", metadata={
         "help": "speculation-length policy (`spectune policies` lists them)"})
     seed: int = field(default=0, metadata={"help": "seed of every random draw"})
@@ -137,6 +139,11 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
 
 
 def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) -> SpeculationTrace:
+    from traces.builtin import builtin_speculation_path, speculation_names
+
+    if spec in speculation_names():
+        with resources.as_file(builtin_speculation_path(spec)) as path:
+            return SpeculationTrace.load(path)
     if spec.endswith(".npz") or Path(spec).exists():
         return SpeculationTrace.load(spec)
     parse_acceptance(spec)  # a clear error for a malformed spec before any work

@@ -41,3 +41,24 @@ def builtin_workload(name: str) -> Workload:
     file_name, source = _BUILTIN[name]
     data = (resources.files("traces") / "data" / file_name).read_bytes()
     return parse_workload_bytes(data, file_name, source=source)
+
+
+# Speculation traces recorded with `spectune record` from the real SmolLM2-135M-Instruct (greedy);
+# see traces/data/speculation/README.md for how each was made and what it measured.
+_SPECULATION: dict[str, str] = {
+    "smollm2-ngram": "smollm2-ngram.npz",
+    "smollm2-early-exit-20": "smollm2-early-exit-20.npz",
+}
+
+
+def speculation_names() -> tuple[str, ...]:
+    """Names of the shipped speculation traces (usable as `--acceptance NAME`)."""
+    return tuple(_SPECULATION)
+
+
+def builtin_speculation_path(name: str):
+    """The packaged file of a shipped speculation trace (a Traversable path)."""
+    if name not in _SPECULATION:
+        known = ", ".join(speculation_names())
+        raise TraceError(f"unknown shipped speculation trace {name!r}; known: {known}")
+    return resources.files("traces") / "data" / "speculation" / _SPECULATION[name]

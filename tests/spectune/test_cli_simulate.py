@@ -196,3 +196,12 @@ def test_a_trace_capped_below_k_max_is_refused(tmp_path, capsys):
     assert main(["simulate", *SMALL, "--acceptance", str(tmp_path / "capped.npz"),
                  "--set", "k=3"]) == 2
     assert "caps accepted runs at 3" in capsys.readouterr().err
+
+
+def test_shipped_recorded_traces_drive_acceptance(capsys):
+    s = _json(capsys, ["simulate", *SMALL, "--acceptance", "smollm2-ngram"])
+    acc = s["inputs"]["acceptance"]
+    assert acc["drafter"] == "ngram" and not acc.get("parametric")
+    assert "SmolLM2" in acc["target"]
+    # a weak real drafter: well below the parametric default's ~2.6 tokens per step
+    assert 1.0 < s["mean_emitted_per_step"] < 2.0
