@@ -84,8 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     prof.set_defaults(handler=cmd_profile)
 
     from spectune.record import add_record_parser
+    from spectune.validate import add_validate_parser
 
     add_record_parser(sub)
+    add_validate_parser(sub)
 
     cat = sub.add_parser("catalog", help="list the known model shapes and GPUs")
     cat.set_defaults(handler=cmd_catalog)

@@ -8,7 +8,7 @@ traces"), so the simulator replays acceptance exactly; (3) the simulator serves 
 with the profile's latency, the same scheduler settings, KV capacity and policy.
 
 Host overhead: the profile times forward passes only; the live engine also spends host time per
-iteration (policy, drafting, bookkeeping). It is measured on the first live run as the mean of
+iteration (policy, drafting, bookkeeping). It is measured on the first live run as the median of
 (measured iteration time - the profile's prediction for that iteration, rebuilt from the records)
 and added to the profile as `step_overhead_s` (unless --no-overhead). From then on the live
 policies' cost model and the simulator's latency are the same object; if the first policy reads
@@ -320,10 +320,11 @@ def predicted_steps(live, latency) -> np.ndarray:
 
 
 def measure_overhead(live, latency) -> dict:
-    """Per-iteration host time the profile lacks: measured minus predicted, over the run."""
+    """Per-iteration host time the profile lacks: measured minus predicted, over the run. The
+    median is kept (a shared machine's stalls inflate the mean: they are not overhead)."""
     residual = live.steps["duration_s"].to_numpy() - predicted_steps(live, latency)
     decode = (live.steps["decode_seqs"] > 0).to_numpy()
-    return {"step_overhead_s": max(0.0, float(residual.mean())),
+    return {"step_overhead_s": max(0.0, float(np.median(residual))),
             "mean_s": float(residual.mean()), "median_s": float(np.median(residual)),
             "decode_mean_s": float(residual[decode].mean()) if decode.any() else None,
             "prefill_mean_s": float(residual[~decode].mean()) if (~decode).any() else None,
