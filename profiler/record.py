@@ -65,19 +65,23 @@ def greedy_output(
 
 def ngram_runs(
     drafter: NgramDrafter, prompt: Sequence[int], output: Sequence[int], max_run: int
-) -> np.ndarray:
-    """run[t] for the n-gram lookup: matching prefix of its proposals from the true prefix."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(run, proposable) for the n-gram lookup from the true prefix at every position t:
+    the matching prefix of its proposals, and how many it could propose at all (it runs out
+    of matching text; the simulator drafts no more than that)."""
     history = list(prompt) + list(output)
     run = np.zeros(len(output), dtype=np.int32)
+    proposable = np.zeros(len(output), dtype=np.int32)
     for t in range(1, len(output)):
         proposal = drafter.lookup(history[: len(prompt) + t], max_run)
+        proposable[t] = len(proposal)
         n = 0
         for a, b in zip(proposal, output[t:]):
             if a != b:
                 break
             n += 1
         run[t] = n
-    return run
+    return run, proposable
 
 
 @torch.no_grad()
@@ -127,8 +131,9 @@ def record_request(
     if isinstance(drafter, NgramDrafter):
         output, _ = greedy_output(target, prompt, max_tokens, eos_id)
         n = len(output)
+        run, proposable = ngram_runs(drafter, prompt, output, max_run)
         record = RequestSpeculation(
-            run=ngram_runs(drafter, prompt, output, max_run),
+            run=run, proposable=proposable,
             draft_top1=np.ones(n, dtype=np.float32),
             draft_entropy=np.zeros(n, dtype=np.float32),
             key=key, category=category)  # fmt: skip

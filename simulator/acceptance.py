@@ -36,6 +36,15 @@ class AcceptanceReplay:
         rec = self.trace.requests[index % len(self.trace)]
         return _fit(rec.run, int(self.output_tokens[index])).astype(np.int64, copy=False)
 
+    @property
+    def limits_proposals(self) -> bool:
+        """The trace says how many tokens the drafter could propose at each position."""
+        return "proposable" in self.available
+
+    def proposable(self, index: int) -> np.ndarray:
+        """Per position, how many drafts the drafter can propose (only if `limits_proposals`)."""
+        return self._signal(index, "proposable")
+
     def signal(self, index: int, name: str) -> np.ndarray:
         """A per-position signal (kl, draft_top1, ...) of workload request `index`."""
         if name not in SIGNALS:

@@ -149,7 +149,7 @@ def simulate(
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
         "fast_path": bool(fast_path and type(policy).stateless_per_batch
-                          and not scheduler.chunked_prefill),
+                          and not scheduler.chunked_prefill and not replay.limits_proposals),
         "engine_s": engine_s,
     }
     steps_df = steps.frame()

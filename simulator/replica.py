@@ -55,7 +55,10 @@ class Replica:
         self.steps = steps
         self.requests = requests
         self.next_arrival_s = next_arrival_s
-        self.fast_path = fast_path and type(policy).stateless_per_batch
+        # a drafter that can run out of proposals (n-gram) drafts a different k each step, which
+        # the fast path's one-k-per-segment walk does not model: step one iteration at a time
+        self.fast_path = (fast_path and type(policy).stateless_per_batch
+                          and not acceptance.limits_proposals)
         self.observes = type(policy).observe is not Policy.observe
         self.waiting: deque[RequestState] = deque()
         self.prefilling: list[RequestState] = []
@@ -205,6 +208,9 @@ class Replica:
                                   f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k")
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
+        if self.acceptance.limits_proposals:  # the drafter proposes no more than it has
+            ks = [min(k, int(self.acceptance.proposable(st.index)[st.generated]))
+                  for st, k in zip(batch, ks)]
         return ks
 
     def _context(self, batch: Sequence[RequestState]) -> StepContext:

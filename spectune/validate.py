@@ -235,9 +235,10 @@ def record_trace(target, drafter, prompts, outputs, k_max: int, want_kl: bool):
     reqs = []
     for i, (prompt, out) in enumerate(zip(prompts, outputs)):
         prompt, out = [int(t) for t in prompt], [int(t) for t in out]
-        run, top1, entropy, kl = _record_one(target, drafter, prompt, out, k_max, want_kl)
+        run, top1, entropy, kl, proposable = _record_one(target, drafter, prompt, out, k_max,
+                                                         want_kl)
         reqs.append(RequestSpeculation(run=run, kl=kl, draft_top1=top1, draft_entropy=entropy,
-                                       key=str(i)))
+                                       key=str(i), proposable=proposable))
     meta = {"source": "spectune validate: teacher-forced on the live run's outputs",
             "drafter": drafter.name, "target": target.config.shape.name, "temperature": 0,
             "max_run": int(k_max), "parametric": False}
@@ -261,9 +262,11 @@ def _record_one(target, drafter, prompt, out, k_max, want_kl):
             q_rows = torch.softmax(rows[len(prompt) - 1:].double(), dim=-1)
     if q_rows is None:  # n-gram lookup: the chain a live step at t drafts, from the true prefix
         run = np.zeros(n, dtype=np.int32)
+        proposable = np.zeros(n, dtype=np.int32)  # the lookup can run out of text
         first = np.asarray(out, dtype=np.int64)
         for t in range(1, n):
             proposal = drafter.lookup(prompt + out[:t], k_max)
+            proposable[t] = len(proposal)
             first[t] = proposal[0] if proposal else out[t]
             m = 0
             while m < len(proposal) and m < n - t and proposal[m] == out[t + m]:
@@ -275,6 +278,7 @@ def _record_one(target, drafter, prompt, out, k_max, want_kl):
     else:
         from traces import run_from_matches
 
+        proposable = None  # a model drafter can always propose
         guesses = q_rows.argmax(dim=-1).cpu().numpy()
         run = run_from_matches(guesses == np.asarray(out)).astype(np.int32)
         run = np.minimum(run, k_max).astype(np.int32)
@@ -285,7 +289,7 @@ def _record_one(target, drafter, prompt, out, k_max, want_kl):
     if p_rows is not None:
         log_ratio = p_rows.clamp_min(1e-8).log() - q_rows.clamp_min(1e-8).log()
         kl = (p_rows * log_ratio).sum(dim=-1).clamp_min(0.0).float().cpu().numpy()
-    return run, top1, entropy, kl
+    return run, top1, entropy, kl, proposable
 
 
 # -- host overhead: measured iteration time minus the profile's prediction ------------------------

@@ -23,6 +23,10 @@ from traces._checks import count
 from traces.errors import TraceError
 
 SIGNALS = ("accept_prob", "kl", "draft_top1", "draft_entropy")
+#: per-position arrays a trace may carry: the policy signals, and `proposable`, how many tokens
+#: the drafter can propose at all from the true prefix at t (an n-gram lookup runs out of
+#: matching text; absent means unlimited). The simulator drafts min(k, proposable[t]).
+FIELDS = (*SIGNALS, "proposable")
 FORMAT_VERSION = 1
 _RUN_DTYPES = (np.int16, np.int32)
 
@@ -45,6 +49,7 @@ class RequestSpeculation:
     draft_top1: np.ndarray | None = None
     draft_entropy: np.ndarray | None = None
     key: str = ""
+    proposable: np.ndarray | None = None
     category: str | None = None
 
     def __post_init__(self) -> None:
@@ -62,7 +67,7 @@ class RequestSpeculation:
                 raise TraceError(f"{where}: run value {high} does not fit in int32")
             run = run.astype(np.int32)
         _freeze(self, "run", run)
-        for name in SIGNALS:
+        for name in FIELDS:
             values = getattr(self, name)
             if values is None:
                 continue
@@ -85,7 +90,7 @@ class RequestSpeculation:
 
     def signals_present(self) -> frozenset[str]:
         """Names of the signals this request carries."""
-        return frozenset(name for name in SIGNALS if getattr(self, name) is not None)
+        return frozenset(name for name in FIELDS if getattr(self, name) is not None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,8 +205,8 @@ class SpeculationTrace:
         arrays["categories"] = np.asarray([c or "" for c in cats], dtype=str)
         arrays["has_category"] = np.asarray([c is not None for c in cats], dtype=bool)
         for name, values in (signals or {}).items():
-            if name not in SIGNALS:
-                raise TraceError(f"unknown signal {name!r}; known: {', '.join(SIGNALS)}")
+            if name not in FIELDS:
+                raise TraceError(f"unknown signal {name!r}; known: {', '.join(FIELDS)}")
             arrays[name] = np.asarray(values)
         arrays["meta_json"] = np.asarray(json.dumps(dict(meta)))
         return _from_arrays(arrays, "SpeculationTrace.from_concatenated")
@@ -291,7 +296,7 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], name: str) -> SpeculationTrac
         raise TraceError(f"{name}: a run of {max_run} exceeds meta max_run {meta_max_run}; "
                          "cap runs at max_run when recording")
     signals: dict[str, np.ndarray] = {}
-    for signal in SIGNALS:
+    for signal in FIELDS:
         if signal in arrays:
             values = arrays[signal]
             if values.shape != run.shape or values.dtype.kind not in "fiu":
@@ -304,7 +309,7 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], name: str) -> SpeculationTrac
     bounds = offsets.astype(np.int64).tolist()
     spans = list(itertools.pairwise(bounds))
     columns = {"run": [run[start:stop] for start, stop in spans]}
-    for signal in SIGNALS:
+    for signal in FIELDS:
         values = signals.get(signal)
         columns[signal] = ([None] * n if values is None
                            else [values[start:stop] for start, stop in spans])
@@ -329,8 +334,7 @@ def _trusted_request(values: dict[str, object]) -> RequestSpeculation:
 
 
 def _signal_mask(request: RequestSpeculation) -> tuple[bool, ...]:
-    return (request.accept_prob is None, request.kl is None, request.draft_top1 is None,
-            request.draft_entropy is None)
+    return tuple(getattr(request, name) is None for name in FIELDS)
 
 
 def _freeze(obj: object, name: str, array: np.ndarray) -> None:

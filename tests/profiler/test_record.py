@@ -96,7 +96,8 @@ def test_recorded_runs_replay_the_live_engine(target, prompts, drafter_name, k):
 
 def test_signals(target, prompts):
     ngram, _ = record_request(target, make_drafter("ngram", target), prompts[0], 20)
-    assert ngram.signals_present() == {"draft_top1", "draft_entropy"}
+    assert ngram.signals_present() == {"draft_top1", "draft_entropy", "proposable"}
+    assert (ngram.run <= ngram.proposable).all()  # never more accepted than proposed
     assert (ngram.draft_top1 == 1.0).all() and (ngram.draft_entropy == 0.0).all()
     early, _ = record_request(target, make_drafter("early-exit:1", target), prompts[0], 20)
     assert early.signals_present() == {"accept_prob", "kl", "draft_top1", "draft_entropy"}

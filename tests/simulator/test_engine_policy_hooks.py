@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support.engine import LinearLatency, trace_from_runs, workload
 
-from policies import Policy
+from policies import Policy, make_policy
 from simulator import ConfigError, SchedulerConfig, simulate
 from traces import RequestSpeculation, SpeculationTrace
 
@@ -121,3 +121,21 @@ def test_unknown_signal_needs_are_refused_up_front():
     with pytest.raises(ConfigError, match="kl"):
         simulate(workload([0.0], [20], [10]), LinearLatency(), trace_from_runs([np.ones(10)]),
                  _NeedsKl(), BIG_KV)
+
+
+def test_a_drafter_that_runs_out_of_proposals_drafts_fewer():
+    """An n-gram lookup proposes only what its match holds: the engine drafts min(k, that)."""
+    n = 12
+    run = np.array([0, 2, 0, 1, 3, 0, 0, 1, 0, 0, 2, 0], dtype=np.int32)
+    proposable = np.array([0, 2, 1, 4, 3, 0, 0, 1, 5, 0, 2, 0], dtype=np.int32)
+    trace = SpeculationTrace((RequestSpeculation(run=run, proposable=proposable),),
+                             {"source": "test"})
+    res = simulate(workload([0.0], [20], [n]), LinearLatency(), trace,
+                   make_policy("fixed", {"k": 4}), BIG_KV)
+    decode = res.steps[res.steps["decode_seqs"] > 0]
+    # by hand: g=1 draft min(4,2)=2, accept 2 -> 4; g=4 draft 3, accept 3 -> 8 (emits 4);
+    # g=8 draft 4 (min(4, 5)), accept 0 -> 9; g=9 draft 0 -> 10; g=10 draft 2, accept min(2,2)
+    # but one token left -> 12
+    assert decode["drafted"].tolist() == [2, 3, 4, 0, 2]
+    assert decode["accepted"].tolist() == [2, 3, 0, 0, 1]
+    assert res.meta["fast_path"] is False
