@@ -204,4 +204,5 @@ def test_shipped_recorded_traces_drive_acceptance(capsys):
     assert acc["drafter"] == "ngram" and not acc.get("parametric")
     assert "SmolLM2" in acc["target"]
     # a weak real drafter: well below the parametric default's ~2.6 tokens per step
-    assert 1.0 < s["mean_emitted_per_step"] < 2.0
+    emitted = s["mean_emitted_per_step"]
+    assert emitted > 1.0 and emitted < 2.0
