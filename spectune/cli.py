@@ -173,23 +173,17 @@ def _summary_table(s: dict) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from spectune.console import end_progress, progress_line, require_torch
     from spectune.files import prepare_out, to_json, write_json
     from spectune.flags import dataclass_from_args
     from spectune.profile import ProfileSpec, print_summary, run_profile
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ValueError("spectune profile needs torch: pip install -e '.[torch]'") from None
+    require_torch("profile")
     spec = dataclass_from_args(ProfileSpec, args)
     prepare_out(args.out)
-    progress = None
-    if sys.stderr.isatty():
-        def progress(done, rounds):
-            print(f"\rround {done}/{rounds} done", end="", file=sys.stderr)
+    progress = progress_line("round {}/{} done")
     summary = run_profile(spec, args.out, progress)
-    if progress is not None:
-        print(file=sys.stderr)
+    end_progress(progress)
     write_json(args.out / "summary.json", summary)
     if args.format == "json":
         print(to_json(summary))

@@ -282,23 +282,17 @@ def add_record_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from spectune.console import end_progress, progress_line, require_torch
     from spectune.files import prepare_out, to_json
     from spectune.flags import dataclass_from_args
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ValueError("spectune record needs torch: pip install -e '.[torch]'") from None
+    require_torch("record")
     spec = dataclass_from_args(RecordSpec, args)
     spec.prompts_path()  # fail on bad input before loading the model
     prepare_out(args.out)
-    progress = None
-    if sys.stderr.isatty():
-        def progress(done, total):
-            print(f"\rprompt {done}/{total}", end="", file=sys.stderr)
+    progress = progress_line("prompt {}/{}")
     summary = run_record(spec, args.out, progress)
-    if progress is not None:
-        print(file=sys.stderr)
+    end_progress(progress)
     if args.format == "json":
         print(to_json(summary))
     else:

@@ -553,13 +553,11 @@ def add_validate_parser(sub) -> argparse.ArgumentParser:
 def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
+    from spectune.console import require_torch
     from spectune.files import prepare_out, to_json
     from spectune.flags import dataclass_from_args
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ValueError("spectune validate needs torch: pip install -e '.[torch]'") from None
+    require_torch("validate")
     rates = tuple(args.rates) if args.rates else None
     spec = dataclass_from_args(ValidateSpec, args, rates=rates)
     prepare_out(args.out)

@@ -1,0 +1,31 @@
+"""What the torch-backed commands share: the torch check and a progress line on a terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def require_torch(command: str) -> None:
+    """A clear error, not an ImportError traceback, when the torch extra is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError(f"spectune {command} needs torch: pip install -e '.[torch]'") from None
+
+
+def progress_line(template: str) -> Callable[[int, int], None] | None:
+    """A callback printing `template.format(done, total)` in place on stderr; None when stderr
+    is not a terminal (logs and CI get no carriage-return noise)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        print("\r" + template.format(done, total), end="", file=sys.stderr)
+
+    return report
+
+
+def end_progress(report: Callable[[int, int], None] | None) -> None:
+    if report is not None:
+        print(file=sys.stderr)
