@@ -6,7 +6,7 @@ The interface is `profiler.draft_base.Drafter`; `make_drafter` builds one from a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -88,12 +88,15 @@ def make_drafter(
     draft_model=None,
     shapes: Mapping[str, ModelShape] | None = None,
     seed: int = 0,
+    lens_text: Callable[[], tuple[list[list[int]], str]] | None = None,
 ) -> Drafter:
-    """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L" or "model:<shape name>".
+    """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS" or
+    "model:<shape name>".
 
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
-    losslessness tests; real weights come from GGUF).
+    losslessness tests; real weights come from GGUF). "early-exit:L:lens" adds a tuned lens
+    (profiler/tuned_lens.py), fitted on `lens_text()` if none is saved yet.
     """
     kind, _, arg = spec.partition(":")
     if kind == "ngram":
@@ -104,9 +107,21 @@ def make_drafter(
             raise ValueError(f"drafter {spec!r}: write ngram:MIN-MAX, e.g. ngram:1-3")
         return NgramDrafter(int(lo), int(hi))
     if kind == "early-exit":
-        if not arg.isdigit():
-            raise ValueError(f"drafter {spec!r}: write early-exit:L with L the layers kept")
-        return EarlyExitDrafter(target, int(arg))
+        layers, _, lens = arg.partition(":")
+        if not layers.isdigit() or lens not in ("", "lens"):
+            raise ValueError(f"drafter {spec!r}: write early-exit:L or early-exit:L:lens with L "
+                             "the layers kept")
+        if lens:
+            from profiler.tuned_lens import lens_drafter
+
+            return lens_drafter(target, int(layers), lens_text)
+        return EarlyExitDrafter(target, int(layers))
+    if kind == "quant":
+        if not arg.isdigit() or not 1 <= int(arg) <= 16:
+            raise ValueError(f"drafter {spec!r}: write quant:BITS with BITS in 1..16, e.g. quant:4")
+        from profiler.quant_drafter import QuantDrafter
+
+        return QuantDrafter(target, int(arg))
     if kind == "model":
         if draft_model is None:
             draft_model = _random_draft(arg, target, shapes, seed)
@@ -114,7 +129,8 @@ def make_drafter(
         if vocab != target_vocab:
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
-    raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L, model:<shape name>")
+    raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "
+                     "model:<shape name>")
 
 
 def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):

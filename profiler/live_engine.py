@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -54,7 +55,9 @@ class LiveResult:
     `outputs[i]` are the token ids generated for workload row i. `decode_log` has one row per
     decode step of each request (DECODE_LOG_COLUMNS; `position` = tokens generated before the
     step, `k` = the policy's choice, `drafted` = what the drafter proposed): the sequence a
-    replay-exactness check compares with the simulator's.
+    replay-exactness check compares with the simulator's. `pass_s[i]` is the wall time step i
+    spent inside forward passes (CPU; NaN on CUDA, where the host only launches them), so
+    `steps.duration_s - pass_s` is its host time.
     """
 
     requests: pd.DataFrame
@@ -62,6 +65,7 @@ class LiveResult:
     outputs: tuple[tuple[int, ...], ...]
     decode_log: pd.DataFrame
     meta: dict = field(default_factory=dict)
+    pass_s: np.ndarray | None = None
 
 
 class MissingCost:
@@ -134,13 +138,14 @@ class LiveEngine:
         started = time.perf_counter()
         server = LiveServer(self, copy.deepcopy(self.policy), clock, requests)
         steps = server.serve()
+        pass_s = np.asarray(server.pass_s, dtype=np.float64)
         req_df = server.log.frame(ids, prompt_tokens, output_tokens)
         rows = [(st.request_id, i, *entry) for st in requests for i, entry in enumerate(st.log)]
         decode_log = pd.DataFrame(rows, columns=list(DECODE_LOG_COLUMNS), dtype="int64")
         outputs = tuple(tuple(st.output) for st in requests)
         meta = self._meta(workload, realtime, time.perf_counter() - started)
         meta["virtual_time"] = virtual_time
-        return LiveResult(req_df, steps, outputs, decode_log, meta)
+        return LiveResult(req_df, steps, outputs, decode_log, meta, pass_s)
 
     def _requests(self, workload: Workload, prompts: Sequence[Sequence[int]]) -> list[LiveRequest]:
         if len(prompts) != len(workload):

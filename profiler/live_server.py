@@ -18,6 +18,7 @@ import torch
 from policies import DraftOutcome, Policy, StepContext
 from profiler.draft_base import StopRule
 from profiler.live_request import EngineClock, LiveRequest
+from profiler.pass_timer import PassTimer
 from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy
 from simulator.errors import ConfigError
 from simulator.records import RequestLog, StepLog
@@ -44,12 +45,25 @@ class LiveServer:
         self.step_index = 0
         self.steps = StepLog()
         self.log = RequestLog(len(requests))
+        self.pass_s: list[float] = []  # per step: seconds inside forward passes (CPU)
         for st in requests:
             st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max
             self.log.replica[st.index] = 0
 
     def serve(self) -> pd.DataFrame:
         """Run until every request has finished; the per-step records."""
+        models = [self.engine.target, getattr(self.engine.drafter, "model", None)]
+        timer = None
+        if self.engine.device.type == "cpu":
+            timer = PassTimer(m for m in models if m is not None)
+        try:
+            self._serve(timer)
+        finally:
+            if timer is not None:
+                timer.close()
+        return self.steps.frame()
+
+    def _serve(self, timer: PassTimer | None) -> None:
         while self.pending or self.waiting or self.running:
             self._arrive()
             if not (self.waiting or self.running):
@@ -63,7 +77,7 @@ class LiveServer:
                 raise RuntimeError("the engine holds requests it can neither admit nor run")
             else:
                 self._decode(start)
-        return self.steps.frame()
+            self.pass_s.append(timer.take() if timer is not None else float("nan"))
 
     def _arrive(self) -> None:
         now = self.clock.now()

@@ -36,7 +36,7 @@ KNOWN_HYPERPARAMETERS: dict[str, tuple[float, float]] = {
     "Qwen2.5-0.5B": (1_000_000.0, 1e-6),
 }  # Llama-68M/160M (JackFram) are not checked here: they get the defaults
 
-_LOGITS = ("all", "last")
+_LOGITS = ("all", "last", "hidden")
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,7 @@ class LlamaModel(nn.Module):
         self.norm = _parameter(s.hidden, config=config)
         self.lm_head = None if s.tied_embeddings else _parameter(s.hidden, s.vocab, config=config)
         self.rotary = RotaryTable(s.head_dim, config.rope_theta, config.dtype, config.device)
+        self.exit_map: tuple[torch.Tensor, torch.Tensor] | None = None  # see `forward`
 
     @classmethod
     def random(cls, config: LlamaConfig, seed: int = 0) -> LlamaModel:
@@ -216,7 +217,10 @@ class LlamaModel(nn.Module):
         """Feed tokens[r] (int64, 1-D, >= 1 token) after caches[r]'s cached tokens, for every r.
 
         Appends the new K/V to each cache and returns per request the logits of every new token
-        [q_r, vocab] ("all", for verification) or of its last one [1, vocab] ("last", prefill).
+        [q_r, vocab] ("all", for verification) or of its last one [1, vocab] ("last", prefill),
+        or the last layer's output of every new token before the final norm [q_r, hidden]
+        ("hidden": what a tuned lens is fitted on). An `exit_map` (weight [hidden, hidden],
+        bias [hidden]) set on the model maps that output before the norm and head.
         """
         if logits not in _LOGITS:
             raise ValueError(f"logits must be one of {_LOGITS}, got {logits!r}")
@@ -229,8 +233,13 @@ class LlamaModel(nn.Module):
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, cos, sin, batch)
         batch.commit()
+        if logits == "hidden":
+            return list(x.split(batch.q))
         if logits == "last":
             x = x[batch.last_rows()]
+        if self.exit_map is not None:
+            weight, bias = self.exit_map
+            x = torch.addmm(bias, x, weight)
         head = self.embed if self.lm_head is None else self.lm_head
         out = rms_norm(x, self.norm, self.config.rms_eps) @ head
         return list(out.split(1 if logits == "last" else batch.q))

@@ -32,7 +32,7 @@ from profiler.drafters import NgramDrafter
 from profiler.model import LlamaModel
 from traces import RequestSpeculation, run_from_matches
 
-__all__ = ["greedy_output", "model_signals", "ngram_runs", "record_request"]
+__all__ = ["greedy_output", "model_signals", "ngram_runs", "record_outputs", "record_request"]
 
 
 @torch.no_grad()
@@ -144,3 +144,62 @@ def record_request(
     output, logits = greedy_output(target, prompt, max_tokens, eos_id, keep_logits=True)
     signals = model_signals(draft, prompt, output, logits, max_run)
     return RequestSpeculation(**signals, key=key, category=category), output
+
+
+@torch.no_grad()
+def record_outputs(
+    target: LlamaModel,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    max_run: int,
+    want_kl: bool = False,
+    key: str = "",
+) -> RequestSpeculation:
+    """The record of an output that was already generated (by the live engine), with the
+    signals computed exactly as the live engine computes them (`distribution_signals`: float64
+    softmax, probabilities clamped inside the logs), so a replay feeds a policy the same values.
+
+    n-gram: run and proposable from the true prefix (`ngram_runs`), top-1 1.0, entropy 0.0, and
+    with `want_kl` the KL against the one-hot proposal the live step at t would have made (its
+    first token, or output[t] where the lookup proposes nothing). Model drafters: one
+    teacher-forced draft pass (argmax, top-1, entropy) and, with `want_kl`, one target pass.
+    """
+    from profiler.speculate import distribution_signals
+
+    prompt, output = [int(t) for t in prompt], [int(t) for t in output]
+    n, device = len(output), target.config.device
+    sequence = torch.tensor(prompt + output[:-1], dtype=torch.int64, device=device)
+    p = None
+    if want_kl:
+        rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
+        p = torch.softmax(rows[len(prompt) - 1 :].double(), dim=-1)
+    if isinstance(drafter, NgramDrafter):
+        run, proposable = ngram_runs(drafter, prompt, output, max_run)
+        top1, entropy = np.ones(n, np.float32), np.zeros(n, np.float32)
+        q = None
+        if p is not None:
+            first = np.asarray(output, dtype=np.int64)
+            for t in range(1, n):
+                proposal = drafter.lookup(prompt + output[:t], 1)
+                if proposal:
+                    first[t] = proposal[0]
+            q = torch.nn.functional.one_hot(torch.as_tensor(first), p.shape[-1]).to(p)
+    else:
+        draft = getattr(drafter, "model", None)
+        if not isinstance(draft, LlamaModel):
+            raise ValueError(f"drafter {drafter.name!r}: cannot record (neither n-gram nor a "
+                             "model)")
+        proposable = None  # a model drafter can always propose
+        rows = draft([sequence], [draft.new_cache(len(sequence))], logits="all")[0]
+        q = torch.softmax(rows[len(prompt) - 1 :].double(), dim=-1)
+        match = q.argmax(dim=-1).cpu().numpy() == np.asarray(output)
+        run = run_from_matches(match, max_run).astype(np.int32)
+        run[0] = 0
+        top1 = q.max(dim=-1).values.float().cpu().numpy()
+        entropy = (-(q * q.clamp_min(1e-30).log()).sum(dim=-1)).float().cpu().numpy()
+    kl = None
+    if p is not None:
+        kl = distribution_signals(p, q, frozenset({"kl"}))["kl"].astype(np.float32)
+    return RequestSpeculation(run=run, kl=kl, draft_top1=top1, draft_entropy=entropy, key=key,
+                              proposable=proposable)

@@ -90,12 +90,21 @@ def _signals(
         out["draft_entropy"] = np.asarray(chain.entropy[:seen], dtype=np.float64)
     if names & PROB_SIGNALS:
         p = torch.softmax(target_rows.double(), dim=-1)
-        q = _draft_probs(chain, seen, p)
-        if "kl" in names:
-            log_ratio = p.clamp_min(CLAMP).log() - q.clamp_min(CLAMP).log()
-            out["kl"] = (p * log_ratio).sum(dim=-1).clamp_min(0.0).cpu().numpy()
-        if "accept_prob" in names:
-            out["accept_prob"] = torch.minimum(p, q).sum(dim=-1).cpu().numpy()
+        out.update(distribution_signals(p, _draft_probs(chain, seen, p), names))
+    return out
+
+
+def distribution_signals(
+    p: torch.Tensor, q: torch.Tensor, names: frozenset[str] = PROB_SIGNALS
+) -> dict[str, np.ndarray]:
+    """kl and/or accept_prob per row of target probabilities p and draft probabilities q, as the
+    live engine computes them (the recorder uses this too, so replayed signals are the same)."""
+    out: dict[str, np.ndarray] = {}
+    if "kl" in names:
+        log_ratio = p.clamp_min(CLAMP).log() - q.clamp_min(CLAMP).log()
+        out["kl"] = (p * log_ratio).sum(dim=-1).clamp_min(0.0).cpu().numpy()
+    if "accept_prob" in names:
+        out["accept_prob"] = torch.minimum(p, q).sum(dim=-1).cpu().numpy()
     return out
 
 

@@ -121,36 +121,60 @@ def random_ragged(grid: Grid, n: int, rng: np.random.Generator) -> list[Pass]:
     return out
 
 
+class Sweep:
+    """A sweep taken one round at a time (`round`), so that other work can run between rounds:
+    `spectune validate` interleaves its live runs with rounds, and sees the drift they share."""
+
+    def __init__(self, models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,
+                 warmup: int, ragged: int = 0, seed: int = 0) -> None:
+        self.models, self.device, self.meta, self.out, self.warmup = (
+            models, device, meta, out, warmup)  # fmt: skip
+        self.grid_items = grid_passes(grid, models.draft is not None)
+        self.ragged_passes = random_ragged(grid, ragged, np.random.default_rng(seed))
+        self.jobs = [p for _, p in self.grid_items] + self.ragged_passes
+        self.samples = _resume(out, meta, len(self.jobs))
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        longest = max(grid.context_tokens)
+        room = max(max(grid.query_tokens), max(grid.prompt_tokens)) + 1
+        size = max(max(grid.batch_sizes), max(grid.prefill_batch_sizes))
+        self.pools = {role: CachePool(models.get(role), size, longest, room, self.generator)
+                      for role in ("target", "draft")
+                      if role == "target" or models.draft is not None}
+
+    @property
+    def rounds_done(self) -> int:
+        return min(len(s) for s in self.samples)
+
+    def round(self) -> None:
+        """Time every job not yet timed in the next round once; save samples and table."""
+        r = self.rounds_done
+        for i, job in enumerate(self.jobs):
+            if len(self.samples[i]) > r:
+                continue
+            model, pool = self.models.get(job.role), self.pools[job.role]
+            for _ in range(self.warmup):
+                _timed(model, pool, job, self.device, self.generator)
+            self.samples[i].append(_timed(model, pool, job, self.device, self.generator))
+        _save(self.out, self.meta, self.samples)
+        self.results()[0].save(self.out / "latency")
+
+    def results(self, rounds: slice | None = None) -> tuple[LatencyTable, pd.DataFrame]:
+        """The table (median per point over `rounds`, default all) and the ragged batches."""
+        samples = self.samples if rounds is None else [s[rounds] for s in self.samples]
+        return _results(self.grid_items, self.ragged_passes, samples, self.meta)
+
+
 def run_sweep(models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,
               warmup: int, repeats: int, ragged: int = 0, seed: int = 0,
               progress: Callable[[int, int], None] | None = None
               ) -> tuple[LatencyTable, pd.DataFrame]:
     """Time the grid and `ragged` random ragged batches in `repeats` interleaved rounds."""
-    grid_items = grid_passes(grid, models.draft is not None)
-    ragged_passes = random_ragged(grid, ragged, np.random.default_rng(seed))
-    jobs = [p for _, p in grid_items] + ragged_passes
-    samples = _resume(out, meta, len(jobs))
-    generator = torch.Generator(device=device).manual_seed(seed)
-    longest = max(grid.context_tokens)
-    room = max(max(grid.query_tokens), max(grid.prompt_tokens)) + 1
-    size = max(max(grid.batch_sizes), max(grid.prefill_batch_sizes))
-    pools = {role: CachePool(models.get(role), size, longest, room, generator)
-             for role in ("target", "draft") if role == "target" or models.draft is not None}
-    rounds_done = min(len(s) for s in samples)
-    for r in range(rounds_done, repeats):
-        for i, job in enumerate(jobs):
-            if len(samples[i]) > r:
-                continue
-            model, pool = models.get(job.role), pools[job.role]
-            for _ in range(warmup):
-                _timed(model, pool, job, device, generator)
-            samples[i].append(_timed(model, pool, job, device, generator))
-        _save(out, meta, samples)
-        table, ragged_rows = _results(grid_items, ragged_passes, samples, meta)
-        table.save(out / "latency")
+    sweep = Sweep(models, grid, device, meta, out, warmup, ragged, seed)
+    while sweep.rounds_done < repeats:
+        sweep.round()
         if progress is not None:
-            progress(r + 1, repeats)
-    table, ragged_rows = _results(grid_items, ragged_passes, samples, meta)
+            progress(sweep.rounds_done, repeats)
+    table, ragged_rows = sweep.results()
     table.save(out / "latency")
     return table, ragged_rows
 

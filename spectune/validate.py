@@ -2,23 +2,24 @@
 workload, and compare them metric by metric.
 
 For every policy and arrival rate: (1) the live engine serves the workload in real time; (2) the
-acceptance it saw is recorded as a speculation trace by teacher forcing on its own outputs (per
-request: n-gram lookups, or one draft pass, over prompt + output; DESIGN.md "Speculation
-traces"), so the simulator replays acceptance exactly; (3) the simulator serves the same workload
-with the profile's latency, the same scheduler settings, KV capacity and policy.
+acceptance it saw is recorded as a speculation trace by teacher forcing on its own outputs
+(`profiler.record.record_outputs`), so the simulator replays acceptance exactly; (3) the
+simulator serves the same workload with the profile's latency, the same scheduler settings, KV
+capacity and policy.
 
-Host overhead: the profile times forward passes only; the live engine also spends host time per
-iteration (policy, drafting, bookkeeping). It is measured on the first live run as the median of
-(measured iteration time - the profile's prediction for that iteration, rebuilt from the records)
-and added to the profile as `step_overhead_s` (unless --no-overhead). From then on the live
-policies' cost model and the simulator's latency are the same object; if the first policy reads
-the cost model (anything but fixed) it is served again after the calibration. Rows also carry
-`simulated_no_overhead`, the prediction without it.
+The simulator's inputs are measured, never fitted to the runs it is compared with
+(validate_calibration.py has the why of each):
+- pass times: a profile of a grid shaped for the workload, timed in rounds between the live runs
+  (or a given --profile); each run's passes are scaled by the device's speed in the rounds just
+  before and after it (the drift of a shared CPU; reported per run, --no-drift turns it off);
+- host time per iteration (policy, lookups, acceptance, signals): fitted per policy on a
+  calibration run of its own (other prompts, all arriving at once) from the live engine's own
+  split of each iteration into forward passes and the rest (--no-overhead turns it off).
+Rows also carry `simulated_uncorrected`: the profile alone, with neither correction.
 
-What replays exactly: acceptance (emitted per step) for policies that decide from each
-request's own history. What may not: `drafted_per_step` with n-gram lookup (it may propose
-fewer than k live; the simulator drafts k and charges their verification), and batch-level
-policies (goodput), whose k depends on the batch that real timing shapes.
+What replays exactly: acceptance and drafts per step (the trace carries how many tokens the
+n-gram lookup could propose) for policies that decide from each request's own history.
+Batch-level policies (goodput) may not: their k depends on the batch that real timing shapes.
 """
 
 from __future__ import annotations
@@ -31,14 +32,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from simulator import ConfigError
+from spectune.validate_calibration import (
+    NO_HOST,
+    DriftProbe,
+    HostFit,
+    fit_host,
+    latency_for,
+    validation_grid,
+)
+from spectune.validate_report import (
+    ROW_KEYS,
+    compare,
+    format_table,
+    metrics,
+    write_records,
+    write_results,
+)
+
+__all__ = ["ROW_KEYS", "ValidateSpec", "add_validate_parser", "format_table", "run_validate"]
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=4,goodput,kld_variance,gammatune"
 QUICK_POLICIES = "fixed:k=0,fixed:k=4"
-ROW_KEYS = ("policy", "rate", "metric", "simulated", "measured", "error_pct",
-            "simulated_no_overhead")
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
     "Write a short poem about the sea.",
@@ -68,10 +84,8 @@ class ValidateSpec:
     model: str = field(default="smollm2", metadata={
         "help": "smollm2 (real SmolLM2-135M, real prompts) or tiny (random tiny model, for CI)"})
     profile: str | None = field(default=None, metadata={
-        "help": "latency profile (folder or shipped name; default cpu-smollm2-135m for "
-                "smollm2, a quick in-process profile for tiny)"})
-    reprofile: bool = field(default=False, metadata={
-        "help": "profile the model now (quick grid) instead of using --profile"})
+        "help": "a latency profile (folder or shipped name) to predict with; default: one "
+                "timed now, in rounds between the live runs"})
     workload: str | None = field(default=None, metadata={
         "help": "a workload file (.csv/.jsonl) to serve; default: Poisson arrivals"})
     requests: int | None = field(default=None, metadata={"help": "requests per run (40; 6 quick)"})
@@ -83,12 +97,14 @@ class ValidateSpec:
         "help": f"comma-separated NAME[:KEY=VALUE...] ({DEFAULT_POLICIES}; quick "
                 f"{QUICK_POLICIES})"})
     drafter: str = field(default="ngram", metadata={
-        "help": "ngram, ngram:MIN-MAX, early-exit:L or model:<shape>"})
+        "help": "ngram, ngram:MIN-MAX, early-exit:L[:lens], quant:BITS or model:<shape>"})
     k_max: int = field(default=8, metadata={"help": "hard cap on k"})
     max_num_seqs: int = field(default=16, metadata={"help": "requests in one batch, at most"})
     kv_capacity_tokens: int = field(default=100_000, metadata={"help": "KV-cache tokens"})
     overhead: bool = field(default=True, metadata={
-        "help": "add the measured host overhead per iteration to the profile"})
+        "help": "calibrate the engine's host time per iteration per policy and add it"})
+    drift: bool = field(default=True, metadata={
+        "help": "scale each run's passes by the device speed measured around it"})
     quick: bool = field(default=False, metadata={
         "help": "tiny random model, few requests, two policies (CI, ~1 min on CPU)"})
     threads: int = field(default=1, metadata={"help": "CPU threads for torch"})
@@ -179,227 +195,83 @@ def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
     return wl, prompts
 
 
-def build_table(spec: ValidateSpec, target, drafter, out: Path):
-    """The latency table: --profile, the shipped CPU profile, or one timed now."""
-    from simulator.builtin_profiles import resolve_profile
-    from simulator.latency_table import LatencyTable
-
-    if spec.profile and not spec.reprofile:
-        return LatencyTable.load(resolve_profile(spec.profile))
-    if spec.model == "smollm2" and not spec.reprofile:
-        return LatencyTable.load(resolve_profile("cpu-smollm2-135m"))
-    draft = None if drafter.model_free else drafter.model
-    return profile_now(target, draft, out / "profile", quick=spec.model == "tiny")
-
-
-def profile_now(target, draft, out: Path, quick: bool):
-    """Time the target's (and a draft model's) passes on a small grid, in-process."""
-    import torch
-
-    from profiler import device as devices
-    from profiler.grid import QUICK_GRID, Grid
-    from profiler.sweep import Models, run_sweep
-    from simulator.latency_table import new_meta
-
-    grid = Grid(batch_sizes=(1, 2, 4), query_tokens=(1, 2, 5), context_tokens=(16, 64),
-                prompt_tokens=(8, 32), prefill_batch_sizes=(1, 2)) if quick else QUICK_GRID
-    device = target.config.device
-    name, driver = devices.describe(device)
-    draft_shape = draft.config.shape if draft is not None else None
-    meta = new_meta(name, driver, torch.__version__, "fp32", target.config.shape, draft_shape,
-                    grid.as_dict(), 3, 1, notes="spectune validate: profiled in-process")
-    meta["threads"] = torch.get_num_threads()
-    out.mkdir(parents=True, exist_ok=True)
-    table, _ = run_sweep(Models(target, draft), grid, device, meta, out, 1, 3)
-    return table
-
-
-def latency_for(table, drafter, overhead_s: float = 0.0):
-    """ProfiledLatency of `table`, without its draft rows for a model-free drafter."""
-    from simulator.latency_table import LatencyTable
-    from simulator.profiled import ProfiledLatency
-
-    if drafter.model_free and table.meta.get("draft") is not None:
-        rows = table.rows[table.rows["role"] == "target"].reset_index(drop=True)
-        table = LatencyTable(rows, {**table.meta, "draft": None})
-    return ProfiledLatency(table, step_overhead_s=overhead_s)
-
-
-# -- acceptance the live run saw, as a speculation trace -----------------------------------------
-
-
 def record_trace(target, drafter, prompts, outputs, k_max: int, want_kl: bool):
     """Teacher-forced speculation trace of the live outputs (greedy: acceptance is exact)."""
-    from traces import RequestSpeculation, SpeculationTrace
+    from profiler.record import record_outputs
+    from traces import SpeculationTrace
 
-    reqs = []
-    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
-        prompt, out = [int(t) for t in prompt], [int(t) for t in out]
-        run, top1, entropy, kl, proposable = _record_one(target, drafter, prompt, out, k_max,
-                                                         want_kl)
-        reqs.append(RequestSpeculation(run=run, kl=kl, draft_top1=top1, draft_entropy=entropy,
-                                       key=str(i), proposable=proposable))
+    reqs = tuple(record_outputs(target, drafter, prompt, out, k_max, want_kl, key=str(i))
+                 for i, (prompt, out) in enumerate(zip(prompts, outputs)))
     meta = {"source": "spectune validate: teacher-forced on the live run's outputs",
             "drafter": drafter.name, "target": target.config.shape.name, "temperature": 0,
             "max_run": int(k_max), "parametric": False}
-    return SpeculationTrace(requests=tuple(reqs), meta=meta)
-
-
-def _record_one(target, drafter, prompt, out, k_max, want_kl):
-    """run[t], draft top-1, entropy and KL(target || draft) at every output position t."""
-    import torch
-
-    n = len(out)
-    p_rows = q_rows = None
-    sequence = torch.tensor(prompt + out[:-1], dtype=torch.int64, device=target.config.device)
-    with torch.no_grad():
-        if want_kl:
-            rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
-            p_rows = torch.softmax(rows[len(prompt) - 1:].double(), dim=-1)
-        if not drafter.model_free:
-            model = drafter.model
-            rows = model([sequence], [model.new_cache(len(sequence))], logits="all")[0]
-            q_rows = torch.softmax(rows[len(prompt) - 1:].double(), dim=-1)
-    if q_rows is None:  # n-gram lookup: the chain a live step at t drafts, from the true prefix
-        run = np.zeros(n, dtype=np.int32)
-        proposable = np.zeros(n, dtype=np.int32)  # the lookup can run out of text
-        first = np.asarray(out, dtype=np.int64)
-        for t in range(1, n):
-            proposal = drafter.lookup(prompt + out[:t], k_max)
-            proposable[t] = len(proposal)
-            first[t] = proposal[0] if proposal else out[t]
-            m = 0
-            while m < len(proposal) and m < n - t and proposal[m] == out[t + m]:
-                m += 1
-            run[t] = m
-        top1, entropy = np.ones(n, np.float32), np.zeros(n, np.float32)
-        q_rows = None if p_rows is None else torch.nn.functional.one_hot(
-            torch.as_tensor(first), p_rows.shape[-1]).to(p_rows)
-    else:
-        from traces import run_from_matches
-
-        proposable = None  # a model drafter can always propose
-        guesses = q_rows.argmax(dim=-1).cpu().numpy()
-        run = run_from_matches(guesses == np.asarray(out)).astype(np.int32)
-        run = np.minimum(run, k_max).astype(np.int32)
-        run[0] = 0
-        top1 = q_rows.max(dim=-1).values.float().cpu().numpy()
-        entropy = (-(q_rows * q_rows.clamp_min(1e-30).log()).sum(dim=-1)).float().cpu().numpy()
-    kl = None
-    if p_rows is not None:
-        log_ratio = p_rows.clamp_min(1e-8).log() - q_rows.clamp_min(1e-8).log()
-        kl = (p_rows * log_ratio).sum(dim=-1).clamp_min(0.0).float().cpu().numpy()
-    return run, top1, entropy, kl, proposable
-
-
-# -- host overhead: measured iteration time minus the profile's prediction ------------------------
-
-
-def predicted_steps(live, latency) -> np.ndarray:
-    """The profile's time for every live iteration, rebuilt from the records: a decode step at
-    `start` holds the requests whose first token came at or before it and that finish after it;
-    each such request's next decode-log row gives its drafts and position."""
-    from simulator.step_cost import StepCostModel
-
-    cost = StepCostModel(latency)
-    req, steps = live.requests, live.steps
-    logs = {rid: g.sort_values("step").itertuples() for rid, g in
-            live.decode_log.groupby("request_id")}
-    prompt = dict(zip(req.request_id, req.prompt_tokens))
-    out = np.empty(len(steps))
-    for i, st in enumerate(steps.itertuples()):
-        if st.prefill_seqs > 0:
-            admitted = req[np.isclose(req.first_token_s, st.start_s + st.duration_s,
-                                      rtol=0, atol=1e-9)]
-            out[i] = cost.prefill_s(admitted.prompt_tokens.tolist())
-            continue
-        held = req[(req.first_token_s <= st.start_s) & (req.finish_s > st.start_s)]
-        rows = [next(logs[rid]) for rid in held.request_id]
-        if len(rows) != st.decode_seqs:
-            raise RuntimeError(f"step {i}: rebuilt {len(rows)} requests, not {st.decode_seqs}")
-        drafted = [r.drafted for r in rows]
-        cached = [int(prompt[r.request_id]) + r.position - 1 for r in rows]
-        out[i] = cost.iteration_s(drafted, cached)
-    return out
-
-
-def measure_overhead(live, latency) -> dict:
-    """Per-iteration host time the profile lacks: measured minus predicted, over the run. The
-    median is kept (a shared machine's stalls inflate the mean: they are not overhead)."""
-    residual = live.steps["duration_s"].to_numpy() - predicted_steps(live, latency)
-    decode = (live.steps["decode_seqs"] > 0).to_numpy()
-    return {"step_overhead_s": max(0.0, float(np.median(residual))),
-            "mean_s": float(residual.mean()), "median_s": float(np.median(residual)),
-            "decode_mean_s": float(residual[decode].mean()) if decode.any() else None,
-            "prefill_mean_s": float(residual[~decode].mean()) if (~decode).any() else None,
-            "iterations": len(residual)}
-
-
-# -- comparison ---------------------------------------------------------------------------------
-
-
-def metrics(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
-    """The compared metrics, flat: ttft/tpot/e2e mean, p50, p99 (s), emitted and drafted per
-    decode request-step, throughput. An n-gram lookup may propose fewer than k tokens live; the
-    simulator drafts k, so drafted_per_step differs while emitted_per_step replays exactly."""
-    from simulator import summarize
-
-    s = summarize(requests, steps)
-    out = {}
-    for name in ("ttft", "tpot", "e2e"):
-        for q in ("mean", "p50", "p99"):
-            out[f"{name}_{q}_s"] = s[f"{name}_s"][q]
-    out["emitted_per_step"] = s["mean_emitted_per_step"]
-    out["drafted_per_step"] = s["mean_k"]  # live: what the drafter proposed; sim: k
-    out["throughput_tokens_per_s"] = s["throughput_tokens_per_s"]
-    return out
-
-
-def compare(label: str, rate: float, sim: dict, measured: dict, bare: dict) -> list[dict]:
-    rows = []
-    for metric, m in measured.items():
-        s = sim[metric]
-        err = (s - m) / m * 100 if m and np.isfinite(m) and np.isfinite(s) else float("nan")
-        rows.append({"policy": label, "rate": rate, "metric": metric, "simulated": s,
-                     "measured": m, "error_pct": err, "simulated_no_overhead": bare[metric]})
-    return rows
+    return SpeculationTrace(requests=reqs, meta=meta)
 
 
 # -- the job ------------------------------------------------------------------------------------
+
+WARM_ROUNDS = 2  # profile rounds before the first live run (the first one also warms up)
 
 
 @dataclass
 class _Setup:
     target: object
     drafter: object
-    table: object
     scheduler: object
     tokenizer: object
 
 
-def _setup(spec: ValidateSpec, out: Path) -> _Setup:
+@dataclass
+class _Run:
+    label: str
+    name: str
+    params: dict
+    rate: float
+    live: object
+    trace: object
+    before: int  # the profile round just before the run (the next one comes just after)
+
+
+def _setup(spec: ValidateSpec) -> _Setup:
     import torch
 
     from profiler.drafters import make_drafter
     from simulator import SchedulerConfig
+    from spectune.record import lens_fit_text
 
     torch.set_num_threads(spec.threads)
     target, tokenizer = build_models(spec)
-    drafter = make_drafter(spec.drafter, target, seed=spec.seed)
-    table = build_table(spec, target, drafter, out)
+    drafter = make_drafter(spec.drafter, target, seed=spec.seed,
+                           lens_text=lens_fit_text(tokenizer))
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
                             kv_capacity_tokens=spec.kv_capacity_tokens)
-    return _Setup(target, drafter, table, sched, tokenizer)
+    return _Setup(target, drafter, sched, tokenizer)
 
 
-def _live(setup: _Setup, policy, latency, wl, prompts):
+def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
+    """The host-time calibration's workload: max_num_seqs requests (other prompts than the
+    compared runs') arriving at once, with output lengths staggered from a quarter of the
+    compared runs' to all of it, so the batch shrinks through every size down to 1."""
+    from traces import Workload
+
+    n = spec.max_num_seqs
+    other = ValidateSpec(**{**asdict(spec), "seed": spec.seed + 7919, "requests": n})
+    wl, prompts = build_workload(other, 1.0, vocab, tokenizer)
+    outputs = np.linspace(max(2, spec.n_output // 4), spec.n_output, n).round().astype(np.int64)
+    calib = Workload(arrival_s=np.zeros(n), prompt_tokens=wl.prompt_tokens,
+                     output_tokens=outputs, request_ids=wl.request_ids,
+                     source="validate: host-time calibration, all arriving at once")
+    return calib, prompts
+
+
+def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True):
     from profiler.live_engine import LiveEngine
     from simulator import StepCostModel
 
     engine = LiveEngine(setup.target, setup.drafter, policy, setup.scheduler,
                         cost=StepCostModel(latency),
                         kv_capacity_tokens=setup.scheduler.kv_capacity_tokens)
-    return engine.run(wl, prompts, realtime=True)
+    return engine.run(wl, prompts, realtime=realtime)
 
 
 def run_validate(spec: ValidateSpec, out: Path | None = None, log=None) -> list[dict]:
@@ -417,114 +289,125 @@ def run_validate(spec: ValidateSpec, out: Path | None = None, log=None) -> list[
         torch.set_num_threads(threads)
 
 
+def _say(log, text: str) -> None:
+    if log is not None:
+        print(text, file=log, flush=True)
+
+
+def _probe(spec: ValidateSpec, setup: _Setup, workloads, scratch: Path) -> DriftProbe:
+    """The profile rounds' grid, shaped for every workload served."""
+    from simulator.builtin_profiles import resolve_profile
+    from simulator.latency_table import LatencyTable
+
+    prompts = np.concatenate([wl.prompt_tokens for wl, _ in workloads.values()])
+    outputs = np.concatenate([wl.output_tokens for wl, _ in workloads.values()])
+    drafting = any(not (name == "fixed" and params.get("k", "0") == "0")
+                   for _, name, params in spec.policy_specs)
+    grid = validation_grid(spec.max_num_seqs, spec.k_max, prompts, outputs, drafting)
+    fixed = LatencyTable.load(resolve_profile(spec.profile)) if spec.profile else None
+    draft = None if setup.drafter.model_free else setup.drafter.model
+    return DriftProbe(setup.target, draft, grid, scratch / "profile", fixed)
+
+
 def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]:
     from policies import make_policy
-    from simulator import simulate
 
     started = time.perf_counter()
-    setup = _setup(spec, scratch)
-    bare = latency_for(setup.table, setup.drafter)
-    overhead: dict | None = None
-    latency = bare  # the live policies' cost model and the simulator's latency: always the same
-    rows, runs = [], []
-    for rate in spec.rate_list:
-        wl, prompts = build_workload(spec, rate, setup.target.config.shape.vocab, setup.tokenizer)
+    setup = _setup(spec)
+    vocab = setup.target.config.shape.vocab
+    workloads = {rate: build_workload(spec, rate, vocab, setup.tokenizer)
+                 for rate in spec.rate_list}
+    probe = _probe(spec, setup, workloads, scratch)
+    while probe.rounds < WARM_ROUNDS:
+        probe.round()
+        _say(log, f"  profile round {probe.rounds}: {probe.round_times[-1]:.1f} s")
+    hosts: dict[str, HostFit] = {}
+    runs: list[_Run] = []
+    for rate, (wl, prompts) in workloads.items():
         for label, name, params in spec.policy_specs:
+            if label not in hosts:
+                hosts[label] = _calibrate_host(spec, setup, probe, make_policy(name, params))
+                _say(log, f"  host time of {label}: {_host_text(hosts[label])}")
+            latency = hosts[label].latency(probe.table(), setup.drafter)
             policy = make_policy(name, params)
-            t0 = time.perf_counter()
             live = _live(setup, policy, latency, wl, prompts)
-            if overhead is None:  # calibrate on the first run
-                overhead = measure_overhead(live, bare)
-                overhead["measured_on"] = f"{label} at {rate:g} req/s"
-                if spec.overhead:
-                    latency = latency_for(setup.table, setup.drafter,
-                                          overhead["step_overhead_s"])
-                    if name != "fixed":  # its choices read the cost model: serve it again
-                        live = _live(setup, policy, latency, wl, prompts)
+            probe.round()
             want_kl = "kl" in type(policy).signals
             trace = record_trace(setup.target, setup.drafter, prompts, live.outputs,
                                  spec.k_max, want_kl)
-            sims = [simulate(wl, lat, trace, make_policy(name, params),
-                             setup.scheduler.kv_capacity_tokens, setup.scheduler)
-                    for lat in (latency, bare)]
-            measured = metrics(live.requests, live.steps)
-            rows += compare(label, rate, metrics(sims[0].requests, sims[0].steps), measured,
-                            metrics(sims[1].requests, sims[1].steps))
-            runs.append({"policy": label, "rate": rate, "live_wall_s": live.meta["wall_s"],
-                         "run_overhead": measure_overhead(live, bare)})
-            if out is not None:
-                _write_records(out, label, rate, live, sims[0])
-            if log is not None:
-                print(f"  {label} at {rate:g} req/s: live {live.meta['wall_s']:.1f} s "
-                      f"(+{time.perf_counter() - t0 - live.meta['wall_s']:.1f} s record and "
-                      "simulate)", file=log, flush=True)
-    meta = _meta(spec, setup, overhead, runs, time.perf_counter() - started)
+            runs.append(_Run(label, name, params, rate, live, trace, probe.rounds - 2))
+            _say(log, f"  {label} at {rate:g} req/s: live {live.meta['wall_s']:.1f} s, "
+                      f"then a profile round of {probe.round_times[-1]:.1f} s")
+    rows, run_meta = _compare_all(spec, setup, probe, hosts, runs, workloads, out)
+    meta = _meta(spec, setup, probe, hosts, run_meta, time.perf_counter() - started)
     if out is not None:
         write_results(out, rows, meta)
     return rows
 
 
-def _meta(spec, setup, overhead, runs, wall_s) -> dict:
+def _calibrate_host(spec: ValidateSpec, setup: _Setup, probe: DriftProbe, policy) -> HostFit:
+    """Host time per iteration of this policy's live engine, fitted on its calibration run."""
+    if not spec.overhead:
+        return NO_HOST
+    wl, prompts = calibration_workload(spec, setup.target.config.shape.vocab, setup.tokenizer)
+    latency = latency_for(probe.table(), setup.drafter)
+    return fit_host(_live(setup, policy, latency, wl, prompts, realtime=False))
+
+
+def _host_text(h: HostFit) -> str:
+    return (f"{h.step_overhead_s * 1e3:.2f} ms + {h.per_seq_overhead_s * 1e3:.3f} ms/request "
+            f"+ {h.per_draft_token_s * 1e3:.3f} ms/draft")
+
+
+def _compare_all(spec, setup, probe, hosts, runs, workloads, out):
+    """Simulate every run with the final profile, its host model and its drift scale."""
+    from policies import make_policy
+    from simulator import simulate
+
+    table = probe.table()
+    bare = latency_for(table, setup.drafter)
+    capacity = setup.scheduler.kv_capacity_tokens
+    rows, run_meta = [], []
+    for run in runs:
+        scale = probe.scale(run.before, run.before + 1) if spec.drift else 1.0
+        latency = hosts[run.label].latency(table, setup.drafter, scale)
+        wl = workloads[run.rate][0]
+        sims = [simulate(wl, lat, run.trace, make_policy(run.name, run.params), capacity,
+                         setup.scheduler) for lat in (latency, bare)]
+        measured = metrics(run.live.requests, run.live.steps)
+        rows += compare(run.label, run.rate, metrics(sims[0].requests, sims[0].steps),
+                        measured, metrics(sims[1].requests, sims[1].steps))
+        host = run.live.steps["duration_s"].to_numpy() - run.live.pass_s
+        run_meta.append({"policy": run.label, "rate": run.rate, "pass_scale": scale,
+                         "live_wall_s": run.live.meta["wall_s"],
+                         "rounds_around": [run.before, run.before + 1],
+                         "live_host_mean_ms": float(np.nanmean(host) * 1e3),
+                         "live_pass_share": float(np.nansum(run.live.pass_s)
+                                                  / run.live.steps["duration_s"].sum())})
+        if out is not None:
+            write_records(out, run.label, run.rate, run.live, sims[0])
+    return rows, run_meta
+
+
+def _meta(spec, setup, probe, hosts, runs, wall_s) -> dict:
     import torch
 
+    table = probe.table()
+    scales = [r["pass_scale"] for r in runs]
+    drift = (f"each run's passes scaled by the speed measured in the profile rounds around it "
+             f"({min(scales):.3f}-{max(scales):.3f})" if spec.drift and scales
+             else "not corrected (--no-drift)")
     return {"spec": asdict(spec), "model": setup.target.config.shape.name,
-            "drafter": setup.drafter.name, "profile": latency_for(setup.table,
-                                                                  setup.drafter).source,
+            "drafter": setup.drafter.name,
+            "profile": latency_for(table, setup.drafter).source
+            + ("" if spec.profile else f", {probe.rounds} rounds between the live runs"),
+            "profile_rounds_s": probe.round_times,
             "scheduler": setup.scheduler.__dict__, "threads": torch.get_num_threads(),
-            "torch_version": torch.__version__, "dtype": "fp32",
-            "step_overhead": {**(overhead or {}), "added_to_profile": spec.overhead,
-                              "note": "host time per iteration the profile (forward passes "
-                                      "only) lacks; added to ProfiledLatency as step_overhead_s"},
+            "torch_version": torch.__version__,
+            "dtype": str(setup.target.config.dtype).removeprefix("torch."),
+            "drift": {"corrected": spec.drift, "note": drift},
+            "host": {label: asdict(h) for label, h in hosts.items()},
             "runs": runs, "wall_s": wall_s}
-
-
-def _write_records(out: Path, label: str, rate: float, live, sim) -> None:
-    from spectune.files import write_csv
-
-    folder = out / "runs" / f"{label.replace(':', '_').replace('=', '')}_rate{rate:g}"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_csv(folder / "live_requests.csv", live.requests)
-    write_csv(folder / "live_steps.csv", live.steps)
-    write_csv(folder / "sim_requests.csv", sim.requests)
-    write_csv(folder / "sim_steps.csv", sim.steps)
-
-
-def write_results(out: Path, rows: list[dict], meta: dict) -> None:
-    from spectune.files import write_csv, write_json
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "validate.csv", pd.DataFrame(rows, columns=list(ROW_KEYS)))
-    write_json(out / "validate.json", {"rows": rows, "meta": meta})
-
-
-def format_table(rows: list[dict], meta: dict | None = None) -> str:
-    """Side by side per policy and rate: simulated, measured, error."""
-    lines = []
-    if meta:
-        o = meta["step_overhead"]
-        lines.append(f"model {meta['model']}   drafter {meta['drafter']}   {meta['profile']}")
-        lines.append(f"host overhead per iteration (measured on {o.get('measured_on')}): "
-                     f"{o.get('step_overhead_s', 0) * 1e3:.2f} ms"
-                     f"{' (added to the profile)' if o.get('added_to_profile') else ''}")
-    key = None
-    for r in rows:
-        if (r["policy"], r["rate"]) != key:
-            key = (r["policy"], r["rate"])
-            lines += ["", f"{r['policy']} at {r['rate']:g} req/s",
-                      f"  {'metric':<24}{'simulated':>12}{'measured':>12}{'error':>9}"
-                      f"{'sim no ovh':>12}"]
-        lines.append(f"  {r['metric']:<24}{_fmt(r['simulated'], r['metric'])}"
-                     f"{_fmt(r['measured'], r['metric'])}{r['error_pct']:>+8.1f}%"
-                     f"{_fmt(r['simulated_no_overhead'], r['metric'])}")
-    return "\n".join(lines)
-
-
-def _fmt(v: float, metric: str) -> str:
-    if v is None or not np.isfinite(v):
-        return f"{'-':>12}"
-    if metric.endswith("_s") and not metric.endswith("_per_s"):
-        return f"{v * 1e3:>9.1f} ms"
-    return f"{v:>12.3f}"
 
 
 # -- CLI ----------------------------------------------------------------------------------------

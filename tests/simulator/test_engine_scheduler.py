@@ -190,7 +190,7 @@ class _StepLatency(LinearLatency):
         zero = 0.0 * np.asarray(cached_tokens, dtype=float)
         return zero + (2.0**-10 if role == "target" else 0.0)
 
-    def step_overhead_s(self, num_seqs):
+    def step_overhead_s(self, num_seqs, drafted_tokens=0):
         return 0.0 * np.asarray(num_seqs, dtype=float)
 
 

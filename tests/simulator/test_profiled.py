@@ -230,6 +230,29 @@ def test_step_overhead_is_a_documented_constant():
         ProfiledLatency(make_table(), step_overhead_s=-1e-3)
 
 
+def test_host_terms_and_pass_scale_enter_an_iteration_as_documented():
+    table = make_table()
+    base = ProfiledLatency(table)
+    host = ProfiledLatency(table, step_overhead_s=1e-3, per_seq_overhead_s=2e-4,
+                           per_draft_token_s=5e-5, pass_scale=1.25)
+    assert host.step_overhead_s(4, 6) == pytest.approx(1e-3 + 4 * 2e-4 + 6 * 5e-5)
+    assert host.step_overhead_s(0, 6) == 0.0
+    np.testing.assert_allclose(host.step_overhead_s(np.array([0, 2]), np.array([3, 3])),
+                               [0.0, 1e-3 + 2 * 2e-4 + 3 * 5e-5])
+    args = ("target", 4, 12, 400, 1300)
+    assert host.forward_s(*args) == pytest.approx(1.25 * base.forward_s(*args), rel=1e-12)
+    vector = host.forward_s("target", np.array([4, 8]), np.array([12, 8]), 400, 1300)
+    np.testing.assert_allclose(vector, 1.25 * base.forward_s("target", np.array([4, 8]),
+                                                              np.array([12, 8]), 400, 1300))
+    ks, cached = [3, 0, 2], [100, 200, 300]  # 5 drafts, 3 requests
+    expected = 1.25 * (StepCostModel(base).iteration_s(ks, cached)) + 1e-3 + 3 * 2e-4 + 5 * 5e-5
+    assert StepCostModel(host).iteration_s(ks, cached) == pytest.approx(expected, rel=1e-9)
+    for bad in (dict(pass_scale=0.0), dict(per_seq_overhead_s=-1.0),
+                dict(per_draft_token_s=float("nan"))):
+        with pytest.raises(ConfigError):
+            ProfiledLatency(table, **bad)
+
+
 def test_heldout_split_never_removes_corners_or_boundaries():
     table = make_table()
     for seed in range(5):

@@ -73,7 +73,8 @@ def test_results_are_written(quick):
     data = json.loads((out / "validate.json").read_text())
     assert len(data["rows"]) == len(rows)
     meta = data["meta"]
-    assert "step_overhead_s" in meta["step_overhead"] and meta["threads"] == 1
+    assert set(meta["host"]) == {"fixed:k=0", "fixed:k=4"} and meta["threads"] == 1
+    assert len(meta["runs"]) == 4 and all(r["pass_scale"] > 0 for r in meta["runs"])
     assert (out / "validate.csv").read_text().splitlines()[0] == ",".join(ROW_KEYS)
     assert "fixed:k=4 at 80 req/s" in format_table(rows, meta)
 

@@ -24,7 +24,7 @@ class LinearLatency(LatencyModel):
             return 1e-4 + 1e-6 * np.asarray(query_tokens) + 1e-9 * np.asarray(cached_tokens)
         return 5e-3 + 1e-5 * np.asarray(query_tokens) + 1e-8 * np.asarray(cached_tokens)
 
-    def step_overhead_s(self, num_seqs):
+    def step_overhead_s(self, num_seqs, drafted_tokens=0):
         return self.overhead + 0.0 * np.asarray(num_seqs, dtype=float)
 
     @property
