@@ -11,9 +11,11 @@ so that `validate` compares like with like. The scheduler is the same, rule for 
   request that does not fit stops admission (no skipping ahead).
 - Newly admitted requests are prefilled in an iteration of their own (the target, and a model
   drafter, over their whole prompts); running requests wait. Their first token is the argmax of
-  the prefill's last logits, emitted (TTFT) when that iteration ends.
+  (or, at a temperature > 0, a sample from) the prefill's last logits, emitted (TTFT) when that
+  iteration ends.
 - Otherwise one decode iteration: the policy chooses k per running request, the drafter drafts
-  (the policy's stop rule may cut chains), one verify pass, greedy acceptance (speculate.py),
+  (the policy's stop rule may cut chains), one verify pass, greedy acceptance or, at a
+  temperature > 0, rejection sampling with a seeded generator (speculate.py),
   the policy observes the outcomes, and requests that reached their max tokens finish.
 Chunked prefill is not implemented live (it is refused). Records have the simulator's schema
 (simulator/records.py) with measured wall-clock seconds: an iteration runs from the boundary
@@ -91,11 +93,15 @@ class LiveEngine:
         *,
         cost: StepCost | None = None,
         kv_capacity_tokens: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if type(policy).simulation_only:
             raise ConfigError(
                 f"policy {policy.name!r} needs an oracle's lookahead: simulation only"
             )
+        if not (temperature >= 0 and temperature < float("inf")):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if scheduler.chunked_prefill:
             raise ConfigError("the live engine does not implement chunked prefill yet")
         capacity = kv_capacity_tokens if kv_capacity_tokens is not None else (
@@ -112,6 +118,7 @@ class LiveEngine:
         self.scheduler = scheduler
         self.kv_capacity_tokens = int(capacity)
         self.cost: StepCost = cost if cost is not None else MissingCost()
+        self.temperature, self.seed = float(temperature), int(seed)
 
     def run(
         self,
@@ -188,5 +195,7 @@ class LiveEngine:
             "threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
             "realtime": realtime,
+            "temperature": self.temperature,
+            "seed": self.seed,
             "wall_s": wall_s,
         }

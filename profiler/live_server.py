@@ -19,7 +19,7 @@ from policies import DraftOutcome, Policy, StepContext
 from profiler.draft_base import StopRule
 from profiler.live_request import EngineClock, LiveRequest
 from profiler.pass_timer import PassTimer
-from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy
+from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy, verify_sampling
 from simulator.errors import ConfigError
 from simulator.records import RequestLog, StepLog
 
@@ -46,6 +46,7 @@ class LiveServer:
         self.steps = StepLog()
         self.log = RequestLog(len(requests))
         self.pass_s: list[float] = []  # per step: seconds inside forward passes (CPU)
+        self.generator = torch.Generator(device=engine.device).manual_seed(engine.seed)
         for st in requests:
             st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max
             self.log.replica[st.index] = 0
@@ -117,7 +118,7 @@ class LiveServer:
         logits = target(prompts, [st.cache for st in admitted], logits="last")
         ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
         self.engine.drafter.start(ids, [list(st.tokens) for st in admitted])
-        for st, token in zip(admitted, torch.cat(logits).argmax(dim=-1).tolist()):
+        for st, token in zip(admitted, self._first_tokens(torch.cat(logits))):
             st.tokens.append(token)
             st.generated = 1
         end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
@@ -156,7 +157,17 @@ class LiveServer:
         caches = [st.cache for st in batch]
         lasts = [st.tokens[-1] for st in batch]
         room = [st.output_tokens - st.generated for st in batch]
+        if self.engine.temperature > 0:
+            return verify_sampling(self.engine.target, caches, lasts, chains, room,
+                                   self.engine.temperature, self.generator, self.signals)
         return verify_greedy(self.engine.target, caches, lasts, chains, room, self.signals)
+
+    def _first_tokens(self, logits: torch.Tensor) -> list[int]:
+        """The token each prefill emits: argmax, or a sample at the engine's temperature."""
+        if self.engine.temperature <= 0:
+            return logits.argmax(dim=-1).tolist()
+        p = torch.softmax(logits.double() / self.engine.temperature, dim=-1)
+        return torch.multinomial(p, 1, generator=self.generator).flatten().tolist()
 
     def _apply(self, st: LiveRequest, k: int, res: Verified) -> DraftOutcome:
         """Emit a request's tokens and count its step; what the policy is told of it."""

@@ -155,6 +155,7 @@ def record_outputs(
     max_run: int,
     want_kl: bool = False,
     key: str = "",
+    category: str | None = None,
 ) -> RequestSpeculation:
     """The record of an output that was already generated (by the live engine), with the
     signals computed exactly as the live engine computes them (`distribution_signals`: float64
@@ -202,4 +203,4 @@ def record_outputs(
     if p is not None:
         kl = distribution_signals(p, q, frozenset({"kl"}))["kl"].astype(np.float32)
     return RequestSpeculation(run=run, kl=kl, draft_top1=top1, draft_entropy=entropy, key=key,
-                              proposable=proposable)
+                              category=category, proposable=proposable)

@@ -79,6 +79,59 @@ def verify_greedy(
     return out
 
 
+def verify_sampling(
+    target: LlamaModel,
+    caches: Sequence[KVCache],
+    lasts: Sequence[int],
+    chains: Sequence[DraftChain],
+    remaining: Sequence[int],
+    temperature: float,
+    generator: torch.Generator,
+    signals: frozenset[str] = frozenset(),
+) -> list[Verified]:
+    """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023) at `temperature` > 0.
+
+    p_i = softmax(row i / T) of the verify pass. The drafters here propose deterministically (a
+    greedy chain, a lookup), so each draft's proposal distribution q is one-hot on it: d_{i+1}
+    is accepted with probability min(1, p_i(d)/q(d)) = p_i(d); at the first rejection the
+    emitted token is drawn from norm(max(0, p_i - q)) = p_i without d, renormalised; if every
+    draft is accepted the bonus token is drawn from p_n. Each emitted token is then distributed
+    exactly as the target's own sample after the same prefix (the losslessness the statistical
+    test checks). Signals are computed as in greedy verification, from the tempered p.
+    """
+    if not temperature > 0:
+        raise ValueError(f"rejection sampling needs temperature > 0, got {temperature!r}")
+    device = target.config.device
+    tokens = [
+        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
+        for last, chain in zip(lasts, chains)
+    ]
+    starts = [cache.length for cache in caches]
+    logits = target(tokens, list(caches), logits="all")
+    out = []
+    for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
+        p = torch.softmax(rows.double() / temperature, dim=-1)
+        n = len(chain)
+        draws = torch.rand(n, generator=generator, dtype=torch.float64, device=p.device)
+        drafted = torch.tensor(chain.tokens, dtype=torch.int64, device=p.device)
+        p_draft = p[torch.arange(n, device=p.device), drafted] if n else draws
+        accepted = n
+        for i in range(n):  # first rejection: u >= p_i(d_i)
+            if float(draws[i]) >= float(p_draft[i]):
+                accepted = i
+                break
+        residual = p[accepted].clone()
+        if accepted < n:
+            residual[chain.tokens[accepted]] = 0.0
+        token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        emitted = [*chain.tokens[:accepted], token][:room]
+        cache.truncate(start + 1 + accepted)
+        seen = min(len(emitted), n)
+        values = _signals(rows[:seen] / temperature, chain, seen, signals) if signals else {}
+        out.append(Verified(n, len(emitted) - 1, emitted, values))
+    return out
+
+
 def _signals(
     target_rows: torch.Tensor, chain: DraftChain, seen: int, names: frozenset[str]
 ) -> dict[str, np.ndarray]:
