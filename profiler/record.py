@@ -69,19 +69,31 @@ def ngram_runs(
     """(run, proposable) for the n-gram lookup from the true prefix at every position t:
     the matching prefix of its proposals, and how many it could propose at all (it runs out
     of matching text; the simulator drafts no more than that)."""
+    run, proposable, _ = _ngram_walk(drafter, prompt, output, max_run)
+    return run, proposable
+
+
+def _ngram_walk(
+    drafter: NgramDrafter, prompt: Sequence[int], output: Sequence[int], max_run: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ngram_runs` and, per position, the first proposed token (output[t] where the lookup
+    proposes nothing): the one-hot draft a live step at t would verify first."""
     history = list(prompt) + list(output)
     run = np.zeros(len(output), dtype=np.int32)
     proposable = np.zeros(len(output), dtype=np.int32)
+    first = np.asarray(output, dtype=np.int64).copy()
     for t in range(1, len(output)):
         proposal = drafter.lookup(history[: len(prompt) + t], max_run)
         proposable[t] = len(proposal)
+        if proposal:
+            first[t] = proposal[0]
         n = 0
         for a, b in zip(proposal, output[t:]):
             if a != b:
                 break
             n += 1
         run[t] = n
-    return run, proposable
+    return run, proposable, first
 
 
 @torch.no_grad()
@@ -176,15 +188,10 @@ def record_outputs(
         rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
         p = torch.softmax(rows[len(prompt) - 1 :].double(), dim=-1)
     if isinstance(drafter, NgramDrafter):
-        run, proposable = ngram_runs(drafter, prompt, output, max_run)
+        run, proposable, first = _ngram_walk(drafter, prompt, output, max_run)
         top1, entropy = np.ones(n, np.float32), np.zeros(n, np.float32)
         q = None
         if p is not None:
-            first = np.asarray(output, dtype=np.int64)
-            for t in range(1, n):
-                proposal = drafter.lookup(prompt + output[:t], 1)
-                if proposal:
-                    first[t] = proposal[0]
             q = torch.nn.functional.one_hot(torch.as_tensor(first), p.shape[-1]).to(p)
     else:
         draft = getattr(drafter, "model", None)

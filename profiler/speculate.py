@@ -45,6 +45,21 @@ class Verified:
     signals: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def _verify_pass(
+    target: LlamaModel, caches: Sequence[KVCache], lasts: Sequence[int],
+    chains: Sequence[DraftChain],
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The one target pass over [last, d_1 .. d_n] per request: cache lengths before it, and
+    every fed token's logits per request."""
+    device = target.config.device
+    tokens = [
+        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
+        for last, chain in zip(lasts, chains)
+    ]
+    starts = [cache.length for cache in caches]
+    return starts, target(tokens, list(caches), logits="all")
+
+
 def verify_greedy(
     target: LlamaModel,
     caches: Sequence[KVCache],
@@ -57,13 +72,7 @@ def verify_greedy(
 
     `remaining[r]` is how many tokens request r may still emit (>= 1): emission stops there.
     """
-    device = target.config.device
-    tokens = [
-        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
-        for last, chain in zip(lasts, chains)
-    ]
-    starts = [cache.length for cache in caches]
-    logits = target(tokens, list(caches), logits="all")
+    starts, logits = _verify_pass(target, caches, lasts, chains)
     flat = torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # one device sync
     out, offset = [], 0
     for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
@@ -101,23 +110,15 @@ def verify_sampling(
     """
     if not temperature > 0:
         raise ValueError(f"rejection sampling needs temperature > 0, got {temperature!r}")
-    device = target.config.device
-    tokens = [
-        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
-        for last, chain in zip(lasts, chains)
-    ]
-    starts = [cache.length for cache in caches]
-    logits = target(tokens, list(caches), logits="all")
+    starts, logits = _verify_pass(target, caches, lasts, chains)
     out = []
     for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
         p = torch.softmax(rows.double() / temperature, dim=-1)
         n = len(chain)
-        draws = torch.rand(n, generator=generator, dtype=torch.float64, device=p.device)
-        drafted = torch.tensor(chain.tokens, dtype=torch.int64, device=p.device)
-        p_draft = p[torch.arange(n, device=p.device), drafted] if n else draws
+        draws = torch.rand(n, generator=generator, dtype=torch.float64, device=p.device).tolist()
         accepted = n
-        for i in range(n):  # first rejection: u >= p_i(d_i)
-            if float(draws[i]) >= float(p_draft[i]):
+        for i, (token, u) in enumerate(zip(chain.tokens, draws)):  # first u >= p_i(d_i) rejects
+            if u >= float(p[i, token]):
                 accepted = i
                 break
         residual = p[accepted].clone()

@@ -28,7 +28,7 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -255,7 +255,7 @@ def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
     from traces import Workload
 
     n = spec.max_num_seqs
-    other = ValidateSpec(**{**asdict(spec), "seed": spec.seed + 7919, "requests": n})
+    other = replace(spec, seed=spec.seed + 7919, requests=n)
     wl, prompts = build_workload(other, 1.0, vocab, tokenizer)
     outputs = np.linspace(max(2, spec.n_output // 4), spec.n_output, n).round().astype(np.int64)
     calib = Workload(arrival_s=np.zeros(n), prompt_tokens=wl.prompt_tokens,

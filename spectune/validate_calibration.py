@@ -93,6 +93,7 @@ class DriftProbe:
         self.sweep = Sweep(Models(target, draft), grid, device, meta, out, warmup=0)
         self.fixed = fixed
         self.round_times: list[float] = []
+        self._cached: tuple[int, ProfiledLatency] | None = None  # (rounds, the profile's model)
 
     @property
     def rounds(self) -> int:
@@ -112,13 +113,19 @@ class DriftProbe:
         table, _ = self.sweep.results()
         return LatencyTable(table.rows, {**table.meta, "repeats": self.rounds})
 
+    def _reference(self) -> ProfiledLatency:
+        """The profile's latency model, rebuilt only when a round was added since."""
+        if self._cached is None or self._cached[0] != self.rounds:
+            self._cached = (self.rounds, ProfiledLatency(self.table()))
+        return self._cached[1]
+
     def scale(self, before: int, after: int | None = None) -> float:
         """Device speed over rounds before..after (inclusive) relative to the profile: the
         median over grid points of (their mean time there) / (the profile's prediction)."""
         stop = (after if after is not None else before) + 1
         local, _ = self.sweep.results(slice(before, stop))
         rows = local.rows
-        reference = ProfiledLatency(self.table())
+        reference = self._reference()
         b, q, c, pairs = uniform_aggregates(rows["num_seqs"], rows["query_tokens_per_seq"],
                                             rows["cached_tokens_per_seq"])
         ratios = []
