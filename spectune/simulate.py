@@ -73,7 +73,7 @@ class SimulationSpec:
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
                 "variation around alpha), a speculation trace (.npz), or a shipped recording: "
-                "smollm2-ngram, smollm2-early-exit-20"})
+                "smollm2-ngram, smollm2-early-exit-24-lens, smollm2-early-exit-20"})
     policy: str = field(default="fixed", metadata={
         "help": "speculation-length policy (`spectune policies` lists them)"})
     seed: int = field(default=0, metadata={"help": "seed of every random draw"})

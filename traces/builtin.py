@@ -48,6 +48,7 @@ def builtin_workload(name: str) -> Workload:
 _SPECULATION: dict[str, str] = {
     "smollm2-ngram": "smollm2-ngram.npz",
     "smollm2-early-exit-20": "smollm2-early-exit-20.npz",
+    "smollm2-early-exit-24-lens": "smollm2-early-exit-24-lens.npz",
 }
 
 

@@ -75,3 +75,26 @@ def test_data_readme_carries_license_and_attribution():
                  "b469a113cedca53ddc3bdea71a143dc4b7d8700c",
                  EXPECTED["azure-conv"][3], EXPECTED["azure-code"][3]):
         assert fact in text
+
+
+def test_every_shipped_speculation_trace_matches_its_summary():
+    """The recordings load, and their summary files (the figures the README quotes) are what
+    the traces themselves give."""
+    import json
+
+    from spectune.record import summarize
+    from traces import SpeculationTrace
+    from traces.builtin import builtin_speculation_path, speculation_names
+
+    assert {"smollm2-ngram", "smollm2-early-exit-24-lens"} <= set(speculation_names())
+    for name in speculation_names():
+        path = builtin_speculation_path(name)
+        trace = SpeculationTrace.load(path)
+        summary = json.loads(path.with_name(path.name.replace(".npz", ".summary.json"))
+                             .read_text())
+        again = summarize(list(trace.requests), summary["k"])
+        assert (again["prompts"], again["tokens"]) == (summary["prompts"], summary["tokens"])
+        assert again["tokens_per_step"] == summary["tokens_per_step"]
+        assert again["acceptance_k1"] == summary["acceptance_k1"]
+    full = SpeculationTrace.load(builtin_speculation_path("smollm2-ngram"))
+    assert len(full.requests) == 480 and len({r.category for r in full.requests}) == 13
