@@ -13,8 +13,9 @@ The simulator's inputs are measured, never fitted to the runs it is compared wit
   (or a given --profile); each run's passes are scaled by the device's speed in the rounds just
   before and after it (the drift of a shared CPU; reported per run, --no-drift turns it off);
 - host time per iteration (policy, lookups, acceptance, signals): fitted per policy on a
-  calibration run of its own (other prompts, all arriving at once) from the live engine's own
-  split of each iteration into forward passes and the rest (--no-overhead turns it off).
+  calibration run of its own (its own draw of prompts, all arriving at once) from the live
+  engine's own split of each iteration into forward passes and the rest (--no-overhead turns
+  it off).
 Rows also carry `simulated_uncorrected`: the profile alone, with neither correction.
 
 What replays exactly: acceptance and drafts per step (the trace carries how many tokens the
@@ -249,8 +250,8 @@ def _setup(spec: ValidateSpec) -> _Setup:
 
 
 def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
-    """The host-time calibration's workload: max_num_seqs requests (other prompts than the
-    compared runs') arriving at once, with output lengths staggered from a quarter of the
+    """The host-time calibration's workload: max_num_seqs requests (its own draw from the prompt
+    set, with another seed) arriving at once, with output lengths staggered from a quarter of the
     compared runs' to all of it, so the batch shrinks through every size down to 1."""
     from traces import Workload
 

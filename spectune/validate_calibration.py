@@ -14,9 +14,10 @@ Why a host model: the profile times forward passes only, while a live iteration 
 policy, the n-gram lookups, acceptance, the signals a policy reads (a KL over the vocabulary per
 observed draft) and bookkeeping. The live engine times the passes inside each iteration
 (`LiveResult.pass_s`), so host time = duration - passes is measured, not inferred. Per policy,
-a calibration run on its own workload (other prompts, all arriving at once, staggered lengths:
-every batch size from max_num_seqs down to 1) fits host = a + b * requests + c * drafted tokens
-(non-negative least squares); the compared runs never feed the fit.
+a calibration run on its own workload (its own draw of prompts, all arriving at once, staggered
+lengths: every batch size from max_num_seqs down to 1) fits
+host = a + b * requests + c * drafted tokens (non-negative least squares); the compared runs never
+feed the fit.
 """
 
 from __future__ import annotations
