@@ -68,7 +68,7 @@ def format_table(rows: list[dict], meta: dict | None = None) -> str:
     runs = {}
     if meta:
         lines.append(f"model {meta['model']}   drafter {meta['drafter']}")
-        lines.append(f"profile: {meta['profile']}")
+        lines.append(meta["profile"])
         lines.append(f"drift: {meta['drift']['note']}")
         for label, h in meta["host"].items():
             lines.append(f"host time of {label}: {h['step_overhead_s'] * 1e3:.2f} ms/iteration "
