@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from policies import Policy
+from policies import Policy, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.errors import ConfigError
@@ -89,8 +89,14 @@ def simulate(
     scheduler: SchedulerConfig | None = None,
     cluster: ClusterConfig | None = None,
     fast_path: bool = True,
+    policy_cost: StepCost | None = None,
 ) -> SimulationResult:
-    """Serve `workload` under `policy`; each replica gets its own copy of the policy."""
+    """Serve `workload` under `policy`; each replica gets its own copy of the policy.
+
+    `policy_cost` is the cost model policies read (StepContext.cost); by default the one that
+    times the iterations. `validate` passes the live engine's, so a policy that reads costs
+    decides in simulation from exactly what it was given live.
+    """
     scheduler = scheduler or SchedulerConfig()
     cluster = cluster or ClusterConfig()
     if kv_capacity_tokens < 1:
@@ -126,7 +132,7 @@ def simulate(
     cost = StepCostModel(latency)
     for r in range(cluster.replicas):
         replica = Replica(env, r, scheduler, kv_capacity_tokens, cost, copy.deepcopy(policy),
-                          replay, steps, requests, router.next_arrival_s, fast_path)
+                          replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)
         router.replicas.append(replica)
         env.process(replica.serve())
     states = [

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import simpy
 
-from policies import DraftOutcome, Policy, StepContext
+from policies import DraftOutcome, Policy, StepContext, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
@@ -44,12 +44,14 @@ class Replica:
         requests: RequestLog,
         next_arrival_s: Callable[[int], float],
         fast_path: bool = True,
+        policy_cost: StepCost | None = None,
     ) -> None:
         self.env = env
         self.index = index
         self.sched = sched
         self.kv_capacity = kv_capacity_tokens
         self.cost = cost
+        self.policy_cost = policy_cost if policy_cost is not None else cost  # what policies see
         self.policy = policy
         self.acceptance = acceptance
         self.steps = steps
@@ -220,7 +222,7 @@ class Replica:
             lookahead = lambda rid: by_id[rid].run  # noqa: E731
         return StepContext(
             now_s=self.env.now, replica=self.index, step_index=self.step_index, requests=batch,
-            k_max=self.sched.k_max, cost=self.cost, kv_capacity_tokens=self.kv_capacity,
+            k_max=self.sched.k_max, cost=self.policy_cost, kv_capacity_tokens=self.kv_capacity,
             kv_free_tokens=self.kv_capacity - self.kv_used, waiting=len(self.waiting),
             lookahead=lookahead,
         )

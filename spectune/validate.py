@@ -231,6 +231,7 @@ class _Run:
     live: object
     trace: object
     before: int  # the profile round just before the run (the next one comes just after)
+    latency: object  # the cost model the live policy read: the simulated policy reads it too
 
 
 def _setup(spec: ValidateSpec) -> _Setup:
@@ -336,7 +337,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
             want_kl = "kl" in type(policy).signals
             trace = record_trace(setup.target, setup.drafter, prompts, live.outputs,
                                  spec.k_max, want_kl)
-            runs.append(_Run(label, name, params, rate, live, trace, probe.rounds - 2))
+            runs.append(_Run(label, name, params, rate, live, trace, probe.rounds - 2, latency))
             _say(log, f"  {label} at {rate:g} req/s: live {live.meta['wall_s']:.1f} s, "
                       f"then a profile round of {probe.round_times[-1]:.1f} s")
     rows, run_meta = _compare_all(spec, setup, probe, hosts, runs, workloads, out)
@@ -363,7 +364,7 @@ def _host_text(h: HostFit) -> str:
 def _compare_all(spec, setup, probe, hosts, runs, workloads, out):
     """Simulate every run with the final profile, its host model and its drift scale."""
     from policies import make_policy
-    from simulator import simulate
+    from simulator import StepCostModel, simulate
 
     table = probe.table()
     bare = latency_for(table, setup.drafter)
@@ -373,8 +374,9 @@ def _compare_all(spec, setup, probe, hosts, runs, workloads, out):
         scale = probe.scale(run.before, run.before + 1) if spec.drift else 1.0
         latency = hosts[run.label].latency(table, setup.drafter, scale)
         wl = workloads[run.rate][0]
+        seen = StepCostModel(run.latency)  # what the live policy read
         sims = [simulate(wl, lat, run.trace, make_policy(run.name, run.params), capacity,
-                         setup.scheduler) for lat in (latency, bare)]
+                         setup.scheduler, policy_cost=seen) for lat in (latency, bare)]
         measured = metrics(run.live.requests, run.live.steps)
         rows += compare(run.label, run.rate, metrics(sims[0].requests, sims[0].steps),
                         measured, metrics(sims[1].requests, sims[1].steps))

@@ -139,3 +139,36 @@ def test_a_drafter_that_runs_out_of_proposals_drafts_fewer():
     assert decode["drafted"].tolist() == [2, 3, 4, 0, 2]
     assert decode["accepted"].tolist() == [2, 3, 0, 0, 1]
     assert res.meta["fast_path"] is False
+
+
+@dataclass
+class _SeesCost(Policy):
+    """k = 2 while the cost model says a k=2 step costs under a second, else 0."""
+
+    name: ClassVar[str] = "sees-cost-test"
+
+    def choose(self, ctx):
+        cheap = ctx.cost.step_s([2] * len(ctx.requests), [30] * len(ctx.requests)) < 1.0
+        return [2 if cheap else 0] * len(ctx.requests)
+
+
+class _Pricey:
+    """A StepCost that prices every step at an hour."""
+
+    def step_s(self, ks, context_tokens):
+        return 3600.0
+
+
+def test_policies_read_the_given_policy_cost_while_the_latency_times_the_steps():
+    trace, wl = trace_from_runs([np.full(12, 4)]), workload([0.0], [20], [12])
+    default = simulate(wl, LinearLatency(), trace, _SeesCost(), BIG_KV,
+                       SchedulerConfig(k_max=2))
+    assert default.steps["drafted"].max() == 2  # the simulator's own cost: cheap
+    pricey = _Pricey()
+    given = simulate(wl, LinearLatency(), trace, _SeesCost(), BIG_KV,
+                     SchedulerConfig(k_max=2), policy_cost=pricey)
+    assert given.steps["drafted"].sum() == 0  # the policy saw an hour per step: no drafts
+    # ... but the steps were timed by the latency model, not by the policy's cost
+    k0 = simulate(wl, LinearLatency(), trace, make_policy("fixed", {"k": 0}), BIG_KV,
+                  SchedulerConfig(k_max=2))
+    assert np.allclose(given.steps["duration_s"], k0.steps["duration_s"])
