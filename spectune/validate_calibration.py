@@ -8,7 +8,9 @@ for its workload (`validation_grid`) one round before every live run and once af
 the profile is the median over all rounds, and each run's prediction is scaled by the speed
 measured around it (`DriftProbe.scale`: the median over the grid's points of the two rounds
 that bracket the run, divided by the profile's prediction there). The scale is reported per
-run; on a stable device it stays near 1.
+run; on a stable device it stays near 1. With few runs the bracketing rounds make up much of
+the median the profile is, so the scale is pulled to 1 (two runs: 4 rounds, scales 1.000 seen):
+it means something from about five runs on.
 
 Why a host model: the profile times forward passes only, while a live iteration also runs the
 policy, the n-gram lookups, acceptance, the signals a policy reads (a KL over the vocabulary per
