@@ -18,10 +18,20 @@ the true prefix at every output position t:
 
 Position 0 is produced by the prefill and never drafted: run[0] = 0 (its signals are still
 stored). Replaying a fixed k: a step at position g accepts min(k, run[g], N - g - 1).
+
+Sampling (temperature T > 0): the target's output is a sample (each request from its own seeded
+stream), and run[t] is computed over it exactly as above. That is still the live engine's
+acceptance, not an approximation: the drafters here propose deterministically, and rejection
+sampling with a one-hot proposal emits the draft d iff it accepts it (a rejection resamples from
+p without d), so "accepted" and "the output's next token equals d" are the same event. A sampled
+trace is therefore one draw of the live process (the target's output law is the same with or
+without speculation), and replaying it is exact for the run it was recorded from. Signals use
+the tempered target distribution softmax(logits / T), as the live engine's do.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,20 +42,40 @@ from profiler.drafters import NgramDrafter
 from profiler.model import LlamaModel
 from traces import RequestSpeculation, run_from_matches
 
-__all__ = ["greedy_output", "greedy_outputs", "model_signals", "ngram_runs", "record_outputs",
-           "record_request"]
+__all__ = ["greedy_output", "greedy_outputs", "model_signals", "ngram_runs", "output_generator",
+           "record_outputs", "record_request", "target_output", "target_outputs"]
+
+
+def _choose(logits: torch.Tensor, temperature: float,
+            generators: Sequence[torch.Generator | None]) -> list[int]:
+    """The next token per row of `logits` [B, vocab]: argmax, or at a temperature > 0 a sample
+    from softmax(logits / T) (float64, as the live engine samples) with that row's generator."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    return [int(torch.multinomial(row, 1, generator=g)) for row, g in zip(p, generators)]
+
+
+def output_generator(seed: int, key: str) -> torch.Generator:
+    """The sampling stream of one request: fixed by (seed, key), so a sampled recording is the
+    same whether its prompts run one by one or batched, and a resumed run continues it."""
+    digest = hashlib.blake2b(f"{int(seed)}/{key}".encode(), digest_size=4).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))  # it keeps 32 bits
 
 
 @torch.no_grad()
-def greedy_output(
+def target_output(
     target: LlamaModel,
     prompt: Sequence[int],
     max_tokens: int,
     eos_id: int | None = None,
     keep_logits: bool = False,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
-    """The target's greedy output (prefill, then one token per pass) and, if asked, the fp32
-    logits that chose each output token [N, vocab]."""
+    """The target's own output (prefill, then one token per pass): greedy, or sampled at
+    `temperature` > 0 from `generator`; and, if asked, the fp32 logits that chose each output
+    token [N, vocab] (untempered)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     device = target.config.device
@@ -54,7 +84,7 @@ def greedy_output(
     out: list[int] = []
     rows: list[torch.Tensor] = []
     while True:
-        token = int(logits.argmax())
+        token = _choose(logits[None], temperature, [generator])[0]
         out.append(token)
         if keep_logits:
             rows.append(logits.float().cpu())
@@ -64,19 +94,36 @@ def greedy_output(
         logits = target([feed], [cache], logits="last")[0][0]
 
 
+def greedy_output(
+    target: LlamaModel,
+    prompt: Sequence[int],
+    max_tokens: int,
+    eos_id: int | None = None,
+    keep_logits: bool = False,
+) -> tuple[list[int], torch.Tensor | None]:
+    """`target_output` at temperature 0."""
+    return target_output(target, prompt, max_tokens, eos_id, keep_logits)
+
+
 @torch.no_grad()
-def greedy_outputs(
+def target_outputs(
     target: LlamaModel,
     prompts: Sequence[Sequence[int]],
     max_tokens: int,
     eos_id: int | None = None,
+    temperature: float = 0.0,
+    generators: Sequence[torch.Generator] | None = None,
 ) -> list[list[int]]:
-    """`greedy_output` for many prompts at once: one ragged prefill, then one decode pass per
+    """`target_output` for many prompts at once: one ragged prefill, then one decode pass per
     step over the prompts still generating (several times faster on a CPU than one by one; a
     batched pass may round a near-tie of the logits the other way, as any batched engine does).
+    Sampling draws each prompt's tokens from its own generator.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if temperature > 0 and (generators is None or len(generators) != len(prompts)):
+        raise ValueError("sampling needs one generator per prompt")
+    streams = list(generators) if generators is not None else [None] * len(prompts)
     device = target.config.device
     caches = [target.new_cache(len(p) + max_tokens) for p in prompts]
     feeds = [torch.tensor(list(p), dtype=torch.int64, device=device) for p in prompts]
@@ -84,15 +131,25 @@ def greedy_outputs(
     active = list(range(len(prompts)))
     while active:
         logits = target(feeds, [caches[i] for i in active], logits="last")
-        best = torch.cat(logits).argmax(dim=-1).tolist()
+        chosen = _choose(torch.cat(logits), temperature, [streams[i] for i in active])
         still = []
-        for i, token in zip(active, best):
+        for i, token in zip(active, chosen):
             outs[i].append(token)
             if len(outs[i]) < max_tokens and token != eos_id:
                 still.append(i)
         active = still
         feeds = [torch.tensor([outs[i][-1]], device=device) for i in active]
     return outs
+
+
+def greedy_outputs(
+    target: LlamaModel,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    eos_id: int | None = None,
+) -> list[list[int]]:
+    """`target_outputs` at temperature 0."""
+    return target_outputs(target, prompts, max_tokens, eos_id)
 
 
 def ngram_runs(
@@ -166,12 +223,22 @@ def record_request(
     max_run: int = 16,
     key: str = "",
     category: str | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[RequestSpeculation, list[int]]:
-    """One request's speculation record and the target's greedy output tokens."""
+    """One request's speculation record and the target's output tokens (greedy, or sampled at
+    `temperature` > 0 from `generator`)."""
     if max_run < 1:
         raise ValueError(f"max_run must be >= 1, got {max_run}")
     if len(prompt) < 1:
         raise ValueError(f"request {key!r}: empty prompt")
+    if temperature > 0:
+        output, _ = target_output(target, prompt, max_tokens, eos_id, temperature=temperature,
+                                  generator=generator)
+        record = record_outputs(target, drafter, prompt, output, max_run,
+                                want_kl=not drafter.model_free, key=key, category=category,
+                                temperature=temperature)
+        return record, output
     if isinstance(drafter, NgramDrafter):
         output, _ = greedy_output(target, prompt, max_tokens, eos_id)
         n = len(output)
@@ -200,10 +267,12 @@ def record_outputs(
     want_kl: bool = False,
     key: str = "",
     category: str | None = None,
+    temperature: float = 0.0,
 ) -> RequestSpeculation:
     """The record of an output that was already generated (by the live engine), with the
     signals computed exactly as the live engine computes them (`distribution_signals`: float64
-    softmax, probabilities clamped inside the logs), so a replay feeds a policy the same values.
+    softmax, probabilities clamped inside the logs; the target's at `temperature` when the output
+    was sampled), so a replay feeds a policy the same values.
 
     n-gram: run and proposable from the true prefix (`ngram_runs`), top-1 1.0, entropy 0.0, and
     with `want_kl` the KL against the one-hot proposal the live step at t would have made (its
@@ -219,7 +288,8 @@ def record_outputs(
     p = None
     if want_kl:
         rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
-        p = torch.softmax(rows[len(prompt) - 1 :].double(), dim=-1)
+        scale = temperature if temperature > 0 else 1.0
+        p = torch.softmax(rows[len(prompt) - 1 :].double() / scale, dim=-1)
     if isinstance(drafter, NgramDrafter):
         run, proposable, first = _ngram_walk(drafter, prompt, output, max_run)
         top1, entropy = np.ones(n, np.float32), np.zeros(n, np.float32)

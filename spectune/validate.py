@@ -18,8 +18,9 @@ The simulator's inputs are measured, never fitted to the runs it is compared wit
   it off).
 Rows also carry `simulated_uncorrected`: the profile alone, with neither correction.
 
-What replays exactly: acceptance and drafts per step (the trace carries how many tokens the
-n-gram lookup could propose) for policies that decide from each request's own history.
+What replays exactly: acceptance and drafts per step, greedy or sampled (--temperature; the
+trace carries how many tokens the n-gram lookup could propose), for policies that decide from
+each request's own history.
 Batch-level policies (goodput) may not: their k depends on the batch that real timing shapes.
 """
 
@@ -108,8 +109,12 @@ class ValidateSpec:
         "help": "scale each run's passes by the device speed measured around it"})
     quick: bool = field(default=False, metadata={
         "help": "tiny random model, few requests, two policies (CI, ~1 min on CPU)"})
+    temperature: float = field(default=0.0, metadata={
+        "help": "0: greedy; > 0: the live engine samples (rejection sampling) at this "
+                "temperature, and the simulator replays what it accepted"})
     threads: int = field(default=1, metadata={"help": "CPU threads for torch"})
-    seed: int = field(default=0, metadata={"help": "seed of arrivals, prompts and weights"})
+    seed: int = field(default=0, metadata={
+        "help": "seed of arrivals, prompts, weights and sampling"})
 
     def __post_init__(self) -> None:
         if self.model not in ("smollm2", "tiny"):
@@ -122,6 +127,9 @@ class ValidateSpec:
             raise ConfigError(f"--output-tokens must be >= 1, got {self.output_tokens}")
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ConfigError(f"--temperature must be a finite number >= 0, got "
+                              f"{self.temperature!r}")
         if self.quick and self.model != "tiny":
             object.__setattr__(self, "model", "tiny")
 
@@ -196,16 +204,19 @@ def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
     return wl, prompts
 
 
-def record_trace(target, drafter, prompts, outputs, k_max: int, want_kl: bool):
-    """Teacher-forced speculation trace of the live outputs (greedy: acceptance is exact)."""
+def record_trace(target, drafter, prompts, outputs, k_max: int, want_kl: bool,
+                 temperature: float = 0.0):
+    """Teacher-forced speculation trace of the live outputs. Acceptance is exact, greedy or
+    sampled (the drafts are deterministic: a draft was accepted iff the output holds it)."""
     from profiler.record import record_outputs
     from traces import SpeculationTrace
 
-    reqs = tuple(record_outputs(target, drafter, prompt, out, k_max, want_kl, key=str(i))
+    reqs = tuple(record_outputs(target, drafter, prompt, out, k_max, want_kl, key=str(i),
+                                temperature=temperature)
                  for i, (prompt, out) in enumerate(zip(prompts, outputs)))
     meta = {"source": "spectune validate: teacher-forced on the live run's outputs",
-            "drafter": drafter.name, "target": target.config.shape.name, "temperature": 0,
-            "max_run": int(k_max), "parametric": False}
+            "drafter": drafter.name, "target": target.config.shape.name,
+            "temperature": float(temperature), "max_run": int(k_max), "parametric": False}
     return SpeculationTrace(requests=reqs, meta=meta)
 
 
@@ -220,6 +231,8 @@ class _Setup:
     drafter: object
     scheduler: object
     tokenizer: object
+    temperature: float = 0.0
+    seed: int = 0
 
 
 @dataclass
@@ -247,7 +260,7 @@ def _setup(spec: ValidateSpec) -> _Setup:
                            lens_text=lens_fit_text(tokenizer))
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
                             kv_capacity_tokens=spec.kv_capacity_tokens)
-    return _Setup(target, drafter, sched, tokenizer)
+    return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed)
 
 
 def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
@@ -272,7 +285,8 @@ def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True):
 
     engine = LiveEngine(setup.target, setup.drafter, policy, setup.scheduler,
                         cost=StepCostModel(latency),
-                        kv_capacity_tokens=setup.scheduler.kv_capacity_tokens)
+                        kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
+                        temperature=setup.temperature, seed=setup.seed)
     return engine.run(wl, prompts, realtime=realtime)
 
 
@@ -336,7 +350,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
             probe.round()
             want_kl = "kl" in type(policy).signals
             trace = record_trace(setup.target, setup.drafter, prompts, live.outputs,
-                                 spec.k_max, want_kl)
+                                 spec.k_max, want_kl, spec.temperature)
             runs.append(_Run(label, name, params, rate, live, trace, probe.rounds - 2, latency))
             _say(log, f"  {label} at {rate:g} req/s: live {live.meta['wall_s']:.1f} s, "
                       f"then a profile round of {probe.round_times[-1]:.1f} s")

@@ -4,6 +4,10 @@ With greedy decoding the target's output is fixed, so recording `run[t]` once (t
 lets the simulator replay any speculation policy exactly: a decode step at output position t
 that drafts k tokens accepts min(k, run[t]). Optional per-position signals (acceptance
 probability, KL, draft confidence) feed policies that adapt on them.
+
+A trace recorded at a temperature > 0 (over a sampled output) replays the same way: with a
+deterministic drafter, rejection sampling emits the draft iff it accepts it, so run[t] over the
+sampled output is exactly what speculation accepted on that output (profiler/record.py).
 """
 
 from __future__ import annotations

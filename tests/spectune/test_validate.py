@@ -9,6 +9,7 @@ import argparse
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -108,3 +109,19 @@ def test_model_drafter_signals_replay_for_per_request_policies(tmp_path):
     assert len(emitted) == 3
     for r in emitted:
         assert abs(r["error_pct"]) < 5, r
+
+
+def test_sampling_replays_exactly(tmp_path):
+    """--temperature: the live engine samples (rejection sampling) and the simulator replays the
+    acceptance it saw, step for step."""
+    spec = ValidateSpec(quick=True, requests=4, rates=(20.0,), drafter="early-exit:1",
+                        policies="fixed:k=3", temperature=0.8)
+    rows = run_validate(spec, tmp_path)
+    emitted = [r for r in rows if r["metric"] == "emitted_per_step"]
+    assert len(emitted) == 1 and emitted[0]["measured"] > 1.0
+    assert emitted[0]["error_pct"] == pytest.approx(0.0, abs=1e-9)
+    live = pd.read_csv(next(tmp_path.glob("**/live_requests.csv")))
+    sim = pd.read_csv(next(tmp_path.glob("**/sim_requests.csv")))
+    assert live.accepted.tolist() == sim.accepted.tolist()
+    with pytest.raises(ConfigError, match="temperature"):
+        ValidateSpec(temperature=-0.1)
