@@ -76,9 +76,10 @@ class AdaEDL(Policy):
     uses_draft_stop: ClassVar[bool] = True
 
     max_k: int = field(default=10, metadata={"help": "longest chain drafted"})
-    gamma: float = field(default=0.2, metadata={"help": "γ in the bound 1 - sqrt(γ·H)"})
+    gamma: float = field(default=0.2, metadata={"help": "γ in the bound 1 - sqrt(γ·H)",
+                                                 "bounds": (0.05, 1.0)})
     target_acceptance: float = field(default=0.9, metadata={
-        "help": "acceptance rate α that λ is adapted toward"})
+        "help": "acceptance rate α that λ is adapted toward", "bounds": (0.5, 0.95)})
     beta1: float = field(default=0.5, metadata={"help": "EMA weight β1 of the acceptance rate"})
     beta2: float = field(default=0.9, metadata={"help": "EMA weight β2 of λ"})
     epsilon: float = field(default=0.01, metadata={"help": "step ε of λ's target per round"})

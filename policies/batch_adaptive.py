@@ -75,7 +75,8 @@ class BatchAdaptive(Policy):
                 "get 0 (TensorRT-LLM main); at_least: a key is the smallest batch size it "
                 "covers, key 1 required (earlier TensorRT-LLM)"})
     alpha: float = field(default=0.7, metadata={
-        "help": "derived table: per-token acceptance probability used for E(k)"})
+        "help": "derived table: per-token acceptance probability used for E(k)",
+        "bounds": (0.3, 0.95)})
     context_tokens: int = field(default=1024, metadata={
         "help": "derived table: representative context length of every request"})
     max_batch: int = field(default=256, metadata={

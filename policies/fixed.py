@@ -17,7 +17,8 @@ class Fixed(Policy):
     description: ClassVar[str] = "the same k for every request and step; k=0 is plain decoding"
     stateless_per_batch: ClassVar[bool] = True
 
-    k: int = field(default=4, metadata={"help": "draft tokens per request per step (0 = none)"})
+    k: int = field(default=4, metadata={"help": "draft tokens per request per step (0 = none)",
+                                         "grid": (0, 1, 2, 3, 4, 5, 6, 8, 10)})
 
     def __post_init__(self) -> None:
         if not 0 <= self.k <= 64:

@@ -51,8 +51,10 @@ class GammaTune(Policy):
     description: ClassVar[str] = (
         "GammaTune: all accepted -> g+δ, else g = ceil(EMA of accepted), per request")
 
-    eta: float = field(default=0.3, metadata={"help": "smoothing weight η of the newest accepted"})
-    delta: int = field(default=2, metadata={"help": "growth δ after a fully accepted step"})
+    eta: float = field(default=0.3, metadata={"help": "smoothing weight η of the newest accepted",
+                                               "bounds": (0.1, 0.9)})
+    delta: int = field(default=2, metadata={"help": "growth δ after a fully accepted step",
+                                             "grid": (1, 2, 3)})
     g_min: int = field(default=1, metadata={"help": "smallest speculation length"})
     g_max: int = field(default=10, metadata={"help": "largest speculation length"})
     g_init: int = field(default=3, metadata={"help": "initial g and smoothed ĝ of a request"})
@@ -111,7 +113,8 @@ class GammaTunePlus(GammaTune):
     uses_draft_stop: ClassVar[bool] = True
 
     tau: float = field(default=0.4, metadata={
-        "help": "stop drafting when the draft's top-1 probability is below τ"})
+        "help": "stop drafting when the draft's top-1 probability is below τ",
+        "bounds": (0.1, 0.8)})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -89,7 +89,8 @@ class Goodput(Policy):
     initial_alpha: float = field(default=0.7, metadata={
         "help": "acceptance estimate before anything is observed"})
     ema_keep: float = field(default=0.85, metadata={
-        "help": "EMA weight of the old estimate: a <- keep*a + (1-keep)*x, x per ema_input"})
+        "help": "EMA weight of the old estimate: a <- keep*a + (1-keep)*x, x per ema_input",
+        "bounds": (0.5, 0.98)})
     ema_input: str = field(default="censored", metadata={
         "help": "what the EMA reads: censored (running MLE of the per-token rate from accepted "
                 "drafts and first rejections), cumulative (running accepted/drafted), step "
@@ -100,12 +101,14 @@ class Goodput(Policy):
     k_max: int = field(default=8, metadata={
         "help": "largest k considered (also capped by the engine's k_max)"})
     k0_bonus: float = field(default=1.1, metadata={
-        "help": "goodput of k=0 is multiplied by this: speculation must win by that margin"})
+        "help": "goodput of k=0 is multiplied by this: speculation must win by that margin",
+        "bounds": (1.0, 1.3)})
     kv_headroom: float = field(default=1.1, metadata={
         "help": "k is infeasible if B*(mean context + k + 1)*headroom exceeds the KV capacity"})
     per_request: bool = field(default=False, metadata={
         "help": "per-request k from each request's own acceptance estimate (a local search on "
-                "predicted goodput) instead of one k for the batch"})
+                "predicted goodput) instead of one k for the batch",
+        "grid": (False, True)})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.initial_alpha <= 1.0:

@@ -64,12 +64,15 @@ class Heuristic(Policy):
     description: ClassVar[str] = (
         "transformers assisted generation: all accepted -> k+2, else k-1 (>= 1); per request")
 
-    k_init: int = field(default=5, metadata={"help": "draft length of a new request"})
+    k_init: int = field(default=5, metadata={"help": "draft length of a new request",
+                                              "grid": (2, 5)})
     k_max: int = field(default=20, metadata={
         "help": "largest draft length it grows to (transformers has none; the engine's k_max also "
                 "caps it)"})
-    grow: int = field(default=2, metadata={"help": "added when every drafted token was accepted"})
-    shrink: int = field(default=1, metadata={"help": "subtracted otherwise (never below 1)"})
+    grow: int = field(default=2, metadata={"help": "added when every drafted token was accepted",
+                                            "grid": (1, 2)})
+    shrink: int = field(default=1, metadata={"help": "subtracted otherwise (never below 1)",
+                                              "grid": (1, 2)})
     carry_over: bool = field(default=False, metadata={
         "help": "start a new request from the k the last finished request ended with "
                 "(transformers 'heuristic'); False starts each at k_init ('heuristic_transient')"})
@@ -119,10 +122,12 @@ class Confidence(Policy):
         "transformers assisted generation: draft up to max_k, stop when draft top-1 < threshold")
     uses_draft_stop: ClassVar[bool] = True
 
-    max_k: int = field(default=20, metadata={"help": "longest chain (num_assistant_tokens)"})
+    max_k: int = field(default=20, metadata={"help": "longest chain (num_assistant_tokens)",
+                                              "grid": (4, 8, 20)})
     threshold: float = field(default=0.4, metadata={
         "help": "stop when the draft's top-1 probability is below this "
-                "(assistant_confidence_threshold)"})
+                "(assistant_confidence_threshold)",
+        "bounds": (0.1, 0.9)})
 
     def __post_init__(self) -> None:
         _check_int("max_k", self.max_k, 0, _K_LIMIT)

@@ -148,11 +148,13 @@ class KldVariance(Policy):
     k_init: int = field(default=5, metadata={"help": "k of a new request during warm-up"})
     k_min_cfg: int = field(default=1, metadata={
         "help": "lower bound of every k (DSDE's config default is 6)"})
-    k_max_cfg: int = field(default=20, metadata={"help": "upper bound of every k"})
+    k_max_cfg: int = field(default=20, metadata={"help": "upper bound of every k",
+                                                   "grid": (4, 8, 20)})
     activation_tokens: int = field(default=100, metadata={
         "help": "W: KL values kept per request; warm-up lasts until W are observed"})
     decay: float = field(default=0.9, metadata={"help": "weight decay^age in the variances"})
-    alpha: float = field(default=2.0, metadata={"help": "S = exp(alpha·D) - 1"})
+    alpha: float = field(default=2.0, metadata={"help": "S = exp(alpha·D) - 1",
+                                                  "bounds": (0.5, 4.0)})
     cap: bool = field(default=True, metadata={
         "help": "SL cap: no k above ceil(mean k of the batch's post-warm-up requests)"})
     temperature: float = field(default=0.0, metadata={

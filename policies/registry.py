@@ -15,12 +15,20 @@ _REGISTRY: dict[str, type[Policy]] = {}
 
 @dataclass(frozen=True)
 class ParamInfo:
-    """One policy parameter as users see it in `spectune policies` and `--set`."""
+    """One policy parameter as users see it in `spectune policies` and `--set`, and what the
+    tuner searches: a `grid` of values, or continuous `bounds` (lo, hi); neither: left at its
+    default (a field's metadata declares them next to its help)."""
 
     name: str
     type_name: str
     default: Any
     help: str
+    grid: tuple[Any, ...] | None = None
+    bounds: tuple[float, float] | None = None
+
+    @property
+    def searched(self) -> bool:
+        return self.grid is not None or self.bounds is not None
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -31,8 +39,22 @@ def register(cls: type[Policy]) -> type[Policy]:
         raise TypeError(f"policy name {cls.name!r} is already registered")
     if not is_dataclass(cls):
         raise TypeError(f"policy {cls.name!r} must be a dataclass of its parameters")
+    _check_search_metadata(cls)
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _check_search_metadata(cls: type[Policy]) -> None:
+    """A policy's declared grids and bounds must be usable: caught when it registers."""
+    for f in fields(cls):
+        grid, bounds = f.metadata.get("grid"), f.metadata.get("bounds")
+        where = f"policy {cls.name!r} parameter {f.name!r}"
+        if grid is not None and bounds is not None:
+            raise TypeError(f"{where}: declare a grid or bounds, not both")
+        if grid is not None and (not isinstance(grid, tuple) or not grid):
+            raise TypeError(f"{where}: grid must be a non-empty tuple")
+        if bounds is not None and not (len(bounds) == 2 and bounds[0] < bounds[1]):
+            raise TypeError(f"{where}: bounds must be (lo, hi) with lo < hi")
 
 
 def policy_names() -> list[str]:
@@ -59,7 +81,8 @@ def parameters(name: str) -> list[ParamInfo]:
         if f.default_factory is not MISSING:
             default = f.default_factory()
         help_text = f.metadata.get("help", "")
-        out.append(ParamInfo(f.name, _type_name(hints[f.name]), default, help_text))
+        out.append(ParamInfo(f.name, _type_name(hints[f.name]), default, help_text,
+                             f.metadata.get("grid"), f.metadata.get("bounds")))
     return out
 
 

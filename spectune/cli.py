@@ -84,8 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     prof.set_defaults(handler=cmd_profile)
 
     from spectune.record import add_record_parser
+    from spectune.tune_cli import add_tune_parser
     from spectune.validate import add_validate_parser
 
+    add_tune_parser(sub)
     add_record_parser(sub)
     add_validate_parser(sub)
 
@@ -207,7 +209,11 @@ def cmd_policies(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['name']}: {row['description']}")
         for p in row["parameters"]:
-            print(f"    {p['name']} ({p['type_name']}, default {p['default']}): {p['help']}")
+            searched = (f"; tune searches {list(p['grid'])}" if p["grid"] is not None else
+                        f"; tune searches [{p['bounds'][0]}, {p['bounds'][1]}]"
+                        if p["bounds"] is not None else "")
+            print(f"    {p['name']} ({p['type_name']}, default {p['default']}): {p['help']}"
+                  f"{searched}")
     return 0
 
 

@@ -154,21 +154,26 @@ def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
                  scheduler: SchedulerConfig) -> SimulationInputs:
     seeds = np.random.SeedSequence(spec.seed).spawn(2)
     workload = build_workload(spec, np.random.default_rng(seeds[0]))
-    if spec.profile is not None:
-        latency, kv = _profiled(spec.profile, scheduler)
-    else:
-        target = get_model(spec.target or "Llama-3.1-8B")
-        draft_name = spec.draft or "Llama-68M"
-        draft = None if draft_name.lower() in ("none", "ngram", "") else get_model(draft_name)
-        gpu = get_gpu(spec.hardware or "H100-SXM")
-        latency = RooflineLatency(target, draft, gpu)
-        kv = scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
+    latency, kv = build_latency(spec, scheduler)
     acceptance = build_acceptance(spec.acceptance, workload, np.random.default_rng(seeds[1]))
     policy = make_policy(spec.policy, policy_params)
     slo = None
     if spec.slo_ttft is not None or spec.slo_tpot is not None:
         slo = Slo(ttft_s=spec.slo_ttft, tpot_s=spec.slo_tpot)
     return SimulationInputs(workload, latency, acceptance, policy, kv, slo)
+
+
+def build_latency(spec: SimulationSpec, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
+    """The latency model (a profile, or the roofline of target/draft/hardware) and the KV
+    capacity per replica (the scheduler's, or what the device's memory leaves)."""
+    if spec.profile is not None:
+        return _profiled(spec.profile, scheduler)
+    target = get_model(spec.target or "Llama-3.1-8B")
+    draft_name = spec.draft or "Llama-68M"
+    draft = None if draft_name.lower() in ("none", "ngram", "") else get_model(draft_name)
+    gpu = get_gpu(spec.hardware or "H100-SXM")
+    latency = RooflineLatency(target, draft, gpu)
+    return latency, scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
 
 
 def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:

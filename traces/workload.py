@@ -135,6 +135,23 @@ class Workload:
             return self
         return self._take(slice(0, n), f"{self.source}, first {n} requests")
 
+    def window(self, start: int, n: int) -> Workload:
+        """`n` consecutive requests from index `start` (wrapping around to the beginning when the
+        trace ends first: the wrapped part's arrivals continue after the last one's gap)."""
+        start, n = count("window(start)", start, minimum=0), count("window(n)", n)
+        if n >= len(self):
+            return self
+        start %= len(self)
+        rows = (np.arange(start, start + n) % len(self)).astype(np.int64)
+        arrival = self.arrival_s[rows].copy()
+        wrapped = rows < start
+        if wrapped.any():  # continue the clock past the trace's end, one mean gap later
+            gap = self.duration_s / max(len(self) - 1, 1)
+            arrival[wrapped] += self.arrival_s[-1] - self.arrival_s[0] + gap
+        source = (f"{self.source}, requests {start}..{start + n - 1}"
+                  + (f" (wrapped past {len(self)})" if wrapped.any() else ""))
+        return self._take(rows, source, arrival)
+
     def within(self, duration_s: float) -> Workload:
         """Requests arriving less than `duration_s` seconds after the first one."""
         duration = positive_finite("within(duration_s)", duration_s)
@@ -157,15 +174,21 @@ class Workload:
             categories=self.categories,
         )
 
-    def _take(self, rows: slice, source: str) -> Workload:
+    def _take(self, rows: slice | np.ndarray, source: str,
+              arrival_s: np.ndarray | None = None) -> Workload:
+        def strings(values: tuple[str, ...] | None) -> tuple[str, ...] | None:
+            if values is None or isinstance(rows, slice):
+                return None if values is None else values[rows]
+            return tuple(values[i] for i in rows)
+
         return Workload(
-            arrival_s=self.arrival_s[rows],
+            arrival_s=self.arrival_s[rows] if arrival_s is None else arrival_s,
             prompt_tokens=self.prompt_tokens[rows],
             output_tokens=self.output_tokens[rows],
             request_ids=self.request_ids[rows],
             source=source,
-            prompts=None if self.prompts is None else self.prompts[rows],
-            categories=None if self.categories is None else self.categories[rows],
+            prompts=strings(self.prompts),
+            categories=strings(self.categories),
         )
 
 

@@ -1,0 +1,172 @@
+"""Which parameter settings the tuner tries, and in what order it spends simulations on them.
+
+A policy's searchable parameters come from its fields' metadata (`grid` or `bounds`,
+policies/registry.py). Candidates are the product of the grids times a scrambled Sobol sample of
+the bounded box. The search is successive halving (Jamieson & Talwalkar 2016; Li et al.'s
+Hyperband builds on it): every candidate runs on the first seed, the best third goes on to all
+seeds; then, for continuous parameters, a second, denser Sobol sample in a box a quarter as wide
+around the winner gets all seeds too. `exhaustive_grid` is the reference a test and the benchmark
+compare it with: a fine regular grid, every point on every seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import qmc
+
+from policies import ParamInfo, parameters
+
+#: objective values per candidate, one per seed it ran on (in seed order)
+Scores = dict["Candidate", list[float]]
+#: runs (candidate, seed) pairs (in parallel, from a cache, ...) and returns one value per pair
+Evaluate = Callable[[list[tuple["Candidate", int]]], list[float]]
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """A policy with explicit parameter values (the rest at their defaults); hashable."""
+
+    policy: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def label(self) -> str:
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params)
+        return f"{self.policy}({inner})"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def searched_parameters(policy: str, fixed: dict[str, Any] | None = None) -> list[ParamInfo]:
+    """The parameters the tuner varies: those with a grid or bounds, minus those set by hand."""
+    return [p for p in parameters(policy) if p.searched and p.name not in (fixed or {})]
+
+
+def _rounded(value: float) -> float:
+    """Four significant digits: labels stay readable and a cache key stays stable."""
+    return float(f"{value:.4g}")
+
+
+def _box_points(params: Sequence[ParamInfo], n: int, seed: int,
+                box: dict[str, tuple[float, float]] | None = None) -> list[dict[str, float]]:
+    """n scrambled-Sobol points in the bounded box (or a sub-box), one dict per point."""
+    bounded = [p for p in params if p.bounds is not None]
+    if not bounded or n < 1:
+        return [{}]
+    lo = np.array([(box or {}).get(p.name, p.bounds)[0] for p in bounded])
+    hi = np.array([(box or {}).get(p.name, p.bounds)[1] for p in bounded])
+    sampler = qmc.Sobol(d=len(bounded), scramble=True, seed=seed)
+    unit = sampler.random(2 ** math.ceil(math.log2(n)))[:n]
+    points = qmc.scale(unit, lo, hi)
+    return [{p.name: _rounded(v) for p, v in zip(bounded, row)} for row in points]
+
+
+def candidates(policy: str, fixed: dict[str, Any] | None = None, continuous_points: int = 8,
+               seed: int = 0) -> list[Candidate]:
+    """Grid product x Sobol points over the bounds; `fixed` parameters are pinned in every one."""
+    params = searched_parameters(policy, fixed)
+    grids = [p for p in params if p.grid is not None]
+    pinned = tuple(sorted((fixed or {}).items()))
+    out = []
+    for values in itertools.product(*(p.grid for p in grids)):
+        for point in _box_points(params, continuous_points, seed):
+            chosen = {**dict(zip((p.name for p in grids), values)), **point}
+            out.append(Candidate(policy, tuple(sorted({**dict(pinned), **chosen}.items()))))
+    return sorted(set(out))
+
+
+def exhaustive_grid(policy: str, fixed: dict[str, Any] | None = None,
+                    points_per_bound: int = 7) -> list[Candidate]:
+    """Every grid value x a regular grid of `points_per_bound` per bounded parameter."""
+    params = searched_parameters(policy, fixed)
+    axes = [p.grid if p.grid is not None else
+            tuple(_rounded(v) for v in np.linspace(*p.bounds, points_per_bound)) for p in params]
+    pinned = dict(fixed or {})
+    return sorted({Candidate(policy, tuple(sorted({**pinned, **dict(zip(
+        (p.name for p in params), values))}.items()))) for values in itertools.product(*axes)})
+
+
+def mean_score(scores: Scores, candidate: Candidate) -> float:
+    values = scores.get(candidate, [])
+    return float(np.mean(values)) if values else math.inf
+
+
+def _run(evaluate: Evaluate, scores: Scores, cands: Sequence[Candidate],
+         seeds: Sequence[int]) -> None:
+    """Evaluate each candidate on the seeds it has not run yet (seed order kept)."""
+    todo = [(c, s) for c in cands for s in seeds[len(scores.get(c, [])):]]
+    for (c, _), value in zip(todo, evaluate(todo) if todo else []):
+        scores.setdefault(c, []).append(value)
+
+
+def successive_halving(cands: Sequence[Candidate], seeds: Sequence[int], evaluate: Evaluate,
+                       eta: int = 3, refine_points: int = 4, refine_seed: int = 1,
+                       fixed: dict[str, Any] | None = None) -> Scores:
+    """Scores of every candidate tried; the ones that survived ran on every seed.
+
+    Lower is better. With one seed, or no more candidates than `eta`, every candidate runs on
+    every seed (nothing to halve)."""
+    scores: Scores = {}
+    cands = list(dict.fromkeys(cands))
+    if len(seeds) == 1 or len(cands) <= eta:
+        _run(evaluate, scores, cands, seeds)
+    else:
+        _run(evaluate, scores, cands, seeds[:1])
+        keep = sorted(cands, key=lambda c: mean_score(scores, c))[: math.ceil(len(cands) / eta)]
+        _run(evaluate, scores, keep, seeds)
+    best = best_candidate(scores, len(seeds))
+    refined = _refinements(best, refine_points, refine_seed, fixed)
+    if refined:
+        _run(evaluate, scores, refined, seeds)
+    return scores
+
+
+def _refinements(best: Candidate, n: int, seed: int,
+                 fixed: dict[str, Any] | None = None) -> list[Candidate]:
+    """Sobol points in a box a quarter of each bounded range wide, centred on `best`."""
+    chosen = best.params_dict
+    bounded = [p for p in searched_parameters(best.policy, fixed)
+               if p.bounds is not None and p.name in chosen]
+    if not bounded or n < 1:
+        return []
+    box = {}
+    for p in bounded:
+        lo, hi = p.bounds
+        half = (hi - lo) / 8
+        centre = min(max(float(chosen[p.name]), lo + half), hi - half)
+        box[p.name] = (centre - half, centre + half)
+    near = (Candidate(best.policy, tuple(sorted({**chosen, **pt}.items())))
+            for pt in _box_points(bounded, n, seed, box))
+    return [c for c in dict.fromkeys(near) if c != best]
+
+
+def best_candidate(scores: Scores, n_seeds: int) -> Candidate:
+    """The lowest mean among candidates that ran on all `n_seeds` seeds."""
+    full = [c for c, v in scores.items() if len(v) >= n_seeds]
+    if not full:
+        raise ValueError("no candidate ran on every seed")
+    return min(full, key=lambda c: (mean_score(scores, c), c))
+
+
+def confidence_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean over seeds; (mean, mean) with a single seed."""
+    from scipy.stats import t
+
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, mean
+    half = float(t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return mean - half, mean + half

@@ -1,0 +1,116 @@
+"""`spectune tune` on the command line: flags, the recommendation table, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from spectune.tune import TUNE_SCENARIO, TuneSpec, replace_scenario_defaults, run_tune
+
+
+def add_tune_parser(sub) -> argparse.ArgumentParser:
+    from simulator import SchedulerConfig
+    from spectune.flags import add_dataclass_flags
+    from spectune.simulate import SimulationSpec
+
+    p = sub.add_parser(
+        "tune", help="find the best speculation policy and parameters per request rate",
+        description="Search each policy's parameters at each request rate over several seeds "
+        "(successive halving), recommend the best with a 95%% confidence interval, export the "
+        "engines' draft-length tables (vLLM, TensorRT-LLM, SGLang) and write an HTML report. "
+        "With no options: the Azure conversation trace (300 requests per seed), Llama-3.1-8B "
+        "on H100 (roofline) drafting by n-gram lookup, acceptance from the shipped n-gram "
+        "recording of SmolLM2 on Spec-Bench.")
+    add_dataclass_flags(p, SimulationSpec, "scenario: workload, models, acceptance, SLOs",
+                        skip=("rate", "policy", "seed"))
+    p.set_defaults(**{k: None for k in TUNE_SCENARIO})
+    add_dataclass_flags(p, TuneSpec, "search", skip=("rates",))
+    p.add_argument("--rates", nargs="+", type=float, default=None, metavar="REQ_PER_S",
+                   help=f"request rates (default: {' '.join(f'{r:g}' for r in TuneSpec.rates)})")
+    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    p.add_argument("--out", type=Path, default=Path("runs/tune"),
+                   help="folder for tune.json, evals/ (a rerun resumes), samples/, exports/ "
+                        "and report.html")
+    p.add_argument("--no-report", dest="report", action="store_false",
+                   help="do not write report.html")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(handler=cmd_tune)
+    return p
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from simulator import SchedulerConfig
+    from spectune.evaluate import progress_bar
+    from spectune.files import prepare_out, to_json
+    from spectune.flags import dataclass_from_args
+    from spectune.simulate import SimulationSpec
+
+    given = {k for k in TUNE_SCENARIO if getattr(args, k) is not None}
+    fill = {k: getattr(args, k) if k in given else SimulationSpec.__dataclass_fields__[k].default
+            for k in TUNE_SCENARIO}
+    scenario = dataclass_from_args(SimulationSpec, args, **fill)
+    scenario = replace_scenario_defaults(scenario, given)
+    spec = dataclass_from_args(TuneSpec, args, rates=tuple(args.rates) if args.rates
+                               else TuneSpec.rates)
+    scheduler = dataclass_from_args(SchedulerConfig, args)
+    prepare_out(args.out)
+    bar = progress_bar("tune")
+    result = run_tune(spec, scenario, scheduler, args.out, bar)
+    if bar is not None:
+        print(file=__import__("sys").stderr)
+    report = None
+    if args.report:
+        from spectune.report import write_report
+
+        report = str(write_report(args.out))
+    if args.format == "json":
+        recs = [{k: r[k] for k in ("rate", "policy", "params", "objective", "ci_low", "ci_high")}
+                for r in result["recommendations"]]
+        print(to_json({"recommendations": recs, "report": report,
+                       "exports": {k: str(args.out / v) for k, v in result["exports"].items()}}))
+        return 0
+    print(format_table(result))
+    if result["exports"]:
+        print("\nengine configs: " + ", ".join(str(args.out / v)
+                                             for v in result["exports"].values()))
+    if report:
+        print(f"report: {report}")
+    return 0
+
+
+def _value(v: float | None, unit: str) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    if unit == "s":
+        return f"{v * 1e3:,.1f} ms" if v < 1 else f"{v:,.3f} s"
+    return f"{v:,.0f} {unit}"
+
+
+def format_table(result: dict) -> str:
+    m = result["meta"]
+    unit = m["unit"]
+    slo = ", ".join(f"{k} <= {v:g} s" for k, v in m["slo"].items()) or "none"
+    lines = [f"workload     {m['workload']}",
+             f"latency      {m['latency_model']}",
+             f"acceptance   {m['acceptance']}",
+             f"objective    {m['objective']} ({m['objective_metric']}, "
+             f"{'lower' if m['direction'] == 'min' else 'higher'} is better); SLO: {slo}; "
+             f"{len(m['seeds'])} seeds, 95% CI over seeds",
+             f"search       {m['spec']['search']}: {m['simulations']} simulations "
+             f"({m['reused_from_cache']} reused), {m['wall_s']:.0f} s", ""]
+    header = (f"{'rate':>6}  {'recommended':<46}{'objective':>12}{'95% CI':>24}"
+              f"{'vs k=0':>9}  best fixed k")
+    lines += [header, "-" * len(header)]
+    fixed = {r["rate"]: r for r in result.get("best_fixed", [])}
+    for r in result["recommendations"]:
+        base = r["baseline"]["objective"]
+        change = (f"{(r['objective'] - base) / base * 100:+.0f}%"
+                  if base and math.isfinite(base) else "-")
+        ci = f"[{_value(r['ci_low'], unit)}, {_value(r['ci_high'], unit)}]"
+        bf = fixed.get(r["rate"])
+        bf_text = (f"k={bf['params']['k']} ({_value(bf['objective'], unit)})" if bf else "-")
+        lines.append(f"{r['rate']:>6g}  {r['label'][:45]:<46}{_value(r['objective'], unit):>12}"
+                     f"{ci:>24}{change:>9}  {bf_text}")
+    return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""spectune.export: schedules from measured points, three engine formats, and their validators."""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectune.export import (
+    EXPORTERS,
+    BatchSchedule,
+    ExportError,
+    _k_from_config,
+    schedule_from_points,
+    to_sglang,
+    to_trtllm,
+    to_vllm,
+    validate_sglang,
+    validate_trtllm,
+    validate_vllm,
+    write_exports,
+)
+
+ENGINES = ("vllm", "trtllm", "sglang")
+
+
+def schedule_k(schedule: BatchSchedule, batch_size: int) -> int:
+    """BatchSchedule's own meaning: the first step covering batch_size, else the last k."""
+    i = bisect_left([bs for bs, _ in schedule.steps], batch_size)
+    return schedule.steps[min(i, len(schedule.steps) - 1)][1]
+
+
+def nearest_k(points, b: int) -> int:
+    """Brute force: nearest point, ties to the larger batch size, same batch size: smaller k."""
+    exact = [(Fraction(float(x)), k) for x, k in points]
+    return min(exact, key=lambda p: (abs(p[0] - b), -p[0], p[1]))[1]
+
+
+# -- schedule_from_points ------------------------------------------------------------------------
+
+def test_literal_points():
+    # Midpoints: (1.5 + 12) / 2 = 6.75, so 1..6 -> 4; (12 + 40) / 2 = 26, a tie at 26 goes to
+    # the larger batch point (40, k=0), so 7..25 -> 2 and 26..64 -> 0.
+    s = schedule_from_points([(1.5, 4), (12.0, 2), (40.0, 0)], k_max=8, max_batch=64)
+    assert s.steps == ((6, 4), (25, 2), (64, 0))
+    assert s.k_max == 8
+
+
+def test_literal_any_order_repeats_and_merging():
+    # Same points shuffled, plus a repeat of 12.0 that disagrees (the smaller k wins) and a point
+    # at 3.0 with the same k as 1.5 (merged into one step).
+    pts = [(40.0, 0), (12.0, 3), (3.0, 4), (1.5, 4), (12.0, 2)]
+    assert schedule_from_points(pts, 8, 64).steps == ((7, 4), (25, 2), (64, 0))
+    assert schedule_from_points([(5.0, 3)], 4, 10).steps == ((10, 3),)
+    assert schedule_from_points([(100.0, 1), (200.0, 0)], 4, 16).steps == ((16, 1),)
+
+
+def test_literal_exports():
+    s = schedule_from_points([(1.5, 4), (12.0, 2), (40.0, 0)], k_max=8, max_batch=64)
+    assert to_vllm(s) == {"speculative_config": {
+        "num_speculative_tokens": 8,
+        "num_speculative_tokens_per_batch_size": [[1, 6, 4], [7, 25, 2], [26, 64, 0]]}}
+    assert to_trtllm(s) == {"speculative_config": {
+        "max_draft_len": 4, "draft_len_schedule": {"6": 4, "25": 2, "64": 0}}}
+    assert to_sglang(s) == {"1": {"candidate_steps": [4]}, "7": {"candidate_steps": [2]},
+                            "26": {"candidate_steps": [0]}}
+
+
+@pytest.mark.parametrize(("points", "k_max", "max_batch", "match"), [
+    ([], 4, 8, "no points"),
+    ([(float("nan"), 1)], 4, 8, "finite number"),
+    ([(0.0, 1)], 4, 8, "finite number"),
+    ([(2.0, 5)], 4, 8, "0..k_max=4"),
+    ([(2.0, 1.0)], 4, 8, "integer"),
+    ([(2.0, -1)], 4, 8, "0..k_max"),
+    ([(2.0, 1)], 4, 0, "max_batch >= 1"),
+])
+def test_points_rejected(points, k_max, max_batch, match):
+    with pytest.raises(ExportError, match=match):
+        schedule_from_points(points, k_max, max_batch)
+
+
+@pytest.mark.parametrize(("steps", "k_max", "match"), [
+    ((), 4, "at least one"),
+    (((8, 4), (8, 2)), 4, "strictly increasing"),
+    (((8, 4), (4, 2)), 4, "strictly increasing"),
+    (((0, 4),), 4, ">= 1"),
+    (((8, 5),), 4, "0..k_max=4"),
+    (((8, -1),), 4, "0..k_max"),
+    (((8, 2.0),), 4, "integer pairs"),
+    (((8, 2),), -1, "k_max >= 0"),
+])
+def test_batch_schedule_rejected(steps, k_max, match):
+    with pytest.raises(ExportError, match=match):
+        BatchSchedule(steps, k_max)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+def assert_round_trip(schedule: BatchSchedule, engine: str) -> None:
+    to_fn, validate, _ = EXPORTERS[engine]
+    config = json.loads(json.dumps(to_fn(schedule)))  # as the engine would read the file
+    validate(config)
+    max_batch = schedule.steps[-1][0]
+    got = [_k_from_config(engine, config, b) for b in range(1, max_batch + 1)]
+    assert got == [schedule_k(schedule, b) for b in range(1, max_batch + 1)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_round_trip_literal(engine):
+    s = schedule_from_points([(1.5, 5), (12.0, 3), (40.0, 1), (90.0, 0)], 5, 128)
+    assert_round_trip(s, engine)
+
+
+def test_beyond_max_batch_follows_each_engine():
+    s = BatchSchedule(((8, 4), (32, 2)), k_max=4)  # last k is 2, not 0
+    assert _k_from_config("vllm", to_vllm(s), 1000) == 2  # vLLM: the last range's K holds
+    assert _k_from_config("sglang", to_sglang(s), 1000) == 2  # SGLang: the last slot
+    assert _k_from_config("trtllm", to_trtllm(s), 33) == 0  # TensorRT-LLM: 0 above the last key
+
+
+points_st = st.lists(
+    st.tuples(st.floats(min_value=0.5, max_value=300.0, allow_nan=False),
+              st.integers(min_value=0, max_value=8)),
+    min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(points=points_st, k_max=st.integers(min_value=8, max_value=12),
+       max_batch=st.integers(min_value=1, max_value=300))
+def test_round_trip_property(points, k_max, max_batch):
+    s = schedule_from_points(points, k_max, max_batch)
+    assert s.steps[-1][0] == max_batch
+    assert all(a[1] != b[1] for a, b in zip(s.steps, s.steps[1:]))  # equal neighbours merged
+    assert [schedule_k(s, b) for b in range(1, max_batch + 1)] == \
+        [nearest_k(points, b) for b in range(1, max_batch + 1)]
+    assert_round_trip(s, "vllm")
+    assert_round_trip(s, "sglang")
+    ks = [k for _, k in s.steps]
+    if ks[0] == max(ks) > 0:
+        assert_round_trip(s, "trtllm")
+    else:  # TensorRT-LLM needs max_draft_len = the k at batch size 1 = the largest k, > 0
+        with pytest.raises(ExportError, match="trtllm: k is"):
+            to_trtllm(s)
+
+
+# -- validators ----------------------------------------------------------------------------------
+
+VLLM = {"speculative_config": {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size":
+                               [[1, 8, 4], [9, 32, 2], [33, 64, 0]]}}
+
+
+def vllm_with(table, n=4):
+    return {"speculative_config": {"num_speculative_tokens": n,
+                                   "num_speculative_tokens_per_batch_size": table}}
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    (vllm_with([[9, 32, 2], [1, 8, 4]]), "not sorted"),
+    (vllm_with([[1, 8, 4], [5, 32, 2]]), "overlaps"),
+    (vllm_with([[1, 8, 4], [12, 32, 2]]), r"gap after \[1, 8, 4\] \(batch sizes 9..11\)"),
+    (vllm_with([[2, 8, 4], [9, 32, 2]]), "start at batch size 1"),
+    (vllm_with([[1, 8, 5]]), "exceeds num_speculative_tokens = 4"),
+    (vllm_with([[1, 8, 4.0]]), "three integers"),
+    (vllm_with([[1, 8, True]]), "three integers"),
+    (vllm_with([[1, 8, -1]]), "negative"),
+    (vllm_with([[1, 8, 2]], n=0), "num_speculative_tokens = 0"),
+    (vllm_with([]), "non-empty list"),
+    ({"num_speculative_tokens": 4}, "no 'speculative_config'"),
+])
+def test_validate_vllm_rejects(config, match):
+    validate_vllm(VLLM)
+    with pytest.raises(ExportError, match=match):
+        validate_vllm(config)
+
+
+def trt_with(table, m=4):
+    return {"speculative_config": {"max_draft_len": m, "draft_len_schedule": table}}
+
+
+# The key-only tables of TensorRT-LLM (upper bounds) and SGLang (lower bounds) cannot have a gap:
+# each key's range runs to the next key. A repeated batch size is their form of overlap.
+@pytest.mark.parametrize(("config", "match"), [
+    (trt_with({"32": 2, "8": 4}), "not sorted"),
+    (trt_with({"8": 4, "08": 2}), "appears twice"),
+    (trt_with({"0": 4, "8": 2}), "batch size 0 < 1"),
+    (trt_with({"-1": 4, "8": 2}), "not a batch size"),
+    (trt_with({"8": 4, "32": 5}), "exceeds max_draft_len = 4"),
+    (trt_with({"8": 4, "32": 2.0}), "must be an integer"),
+    (trt_with({"8.5": 4}), "not a batch size"),
+    (trt_with({"8": 4, "32": -1}), "negative"),
+    (trt_with({"8": 3, "32": 2}), r"smallest key \(8\) is 3, but max_draft_len is 4"),
+    (trt_with({"8": 0}, m=0), "max_draft_len = 0"),
+    ({"speculative_config": {"max_draft_len": 4, "max_concurrency": 8,
+                             "draft_len_schedule": {"8": 4}}}, "max_concurrency"),
+])
+def test_validate_trtllm_rejects(config, match):
+    validate_trtllm(trt_with({"8": 4, "32": 2, "64": 0}))
+    validate_trtllm(trt_with({8: 4, 32: 2}))  # Python dicts may use int keys
+    with pytest.raises(ExportError, match=match):
+        validate_trtllm(config)
+
+
+def sg(k):
+    return {"candidate_steps": [k]}
+
+
+@pytest.mark.parametrize(("config", "k_max", "match"), [
+    ({"1": sg(4), "32": sg(0), "8": sg(2)}, None, "not sorted"),
+    ({"1": sg(4), "8": sg(2), "08": sg(1)}, None, "appears twice"),
+    ({"2": sg(4), "8": sg(2)}, None, "smallest batch-size key is 2; start at 1"),
+    ({"0": sg(4)}, None, "batch size 0 < 1"),
+    ({"1": sg(4), "-8": sg(2)}, None, "silently ignores"),
+    ({"1": sg(5)}, 4, "exceeds k_max = 4"),
+    ({"1": sg(2.0)}, None, "must be an integer"),
+    ({"1": sg(-1)}, None, "negative"),
+    ({"1": {"candidate_steps": [1, 3, 7]}}, None, "exactly one step"),
+    ({"1": {}}, None, "exactly one step"),
+    ({"ema_alpha": 0.2}, None, "no batch-size key"),
+])
+def test_validate_sglang_rejects(config, k_max, match):
+    validate_sglang({"ema_alpha": 0.2, "1": sg(4), "8": sg(2), "32": sg(0)}, k_max=4)
+    with pytest.raises(ExportError, match=match):
+        validate_sglang(config, k_max=k_max)
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+def test_write_exports(tmp_path):
+    s = schedule_from_points([(1.5, 4), (12.0, 2), (40.0, 1)], 8, 64, source="unit test")
+    written = write_exports(tmp_path / "out", s)
+    assert sorted(written) == sorted(ENGINES)
+    for engine, name in written.items():
+        config = json.loads((tmp_path / "out" / name).read_text())
+        EXPORTERS[engine][1](config)
+        note = config["_spectune"]
+        assert note["source"] == "unit test" and note["schedule"] == [[6, 4], [25, 2], [64, 1]]
+        assert note["how_to_use"]
+        assert [_k_from_config(engine, config, b) for b in range(1, 65)] == \
+            [schedule_k(s, b) for b in range(1, 65)]
+    trt = json.loads((tmp_path / "out" / written["trtllm"]).read_text())
+    assert "Batches above 64 get 0" in trt["_spectune"]["how_to_use"]
+    sgl = json.loads((tmp_path / "out" / written["sglang"]).read_text())
+    assert "[6, 25]" in sgl["_spectune"]["how_to_use"]  # the range ends for --cuda-graph-bs
+
+
+def test_write_exports_all_or_nothing(tmp_path):
+    rising = BatchSchedule(((4, 2), (16, 4), (64, 0)), k_max=4)  # k rises: no TensorRT-LLM form
+    with pytest.raises(ExportError, match="nothing written: trtllm: k is 2 at batch size 1"):
+        write_exports(tmp_path, rising)
+    assert list(tmp_path.iterdir()) == []
+    assert write_exports(tmp_path, rising, engines=["vllm", "sglang"]) == {
+        "vllm": "vllm_speculative_config.json", "sglang": "sglang_adaptive_config.json"}
+    with pytest.raises(ExportError, match="unknown engine"):
+        write_exports(tmp_path, rising, engines=["tgi"])
+
