@@ -83,11 +83,15 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--debug", action="store_true", help="show tracebacks")
     prof.set_defaults(handler=cmd_profile)
 
+    from spectune.plan import add_plan_parser
     from spectune.record import add_record_parser
+    from spectune.report import add_report_parser
     from spectune.tune_cli import add_tune_parser
     from spectune.validate import add_validate_parser
 
     add_tune_parser(sub)
+    add_plan_parser(sub)
+    add_report_parser(sub)
     add_record_parser(sub)
     add_validate_parser(sub)
 

@@ -236,7 +236,7 @@ def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed
                 result["samples"].append({"rate": rec["rate"], "label": c.label, **{
                     k: str(Path(v).relative_to(out)) for k, v in paths.items()}})
     if best_fixed:
-        from spectune.export import schedule_from_points, write_exports
+        from spectune.export import schedule_from_points
 
         points = [(r["metrics"]["mean_batch_size"] or 1.0, int(r["params"]["k"]))
                   for r in best_fixed]
@@ -244,8 +244,22 @@ def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed
             points, k_max=scheduler.k_max, max_batch=scheduler.max_num_seqs,
             source="spectune tune: the best fixed k at each rate, placed at the mean batch "
                    f"size it ran at ({', '.join(f'{b:.1f}->{k}' for b, k in points)})")
-        result["exports"] = write_exports(out / "exports", schedule)
-        result["exports"] = {k: f"exports/{v}" for k, v in result["exports"].items()}
+        result["exports"], result["export_problems"] = _export_each(out / "exports", schedule)
+
+
+def _export_each(folder: Path, schedule) -> tuple[dict[str, str], dict[str, str]]:
+    """Every engine that can express the schedule gets its config; the others say why not
+    (TensorRT-LLM, e.g., needs the largest draft length at batch size 1)."""
+    from spectune.export import EXPORTERS, ExportError, write_exports
+
+    written, problems = {}, {}
+    for engine in EXPORTERS:
+        try:
+            for name, file in write_exports(folder, schedule, engines=[engine]).items():
+                written[name] = f"exports/{file}"
+        except ExportError as exc:
+            problems[engine] = str(exc)
+    return written, problems
 
 
 def replace_scenario_defaults(scenario: SimulationSpec, given: set[str]) -> SimulationSpec:

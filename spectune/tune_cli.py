@@ -75,6 +75,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if result["exports"]:
         print("\nengine configs: " + ", ".join(str(args.out / v)
                                              for v in result["exports"].values()))
+    for engine, why in result.get("export_problems", {}).items():
+        print(f"no {engine} config: {why}")
     if report:
         print(f"report: {report}")
     return 0

@@ -1,0 +1,228 @@
+"""The `plan` job: capacity planning. For each policy and hardware option, the highest request
+rate one replica sustains with the SLOs met for `attainment` of the requests, and how many
+replicas a target rate needs (and what they cost per hour, given a price per GPU-hour).
+
+The maximum rate is bracketed by doubling from 1 req/s, then bisected to `tolerance` (relative)
+with in-process simulations (every probe cached like tune's). All (policy, hardware) pairs move in
+lockstep, so each round's probes run in parallel. The result is checked, not assumed: the plan
+records the attainment simulated at 0.95x and 1.05x of every maximum (met, then missed; the
+report shows both). Replicas = ceil(target / max per replica) assumes the router spreads load
+evenly (`spectune simulate --replicas N --router least-loaded` checks a specific N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from simulator import ConfigError, SchedulerConfig, get_gpu
+from spectune.evaluate import Runner, Task, slo_of
+from spectune.search import Candidate
+from spectune.simulate import SimulationSpec
+
+MAX_RATE = 4096.0
+MIN_RATE = 0.01  # below this a replica serves nothing useful: reported as no capacity
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    policies: str = field(default="fixed:k=0,fixed:k=4,goodput", metadata={
+        "help": "comma-separated NAME[:KEY=VALUE...]"})
+    hardware_options: str = field(default="H100-SXM,A100-80GB", metadata={
+        "help": "GPUs to compare (roofline), comma-separated; ignored with --profile"})
+    attainment: float = field(default=0.99, metadata={
+        "help": "share of requests that must meet the SLOs"})
+    target_rate: float | None = field(default=None, metadata={
+        "help": "request rate to plan replicas for (req/s)"})
+    prices: str | None = field(default=None, metadata={
+        "help": "price per GPU-hour per hardware, e.g. H100-SXM=3.5,A100-80GB=2.0"})
+    tolerance: float = field(default=0.02, metadata={"help": "relative precision of the rate"})
+    jobs: int = field(default=0, metadata={"help": "worker processes (0: one per core)"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.attainment <= 1:
+            raise ConfigError(f"--attainment must be in (0, 1], got {self.attainment}")
+        if self.target_rate is not None and not self.target_rate > 0:
+            raise ConfigError(f"--target-rate must be > 0, got {self.target_rate}")
+        if not 0 < self.tolerance < 0.5:
+            raise ConfigError(f"--tolerance must be in (0, 0.5), got {self.tolerance}")
+        for name in self.hardware_list():
+            get_gpu(name)  # unknown hardware: the catalog's error names the known ones
+        self.price_map()
+
+    def hardware_list(self) -> list[str]:
+        return [h.strip() for h in self.hardware_options.split(",") if h.strip()]
+
+    def price_map(self) -> dict[str, float]:
+        out = {}
+        for item in (p.strip() for p in (self.prices or "").split(",") if p.strip()):
+            name, sep, value = item.partition("=")
+            try:
+                out[name.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or out.get(name.strip(), -1) < 0:
+                raise ConfigError(f"--prices: {item!r}: write HARDWARE=PRICE_PER_HOUR")
+        return out
+
+
+@dataclass
+class _Bracket:
+    """One (policy, hardware) search: `lo` met the SLOs, `hi` did not (None: not found yet)."""
+
+    candidate: Candidate
+    hardware: str | None
+    lo: float = 0.0
+    hi: float | None = None
+
+    def probe(self) -> float:
+        return max(2 * self.lo, 1.0) if self.hi is None else (self.lo + self.hi) / 2
+
+    def done(self, tolerance: float) -> bool:
+        if self.lo >= MAX_RATE:
+            return True
+        if self.hi is None:
+            return False
+        return self.hi - self.lo <= tolerance * self.lo or self.hi < MIN_RATE
+
+
+def _candidates(text: str) -> list[Candidate]:
+    from spectune.tune import TuneSpec, _pinned
+
+    specs = TuneSpec(policies=text).policy_specs()
+    return [Candidate(n, tuple(sorted(_pinned(n, p).items()))) for n, p in specs]
+
+
+def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfig,
+             out: Path | None, progress=None) -> dict:
+    slo = slo_of(scenario)
+    if slo is None:
+        raise ConfigError("plan needs an SLO: give --slo-ttft and/or --slo-tpot")
+    started = time.perf_counter()
+    options = [None] if scenario.profile else spec.hardware_list()
+    brackets = [_Bracket(c, h) for c in _candidates(spec.policies) for h in options]
+    curves: list[dict] = []
+    with Runner(out / "evals" if out else None, spec.jobs, progress) as runner:
+
+        def attain(pairs: list[tuple[_Bracket, float]]) -> list[dict]:
+            tasks = [Task(_scenario(scenario, b.hardware), scheduler, b.candidate, r, 0)
+                     for b, r in pairs]
+            results = runner.run(tasks)
+            for (b, r), m in zip(pairs, results):
+                curves.append({"policy": b.candidate.policy, "label": b.candidate.label,
+                               "hardware": _hw(scenario, b.hardware), "rate": r, **m})
+            return results
+
+        while open_ := [b for b in brackets if not b.done(spec.tolerance)]:
+            for b, m in zip(open_, attain([(b, b.probe()) for b in open_])):
+                rate = b.probe()
+                if (m["slo_attainment"] or 0.0) >= spec.attainment:
+                    b.lo = rate
+                else:
+                    b.hi = rate
+        checks = attain([(b, f * b.lo) for b in brackets for f in (0.95, 1.05) if b.lo > 0])
+    plans = _plans(spec, scenario, brackets, checks)
+    result = {"kind": "plan", "meta": {
+        "workload": scenario.workload, "acceptance": scenario.acceptance,
+        "slo": {k: v for k, v in asdict(slo).items() if v is not None},
+        "attainment_target": spec.attainment, "target_rate": spec.target_rate,
+        "scheduler": asdict(scheduler), "spec": asdict(spec), "scenario": asdict(scenario),
+        "simulations": runner.total,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - started},
+        "plans": plans, "curves": sorted(curves, key=lambda c: (c["label"], c["hardware"],
+                                                                 c["rate"]))}
+    if out is not None:
+        from spectune.files import write_json
+
+        write_json(out / "plan.json", result)
+    return result
+
+
+def _scenario(scenario: SimulationSpec, hardware: str | None) -> SimulationSpec:
+    return scenario if hardware is None else replace(scenario, hardware=hardware)
+
+
+def _hw(scenario: SimulationSpec, hardware: str | None) -> str:
+    return hardware or f"profile {scenario.profile}"
+
+
+def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: list[dict]) -> list[dict]:
+    prices = spec.price_map()
+    with_rate = [b for b in brackets if b.lo > 0]
+    out = []
+    for b in brackets:
+        replicas = None
+        if spec.target_rate is not None and b.lo > 0:
+            replicas = math.ceil(spec.target_rate / b.lo)
+        price = prices.get(b.hardware or "")
+        row = {"policy": b.candidate.policy, "params": b.candidate.params_dict,
+               "label": b.candidate.label, "hardware": _hw(scenario, b.hardware),
+               "max_rate_per_replica": b.lo if b.lo > 0 else None,
+               "replicas_needed": replicas,
+               "cost_per_hour": replicas * price if replicas and price is not None else None,
+               "checks": {}}
+        if b in with_rate:
+            i = with_rate.index(b)
+            for side, m in zip(("below", "above"), checks[2 * i : 2 * i + 2]):
+                row["checks"][side] = {"rate": (0.95 if side == "below" else 1.05) * b.lo,
+                                       "slo_attainment": m["slo_attainment"]}
+        out.append(row)
+    return out
+
+
+def add_plan_parser(sub) -> argparse.ArgumentParser:
+    from spectune.flags import add_dataclass_flags
+    from spectune.tune import TUNE_SCENARIO
+
+    p = sub.add_parser("plan", help="maximum request rate per replica under SLOs; replicas",
+                       description="For each policy and hardware option: the highest request "
+                       "rate one replica sustains with the SLOs met (bisection over "
+                       "simulations), replicas for --target-rate and their cost.")
+    add_dataclass_flags(p, SimulationSpec, "scenario: workload, models, acceptance, SLOs",
+                        skip=("rate", "policy", "hardware", "duration"))
+    p.set_defaults(**TUNE_SCENARIO, slo_ttft=2.0, slo_tpot=0.05)
+    add_dataclass_flags(p, PlanSpec, "plan")
+    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    p.add_argument("--out", type=Path, default=Path("runs/plan"))
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(handler=cmd_plan)
+    return p
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from spectune.evaluate import progress_bar
+    from spectune.files import prepare_out, to_json
+    from spectune.flags import dataclass_from_args
+
+    scenario = dataclass_from_args(SimulationSpec, args)
+    spec = dataclass_from_args(PlanSpec, args)
+    scheduler = dataclass_from_args(SchedulerConfig, args)
+    prepare_out(args.out)
+    result = run_plan(spec, scenario, scheduler, args.out, progress_bar("plan"))
+    if args.format == "json":
+        keys = ("policy", "params", "hardware", "max_rate_per_replica", "replicas_needed",
+                "cost_per_hour")
+        print(to_json({"plans": [{k: p[k] for k in keys} for p in result["plans"]]}))
+        return 0
+    m = result["meta"]
+    print(f"SLO {m['slo']} met by {m['attainment_target']:.0%} of requests; workload "
+          f"{m['workload']}, acceptance {m['acceptance']}")
+    print(f"{'policy':<28}{'hardware':<14}{'max req/s':>10}{'replicas':>10}{'cost/h':>9}"
+          f"{'at 0.95x':>10}{'at 1.05x':>10}")
+    for p in result["plans"]:
+        def fmt(v, f):
+            return "-" if v is None else format(v, f)
+        below = p["checks"].get("below", {}).get("slo_attainment")
+        above = p["checks"].get("above", {}).get("slo_attainment")
+        print(f"{p['label'][:27]:<28}{p['hardware'][:13]:<14}"
+              f"{fmt(p['max_rate_per_replica'], '.2f'):>10}{fmt(p['replicas_needed'], 'd'):>10}"
+              f"{fmt(p['cost_per_hour'], '.2f'):>9}{fmt(below, '.1%'):>10}{fmt(above, '.1%'):>10}")
+    print(f"\nwritten to {args.out}/plan.json ({m['simulations']} simulations, "
+          f"{m['wall_s']:.0f} s)")
+    return 0
