@@ -2,7 +2,8 @@
 
 For each workload, `spectune tune` runs twice on identical scenarios and seeds: the default search
 (successive halving over each policy's grid x a Sobol sample of its bounds, then a local
-refinement) and `--search grid` (every grid value x 7 points per bounded parameter, every seed).
+refinement) and `--search grid` (every grid value x --grid-points per bounded parameter, on
+every seed).
 Printed per workload and rate: the best objective of each, the gap in percent, and how many
 simulations each needed. The objective values do not depend on the machine's speed.
 
@@ -34,6 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=TUNE_SCENARIO["requests"])
     parser.add_argument("--policies", default="fixed,batch_adaptive,goodput")
+    parser.add_argument("--grid-points", type=int, default=5,
+                        help="grid points per bounded parameter of the exhaustive search")
     parser.add_argument("--out", type=Path, default=Path("runs/tune-vs-grid"))
     args = parser.parse_args()
     print(f"{'workload':<12}{'rate':>6}  {'tuner':<40}{'objective':>11}  {'grid':<40}"
@@ -43,7 +46,7 @@ def main() -> None:
                            workload=workload)
         sims = {}
         best = {}
-        for search, points in (("halving", 4), ("grid", 7)):
+        for search, points in (("halving", 4), ("grid", args.grid_points)):
             spec = TuneSpec(rates=rates, policies=args.policies, search=search, points=points,
                             samples=False)
             result = run_tune(spec, scenario, SchedulerConfig(), args.out / workload / search)
