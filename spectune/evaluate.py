@@ -81,9 +81,7 @@ def _whole_trace(scenario: SimulationSpec):
 
     if scenario.workload in builtin_names():
         return builtin_workload(scenario.workload)
-    return build_workload(replace(scenario, requests=None, rate=None, duration=None, seed=0),
-                          np.random.default_rng(0)) if not Path(scenario.workload).exists() \
-        else load_workload(scenario.workload)
+    return load_workload(scenario.workload)  # a file: trace workloads are built-in or files
 
 
 @functools.lru_cache(maxsize=4)

@@ -45,3 +45,19 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> An
     values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
     values.update(extra)
     return cls(**values)
+
+
+def parse_policy_list(text: str, flag: str = "--policies") -> list[tuple[str, str, dict[str, str]]]:
+    """(label, name, params) per comma-separated NAME[:KEY=VALUE...]:
+    "fixed:k=4" -> ("fixed:k=4", "fixed", {"k": "4"}). Values stay text (make_policy types them)."""
+    out = []
+    for label in (p.strip() for p in text.split(",") if p.strip()):
+        name, *pairs = label.split(":")
+        params = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"{flag}: {label!r}: write NAME:KEY=VALUE")
+            params[key] = value
+        out.append((label, name, params))
+    return out

@@ -91,10 +91,10 @@ class _Bracket:
 
 
 def _candidates(text: str) -> list[Candidate]:
-    from spectune.tune import TuneSpec, _pinned
+    from spectune.tune import TuneSpec, pinned_values
 
     specs = TuneSpec(policies=text).policy_specs()
-    return [Candidate(n, tuple(sorted(_pinned(n, p).items()))) for n, p in specs]
+    return [Candidate(n, tuple(sorted(pinned_values(n, p).items()))) for n, p in specs]
 
 
 def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfig,
@@ -124,7 +124,9 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
                     b.lo = rate
                 else:
                     b.hi = rate
-        checks = attain([(b, f * b.lo) for b in brackets for f in (0.95, 1.05) if b.lo > 0])
+        probes = [(b, f * b.lo) for b in brackets for f in (0.95, 1.05) if b.lo > 0]
+        checks = {(id(b), "below" if r < b.lo else "above"): {"rate": r, "slo_attainment":
+                  m["slo_attainment"]} for (b, r), m in zip(probes, attain(probes))}
     plans = _plans(spec, scenario, brackets, checks)
     result = {"kind": "plan", "meta": {
         "workload": scenario.workload, "acceptance": scenario.acceptance,
@@ -151,9 +153,8 @@ def _hw(scenario: SimulationSpec, hardware: str | None) -> str:
     return hardware or f"profile {scenario.profile}"
 
 
-def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: list[dict]) -> list[dict]:
+def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict) -> list[dict]:
     prices = spec.price_map()
-    with_rate = [b for b in brackets if b.lo > 0]
     out = []
     for b in brackets:
         replicas = None
@@ -165,12 +166,8 @@ def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: list[dict
                "max_rate_per_replica": b.lo if b.lo > 0 else None,
                "replicas_needed": replicas,
                "cost_per_hour": replicas * price if replicas and price is not None else None,
-               "checks": {}}
-        if b in with_rate:
-            i = with_rate.index(b)
-            for side, m in zip(("below", "above"), checks[2 * i : 2 * i + 2]):
-                row["checks"][side] = {"rate": (0.95 if side == "below" else 1.05) * b.lo,
-                                       "slo_attainment": m["slo_attainment"]}
+               "checks": {side: checks[(id(b), side)] for side in ("below", "above")
+                          if (id(b), side) in checks}}
         out.append(row)
     return out
 

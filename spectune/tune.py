@@ -70,15 +70,14 @@ class TuneSpec:
 
     def policy_specs(self) -> list[tuple[str, dict[str, str]]]:
         """(name, pinned params) per policy: "goodput:per_request=true" -> ("goodput", {...})."""
+        from spectune.flags import parse_policy_list
+
         out = []
-        for item in (p.strip() for p in self.policies.split(",") if p.strip()):
-            name, *pairs = item.split(":")
-            pinned = {}
-            for pair in pairs:
-                key, sep, value = pair.partition("=")
-                if not sep:
-                    raise ConfigError(f"--policies: {item!r}: write NAME:KEY=VALUE")
-                pinned[key] = value
+        try:
+            items = parse_policy_list(self.policies)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for _, name, pinned in items:
             if name not in policy_names():
                 raise ConfigError(f"--policies: unknown policy {name!r}; known: "
                                   f"{', '.join(policy_names())}")
@@ -91,7 +90,7 @@ class TuneSpec:
         return out
 
 
-def _pinned(name: str, pinned: dict[str, str]) -> dict:
+def pinned_values(name: str, pinned: dict[str, str]) -> dict:
     """Pinned values converted to the fields' types (through the policy's own parser)."""
     from policies import make_policy
 
@@ -167,7 +166,7 @@ def _best(scores: Scores) -> Candidate:
 def _tune(spec, scenario, scheduler, objective, runner, out, started) -> dict:
     seeds = list(range(spec.seeds))
     search = _Search(scenario, scheduler, objective, runner, seeds)
-    specs = [(name, _pinned(name, pinned)) for name, pinned in spec.policy_specs()]
+    specs = [(name, pinned_values(name, pinned)) for name, pinned in spec.policy_specs()]
     rows, recommendations, best_fixed = [], [], []
     for rate in spec.rates:
         scores: Scores = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from spectune.tune import TUNE_SCENARIO, TuneSpec, replace_scenario_defaults, run_tune
@@ -59,7 +60,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bar = progress_bar("tune")
     result = run_tune(spec, scenario, scheduler, args.out, bar)
     if bar is not None:
-        print(file=__import__("sys").stderr)
+        print(file=sys.stderr)
     report = None
     if args.report:
         from spectune.report import write_report

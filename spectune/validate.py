@@ -148,18 +148,13 @@ class ValidateSpec:
     @property
     def policy_specs(self) -> list[tuple[str, str, dict[str, str]]]:
         """(label, name, params) per policy: "fixed:k=4" -> ("fixed:k=4", "fixed", {"k": "4"})."""
+        from spectune.flags import parse_policy_list
+
         text = self.policies or (QUICK_POLICIES if self.quick else DEFAULT_POLICIES)
-        out = []
-        for label in (p.strip() for p in text.split(",") if p.strip()):
-            name, *pairs = label.split(":")
-            params = {}
-            for pair in pairs:
-                key, sep, value = pair.partition("=")
-                if not sep:
-                    raise ConfigError(f"--policies: {label!r}: write NAME:KEY=VALUE")
-                params[key] = value
-            out.append((label, name, params))
-        return out
+        try:
+            return parse_policy_list(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # -- inputs --------------------------------------------------------------------------------------

@@ -25,15 +25,6 @@ TINY = ModelShape(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes: one thread is fastest, and spare threads spin on a busy machine (50x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
     return LlamaModel.random(config_for(TINY), seed=0)

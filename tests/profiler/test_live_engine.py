@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency, trace_from_runs  # noqa: E402
+from support.tiny_models import sharpened  # noqa: E402
 
 from policies import Policy, make_policy, policy_names  # noqa: E402
 from profiler.drafters import NgramDrafter, make_drafter  # noqa: E402
@@ -36,25 +37,6 @@ NEAR_TIE = 1e-4  # top-2 logit gap under which fp32 rounding may flip a greedy c
 ARRIVALS = [0.0, 0.0, 0.0, 0.0, 0.002, 0.004, 0.01, 0.03]
 OUTPUTS = [24, 1, 40, 12, 30, 8, 33, 20]
 SCHED = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=100_000, k_max=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes: one thread is fastest, and spare threads spin on a busy machine (50x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def sharpened(model: LlamaModel) -> LlamaModel:
-    """Weights of std 1/sqrt(fan_in) (embedding 1) instead of 0.02: logits of order 1, so greedy
-    output varies (std 0.02 gives tiny logits and outputs that soon loop on a token or two)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm"):
-                p.mul_((1.0 if name == "embed" else p.shape[0] ** -0.5) / 0.02)
-    return model
 
 
 def noisy_copy(model: LlamaModel, scale: float, seed: int) -> LlamaModel:

@@ -31,14 +31,6 @@ TINY = ModelShape(name="tiny-ql", layers=3, hidden=64, heads=4, kv_heads=2, head
                   vocab=97, tied_embeddings=True, source="test")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
     return LlamaModel.random(config_for(TINY), seed=2)

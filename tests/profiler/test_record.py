@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
+from support.tiny_models import sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler.drafters import make_drafter  # noqa: E402
@@ -48,23 +49,9 @@ OUTPUTS = [24, 40, 12, 30]
 SCHED = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=100_000, k_max=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
-    """Weights of std 1/sqrt(fan_in): logits of order 1, so greedy output varies."""
-    model = LlamaModel.random(config_for(TINY), seed=0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm"):
-                p.mul_((1.0 if name == "embed" else p.shape[0] ** -0.5) / 0.02)
-    return model
+    return sharpened(LlamaModel.random(config_for(TINY), seed=0))
 
 
 @pytest.fixture(scope="module")

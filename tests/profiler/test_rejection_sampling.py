@@ -31,14 +31,6 @@ SHAPE = ModelShape(name="tiny-rs", layers=1, hidden=32, heads=2, kv_heads=1, hea
 PROMPT = [1, 4, 2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
     model = LlamaModel.random(config_for(SHAPE), seed=11)
