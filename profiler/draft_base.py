@@ -44,6 +44,8 @@ class Drafter:
 
     name: str = ""
     model_free: bool = False
+    #: The engine hands it the target's features of committed tokens (`observe_hidden`): EAGLE.
+    needs_hidden: bool = False
 
     def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         """New requests were prefilled by the target (model drafters prefill them too)."""
@@ -58,6 +60,11 @@ class Drafter:
     ) -> list[DraftChain]:
         """Greedy chains of at most ks[i] tokens after histories[i] (k = 0: an empty chain)."""
         raise NotImplementedError
+
+    def observe_hidden(self, request_ids: Sequence[int], hidden: Sequence[torch.Tensor]) -> None:
+        """The target's last-layer outputs (before the final norm) [n_r, hidden] of the tokens it
+        just committed per request: a prefill's prompt, or a verify pass's fed token and its
+        accepted drafts. Called only for drafters that set `needs_hidden`."""
 
     def finish(self, request_id: int) -> None:
         """The request left: drop its state."""

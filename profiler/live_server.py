@@ -115,9 +115,17 @@ class LiveServer:
         for st in admitted:
             st.cache = target.new_cache(st.reserve + 1)
         prompts = [torch.tensor(st.tokens, dtype=torch.int64, device=device) for st in admitted]
-        logits = target(prompts, [st.cache for st in admitted], logits="last")
+        caches = [st.cache for st in admitted]
         ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
-        self.engine.drafter.start(ids, [list(st.tokens) for st in admitted])
+        drafter = self.engine.drafter
+        if drafter.needs_hidden:
+            hidden = target(prompts, caches, logits="hidden")
+            logits = [target.logits_of(torch.stack([h[-1] for h in hidden]))]
+        else:
+            logits = target(prompts, caches, logits="last")
+        drafter.start(ids, [list(st.tokens) for st in admitted])
+        if drafter.needs_hidden:
+            drafter.observe_hidden(ids, hidden)
         for st, token in zip(admitted, self._first_tokens(torch.cat(logits))):
             st.tokens.append(token)
             st.generated = 1
@@ -157,10 +165,17 @@ class LiveServer:
         caches = [st.cache for st in batch]
         lasts = [st.tokens[-1] for st in batch]
         room = [st.output_tokens - st.generated for st in batch]
+        hidden = drafter.needs_hidden
         if self.engine.temperature > 0:
-            return verify_sampling(self.engine.target, caches, lasts, chains, room,
-                                   self.engine.temperature, self.generator, self.signals)
-        return verify_greedy(self.engine.target, caches, lasts, chains, room, self.signals)
+            results = verify_sampling(self.engine.target, caches, lasts, chains, room,
+                                      self.engine.temperature, self.generator, self.signals,
+                                      hidden)
+        else:
+            results = verify_greedy(self.engine.target, caches, lasts, chains, room,
+                                    self.signals, hidden)
+        if hidden:
+            drafter.observe_hidden(ids, [res.hidden for res in results])
+        return results
 
     def _first_tokens(self, logits: torch.Tensor) -> list[int]:
         """The token each prefill emits: argmax, or a sample at the engine's temperature."""

@@ -231,38 +231,22 @@ class LlamaModel(nn.Module):
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         for index, layer in enumerate(self.layers):
-            x = self._layer(index, layer, x, cos, sin, batch)
+            x = decoder_layer(self.config, index, layer, x, cos, sin, batch)
         batch.commit()
         if logits == "hidden":
             return list(x.split(batch.q))
         if logits == "last":
             x = x[batch.last_rows()]
+        return list(self.logits_of(x).split(1 if logits == "last" else batch.q))
+
+    def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits [rows, vocab] of last-layer outputs [rows, hidden] (before the final norm),
+        through the `exit_map` if one is set: what `forward` does after its last layer."""
         if self.exit_map is not None:
             weight, bias = self.exit_map
-            x = torch.addmm(bias, x, weight)
+            hidden = torch.addmm(bias, hidden, weight)
         head = self.embed if self.lm_head is None else self.lm_head
-        out = rms_norm(x, self.norm, self.config.rms_eps) @ head
-        return list(out.split(1 if logits == "last" else batch.q))
-
-    def _layer(
-        self,
-        index: int,
-        layer: DecoderLayer,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        batch: BatchAttention,
-    ) -> torch.Tensor:
-        """x + attention(norm(x)), then + SwiGLU(norm(x)); every matmul covers the whole batch."""
-        s, eps = self.config.shape, self.config.rms_eps
-        heads, kv_heads = s.heads, s.kv_heads
-        qkv = _matmul(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
-        qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, s.head_dim)
-        qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # rotate q and k at once
-        batch.store(index, qk[:, heads:], qkv[:, heads + kv_heads :])
-        x = x + batch.attend(index, qk[:, :heads]) @ layer.o
-        gate, up = (rms_norm(x, layer.mlp_norm, eps) @ layer.gate_up).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ layer.down
+        return rms_norm(hidden, self.norm, self.config.rms_eps) @ head
 
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy weights named as in Hugging Face's LlamaForCausalLM (q/k/v and gate/up fused here).
@@ -293,6 +277,29 @@ class LlamaModel(nn.Module):
         unset = [n for n, p in params.items() if filled[n] != p.t().shape[0]]
         if unset:
             raise ValueError(f"state dict fills {len(unset)} parameters wrongly, e.g. {unset[:3]}")
+
+
+def decoder_layer(
+    config: LlamaConfig,
+    index: int,
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attention: BatchAttention,
+) -> torch.Tensor:
+    """One pre-norm layer: x + attention(norm(x)), then + SwiGLU(norm(x)); every matmul covers
+    the whole batch. `attention` stores the new K/V (`store`) and attends (`attend`): a
+    `BatchAttention` over KV caches here, the EAGLE head's training attention elsewhere."""
+    s, eps = config.shape, config.rms_eps
+    heads, kv_heads = s.heads, s.kv_heads
+    qkv = _matmul(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
+    qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, s.head_dim)
+    qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # rotate q and k at once
+    attention.store(index, qk[:, heads:], qkv[:, heads + kv_heads :])
+    x = x + attention.attend(index, qk[:, :heads]) @ layer.o
+    gate, up = (rms_norm(x, layer.mlp_norm, eps) @ layer.gate_up).chunk(2, dim=-1)
+    return x + (F.silu(gate) * up) @ layer.down
 
 
 _HF_TOP = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm"}

@@ -43,21 +43,29 @@ class Verified:
     accepted: int  # drafts accepted and emitted (cut at the request's max tokens)
     emitted: list[int]
     signals: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the target's features of the tokens its cache kept (fed token + accepted drafts), when
+    #: the verify pass was asked for them (an EAGLE drafter's input)
+    hidden: torch.Tensor | None = None
 
 
 def _verify_pass(
     target: LlamaModel, caches: Sequence[KVCache], lasts: Sequence[int],
     chains: Sequence[DraftChain],
-) -> tuple[list[int], list[torch.Tensor]]:
-    """The one target pass over [last, d_1 .. d_n] per request: cache lengths before it, and
-    every fed token's logits per request."""
+    want_hidden: bool = False,
+) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor] | None]:
+    """The one target pass over [last, d_1 .. d_n] per request: cache lengths before it, every
+    fed token's logits per request and, if asked, their last-layer features."""
     device = target.config.device
     tokens = [
         torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
         for last, chain in zip(lasts, chains)
     ]
     starts = [cache.length for cache in caches]
-    return starts, target(tokens, list(caches), logits="all")
+    if not want_hidden:
+        return starts, target(tokens, list(caches), logits="all"), None
+    hidden = target(tokens, list(caches), logits="hidden")
+    sizes = [h.shape[0] for h in hidden]
+    return starts, list(target.logits_of(torch.cat(hidden)).split(sizes)), hidden
 
 
 def verify_greedy(
@@ -67,15 +75,17 @@ def verify_greedy(
     chains: Sequence[DraftChain],
     remaining: Sequence[int],
     signals: frozenset[str] = frozenset(),
+    want_hidden: bool = False,
 ) -> list[Verified]:
     """Verify every chain in one target pass; roll each cache back past its rejected drafts.
 
     `remaining[r]` is how many tokens request r may still emit (>= 1): emission stops there.
     """
-    starts, logits = _verify_pass(target, caches, lasts, chains)
+    starts, logits, hidden = _verify_pass(target, caches, lasts, chains, want_hidden)
     flat = torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # one device sync
     out, offset = [], 0
-    for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
+    for r, (cache, start, chain, rows, room) in enumerate(
+            zip(caches, starts, chains, logits, remaining)):
         best, offset = flat[offset : offset + len(chain) + 1], offset + len(chain) + 1
         accepted = 0
         while accepted < len(chain) and chain.tokens[accepted] == best[accepted]:
@@ -84,7 +94,8 @@ def verify_greedy(
         cache.truncate(start + 1 + accepted)  # last + accepted drafts; the bonus is fed next
         seen = min(len(emitted), len(chain))  # accepted + first rejected, cut at max tokens
         values = _signals(rows[:seen], chain, seen, signals) if signals else {}
-        out.append(Verified(len(chain), len(emitted) - 1, emitted, values))
+        kept = hidden[r][: accepted + 1] if hidden is not None else None
+        out.append(Verified(len(chain), len(emitted) - 1, emitted, values, kept))
     return out
 
 
@@ -97,6 +108,7 @@ def verify_sampling(
     temperature: float,
     generator: torch.Generator,
     signals: frozenset[str] = frozenset(),
+    want_hidden: bool = False,
 ) -> list[Verified]:
     """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023) at `temperature` > 0.
 
@@ -110,9 +122,10 @@ def verify_sampling(
     """
     if not temperature > 0:
         raise ValueError(f"rejection sampling needs temperature > 0, got {temperature!r}")
-    starts, logits = _verify_pass(target, caches, lasts, chains)
+    starts, logits, hidden = _verify_pass(target, caches, lasts, chains, want_hidden)
     out = []
-    for cache, start, chain, rows, room in zip(caches, starts, chains, logits, remaining):
+    for r, (cache, start, chain, rows, room) in enumerate(
+            zip(caches, starts, chains, logits, remaining)):
         p = torch.softmax(rows.double() / temperature, dim=-1)
         n = len(chain)
         draws = torch.rand(n, generator=generator, dtype=torch.float64, device=p.device).tolist()
@@ -129,7 +142,8 @@ def verify_sampling(
         cache.truncate(start + 1 + accepted)
         seen = min(len(emitted), n)
         values = _signals(rows[:seen] / temperature, chain, seen, signals) if signals else {}
-        out.append(Verified(n, len(emitted) - 1, emitted, values))
+        kept = hidden[r][: accepted + 1] if hidden is not None else None
+        out.append(Verified(n, len(emitted) - 1, emitted, values, kept))
     return out
 
 

@@ -1,0 +1,156 @@
+"""An EAGLE-style draft head: one decoder layer that extrapolates the target's last-layer feature.
+
+EAGLE (Li et al. 2024, arXiv:2401.15077) drafts at the feature level. Entry i of the head's
+sequence is fc([embed(x_{i+1}); f_i]): the target's feature f_i at position i (its last layer's
+output before the final norm, the vector its LM head reads to predict x_{i+1}) beside the
+embedding of the token that was actually chosen there. One decoder layer, attending over the
+entries before it (its own KV cache), outputs a prediction of f_{i+1}; the target's frozen final
+norm and tied LM head turn that into the draft of x_{i+2}. The next chain step feeds the
+predicted feature back with the drafted token, so a k-token chain costs k passes of one layer.
+
+The LM head is read on a draft vocabulary: the most frequent tokens of the target's own outputs
+(FR-Spec, Zhao et al. 2025, arXiv:2502.14856; EAGLE-3 does the same). A full 49,152-row head
+would cost as much as 1/5 of a SmolLM2 forward pass by itself; 8,192 rows cover nearly every token
+the target writes (the README next to the weights gives the coverage measured), and the draft can
+only propose those. Embedding and head rows are the target's, never copied into the file.
+
+Shapes: the layer has the target's dimensions (hidden 576, 9/3 heads, FFN 1536 for SmolLM2);
+fc is [2 * hidden, hidden] with a bias. The weights ship as fp16 .npz (`save_head`/`load_head`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from profiler.kv_cache import BatchAttention, KVCache
+from profiler.model import DecoderLayer, LlamaModel, decoder_layer, rms_norm
+from traces import atomic_write
+
+#: The shipped head for SmolLM2-135M-Instruct (see the README beside it for how it was made).
+SHIPPED_HEAD = Path(__file__).resolve().parent / "data" / "eagle" / "smollm2-135m-eagle.npz"
+_LAYER_PARAMS = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
+
+
+class EagleHead(nn.Module):
+    """The head's own weights (fc, one layer) plus read-only views of the target's embedding,
+    final norm and the draft vocabulary's rows of its LM head (shared, not part of state)."""
+
+    def __init__(self, target: LlamaModel, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        shape = target.config.shape
+        if shape.qkv_bias:
+            raise ValueError("the EAGLE head is built for Llama shapes without q/k/v biases")
+        ids = torch.as_tensor(vocab_ids, dtype=torch.int64).flatten()
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= shape.vocab:
+            raise ValueError(f"draft vocabulary ids must lie in 0..{shape.vocab - 1}")
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("draft vocabulary ids repeat")
+        self.config = replace(target.config, shape=replace(
+            shape, name=f"{shape.name}-EAGLE", layers=1, source=f"EAGLE head of {shape.name}"))
+        dtype, device = target.config.dtype, target.config.device
+        self.fc = nn.Parameter(torch.zeros(2 * shape.hidden, shape.hidden, dtype=dtype,
+                                           device=device), requires_grad=False)
+        self.fc_bias = nn.Parameter(torch.zeros(shape.hidden, dtype=dtype, device=device),
+                                    requires_grad=False)
+        self.layer = DecoderLayer(self.config)
+        self._target = (target,)  # a tuple: the target is not a submodule of the head
+        self.register_buffer("vocab_ids", ids.to(device), persistent=False)
+        head = target.embed if target.lm_head is None else target.lm_head
+        self.head_rows = head.index_select(1, self.vocab_ids)  # [hidden, draft vocab], a copy
+
+    @property
+    def target(self) -> LlamaModel:
+        return self._target[0]
+
+    @property
+    def draft_vocab(self) -> int:
+        return int(self.vocab_ids.numel())
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        s = self.config.shape
+        return KVCache(1, s.kv_heads, s.head_dim, capacity, self.config.dtype, self.config.device)
+
+    def entries(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc([embed(x_{i+1}); f_i]) for tokens [n] (the x_{i+1}) and features [n, hidden]."""
+        embedded = self.target.embed.index_select(1, tokens).t()
+        return torch.addmm(self.fc_bias, torch.cat((embedded, features.to(embedded)), dim=-1),
+                           self.fc)
+
+    def layer_forward(self, x: torch.Tensor, positions: torch.Tensor, end: int,
+                      attention) -> torch.Tensor:
+        """The decoder layer over entries x at absolute `positions` (< end): predicted features."""
+        cos, sin = self.target.rotary.gather(positions, end)
+        if torch.is_grad_enabled() and cos.is_inference():  # the table grew in inference mode
+            cos, sin = cos.clone(), sin.clone()
+        return decoder_layer(self.config, 0, self.layer, x, cos, sin, attention)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [rows, draft vocab] of (predicted) features."""
+        return rms_norm(features, self.target.norm, self.config.rms_eps) @ self.head_rows
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[torch.Tensor], features: list[torch.Tensor],
+                caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed per request the entries (tokens[r], features[r]) after its cache; return the
+        last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]."""
+        batch = BatchAttention([t.shape[0] for t in tokens], caches,
+                               self.config.batched_attention)
+        x = self.entries(torch.cat(tokens), torch.cat(features))
+        out = self.layer_forward(x, batch.positions(), batch.max_length, batch)
+        batch.commit()
+        last = out[batch.last_rows()]
+        return last, self.draft_logits(last)
+
+
+def head_state(head: EagleHead) -> dict[str, torch.Tensor]:
+    """The head's own weights by name (fc, fc_bias, layer.*)."""
+    state = {"fc": head.fc, "fc_bias": head.fc_bias}
+    state.update({f"layer.{n}": getattr(head.layer, n) for n in _LAYER_PARAMS})
+    return state
+
+
+def save_head(head: EagleHead, path: Path, meta: dict) -> None:
+    """fp16 weights, the draft vocabulary and `meta` (what it was trained on) in one .npz."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {n: t.detach().to(torch.float16).cpu().numpy() for n, t in head_state(head).items()}
+    arrays["vocab_ids"] = head.vocab_ids.cpu().numpy().astype(np.int32)
+    meta = {**meta, "target": head.target.config.shape.name}
+    with atomic_write(path) as handle:
+        np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
+
+
+def read_meta(path: Path) -> dict:
+    with np.load(path) as data:
+        return json.loads(str(data["meta"]))
+
+
+def load_head(target: LlamaModel, path: Path | None = None) -> EagleHead:
+    """A saved head on the target's dtype and device, checked against the target's shape."""
+    path = Path(path) if path is not None else SHIPPED_HEAD
+    if not path.is_file():
+        raise ValueError(f"no EAGLE head at {path}: train one with scripts/train_eagle.py")
+    with np.load(path) as data:
+        meta = json.loads(str(data["meta"]))
+        arrays = {name: data[name] for name in data.files if name != "meta"}
+    name = target.config.shape.name
+    if meta.get("target") != name:
+        raise ValueError(f"{path}: a head for {meta.get('target')}, not for {name}")
+    head = EagleHead(target, torch.as_tensor(arrays.pop("vocab_ids").astype(np.int64)))
+    state = head_state(head)
+    if set(arrays) != set(state):
+        raise ValueError(f"{path}: weights {sorted(arrays)} != expected {sorted(state)}")
+    with torch.no_grad():
+        for n, tensor in state.items():
+            if tuple(arrays[n].shape) != tuple(tensor.shape):
+                raise ValueError(f"{path}: {n} has shape {arrays[n].shape}, need "
+                                 f"{tuple(tensor.shape)}")
+            tensor.copy_(torch.as_tensor(arrays[n]))
+    head.meta = meta
+    return head

@@ -1,0 +1,125 @@
+"""Drafter `eagle`: greedy chains from an EAGLE head fed with the target's features.
+
+Unlike the other drafters it needs what the target computed: the engine hands it, after every
+prefill and verify pass, the features (last layer before the final norm) of the tokens the target
+committed (`observe_hidden`). Per request it keeps a one-layer KV cache of `trusted` entries built
+from true features, then the chain's speculative entries. At `propose` it rolls back to the
+trusted entries, feeds the entries the new true features allow (entry i needs f_i and the token
+x_{i+1} after it: the catch-up is the last step's accepted drafts plus the bonus token), and
+chains: each pass feeds back the predicted feature with the token it drafted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from profiler.draft_base import DraftChain, Drafter, StopRule
+from profiler.eagle import EagleHead
+from profiler.kv_cache import KVCache
+
+
+@dataclass
+class _HeadSeq:
+    """One request: its head cache (`trusted` true entries, then speculative ones) and the true
+    features not yet turned into entries (positions trusted, trusted + 1, ...)."""
+
+    cache: KVCache
+    trusted: int = 0
+    pending: list[torch.Tensor] = field(default_factory=list)
+
+
+class EagleDrafter(Drafter):
+    """Chains from `head` (profiler/eagle.py); see the module doc."""
+
+    needs_hidden = True
+
+    def __init__(self, head: EagleHead, name: str = "eagle", cache_tokens: int = 256) -> None:
+        self.head = head
+        self.model = head  # what the engine checks for the device and times as a draft pass
+        self.name = name
+        self.cache_tokens = cache_tokens
+        self._seqs: dict[int, _HeadSeq] = {}
+
+    def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """New requests: their caches (their prompt features arrive through observe_hidden)."""
+        for rid, prompt in zip(request_ids, prompts):
+            self._seqs[rid] = _HeadSeq(self.head.new_cache(max(self.cache_tokens,
+                                                               2 * len(prompt))))
+
+    def observe_hidden(self, request_ids: Sequence[int], hidden: Sequence[torch.Tensor]) -> None:
+        for rid, rows in zip(request_ids, hidden):
+            self._seqs[rid].pending.append(rows)
+
+    def propose(
+        self,
+        request_ids: Sequence[int],
+        histories: Sequence[Sequence[int]],
+        ks: Sequence[int],
+        stop: StopRule | None = None,
+        keep_probs: bool = False,
+    ) -> list[DraftChain]:
+        chains = [DraftChain() for _ in ks]
+        probs: list[list[torch.Tensor]] = [[] for _ in ks]
+        device = self.head.config.device
+        feeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, k in enumerate(ks):
+            if k > 0:
+                feeds[i] = self._catch_up(self._seqs[request_ids[i]], histories[i], device)
+        active = list(feeds)
+        depth = 0
+        while active:
+            seqs = [self._seqs[request_ids[i]] for i in active]
+            features, logits = self.head([feeds[i][0] for i in active],
+                                         [feeds[i][1] for i in active], [s.cache for s in seqs])
+            best, top1, entropy, p = self._choose(logits, keep_probs)
+            still = []
+            for j, i in enumerate(active):
+                chains[i].tokens.append(best[j])
+                chains[i].top1.append(top1[j])
+                chains[i].entropy.append(entropy[j])
+                if keep_probs:
+                    probs[i].append(p[j])
+                stopped = stop is not None and stop(i, depth, top1[j], entropy[j])
+                if not stopped and len(chains[i]) < ks[i]:
+                    still.append(i)
+                    token = torch.tensor([best[j]], dtype=torch.int64, device=device)
+                    feeds[i] = (token, features[j : j + 1])
+            active, depth = still, depth + 1
+        for chain, rows in zip(chains, probs):
+            chain.probs = torch.stack(rows) if rows else None
+        return chains
+
+    def _catch_up(self, seq: _HeadSeq, history: Sequence[int], device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Roll the cache back to its trusted entries; the entries the new features make."""
+        seq.cache.truncate(seq.trusted)
+        features = torch.cat(seq.pending) if len(seq.pending) != 1 else seq.pending[0]
+        count = min(features.shape[0], len(history) - 1 - seq.trusted)
+        if count < 1:
+            raise RuntimeError("EAGLE drafter: no new target features since the last chain; "
+                               "the engine must call observe_hidden after every target pass")
+        tokens = torch.tensor(list(history[seq.trusted + 1 : seq.trusted + 1 + count]),
+                              dtype=torch.int64, device=device)
+        seq.pending = [features[count:]] if count < features.shape[0] else []
+        seq.trusted += count
+        return tokens, features[:count]
+
+    def _choose(self, logits: torch.Tensor, keep_probs: bool):
+        """Per row: the drafted token id (in the target's vocabulary), top-1, entropy, and the
+        distribution over the whole vocabulary if asked (zero outside the draft vocabulary)."""
+        q = torch.softmax(logits.float(), dim=-1)
+        entropy = torch.special.entr(q).sum(dim=-1)
+        top1, index = q.max(dim=-1)
+        best = self.head.vocab_ids[index]
+        full = None
+        if keep_probs:
+            vocab = self.head.target.config.shape.vocab
+            full = q.new_zeros(q.shape[0], vocab)
+            full[:, self.head.vocab_ids] = q
+        return best.tolist(), top1.tolist(), entropy.tolist(), full
+
+    def finish(self, request_id: int) -> None:
+        self._seqs.pop(request_id, None)

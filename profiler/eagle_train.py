@@ -1,0 +1,191 @@
+"""Training the EAGLE head on the target's own features, and measuring its chains.
+
+Loss per depth d of the chain (`eagle_chain.chain_passes`, training-time test): smooth-L1 between
+the predicted and the true feature f_{b+d}, plus `cls_weight` x the cross-entropy of the draft's
+distribution against the target's own distribution at that position, both over the draft
+vocabulary (EAGLE's regression + classification loss, Li et al. 2024 §4.3, with their 0.1
+weight as the default). Depths are weighted by `depth_decay`^(d-1). AdamW with linear warm-up and
+cosine decay; one optimiser step per `sequences_per_step` sequences; every random choice (init,
+order) comes from `seed`, so two runs on the same threads give the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from profiler.eagle import EagleHead, head_state
+from profiler.eagle_chain import chain_passes
+from profiler.model import LlamaModel
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """How the head is trained (saved with the weights)."""
+
+    epochs: int = 4
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    sequences_per_step: int = 4
+    depths: int = 3  # chain depths trained on (1: plain EAGLE teacher forcing)
+    depth_decay: float = 0.8
+    cls_weight: float = 0.1
+    window: int = 768  # the last `window` positions of a sequence (attention span in training)
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+def draft_vocabulary(outputs: Iterable[Sequence[int]], size: int,
+                     always: Sequence[int] = ()) -> torch.Tensor:
+    """The `size` most frequent tokens of the outputs (ties: lower id first), `always` included."""
+    counts = Counter(t for out in outputs for t in out)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    chosen = list(dict.fromkeys([*always, *ranked]))[:size]
+    return torch.tensor(chosen, dtype=torch.int64)
+
+
+def init_head(head: EagleHead, seed: int) -> EagleHead:
+    """Start from "the next feature is this one": fc passes the feature half through (identity)
+    and the layer's output projections are near zero, so the residual layer begins as identity
+    and learns the step from f_i to f_{i+1}; other matrices ~ N(0, 1/fan_in)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = head.config.shape.hidden
+    with torch.no_grad():
+        for name, p in head_state(head).items():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            elif name == "fc_bias":
+                p.zero_()
+            else:
+                scale = 1e-3 if name in ("layer.o", "layer.down") else p.shape[0] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
+        head.fc[hidden:].copy_(torch.eye(hidden))
+        head.fc[:hidden].mul_(0.1)
+    return head
+
+
+def target_probs(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
+    """The target's distribution over the draft vocabulary at each feature (renormalised)."""
+    with torch.no_grad():
+        return torch.softmax(head.draft_logits(features).float(), dim=-1)
+
+
+def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
+                  spec: TrainSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss of one sequence's chains, and per depth the share of draft argmaxes
+    equal to the target's (what greedy acceptance needs)."""
+    p = target_probs(head, features)
+    total, stats, weights = 0.0, {}, 0.0
+    for depth, rows, predicted in chain_passes(head, tokens, features, spec.depths):
+        lo, hi = rows.start + depth, rows.stop + depth  # predicted[j] ~ f at base + depth
+        want, want_p = features[lo:hi], p[lo:hi]
+        reg = F.smooth_l1_loss(predicted, want)
+        logq = torch.log_softmax(head.draft_logits(predicted).float(), dim=-1)
+        cls = -(want_p * logq).sum(dim=-1).mean()
+        w = spec.depth_decay ** (depth - 1)
+        total = total + w * (reg + spec.cls_weight * cls)
+        weights += w
+        stats[f"match{depth}"] = float((logq.argmax(-1) == want_p.argmax(-1)).float().mean())
+        stats[f"reg{depth}"], stats[f"cls{depth}"] = float(reg.detach()), float(cls.detach())
+    return total / weights, stats
+
+
+def train_head(head: EagleHead, data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               spec: TrainSpec, log: Callable[[str], None] = print,
+               evaluate: Callable[[], str] | None = None) -> list[dict]:
+    """Train on (tokens, features) sequences; returns the curve (one row per epoch)."""
+    params = list(head_state(head).values())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = np.random.default_rng(spec.seed)
+    steps_per_epoch = math.ceil(len(data) / spec.sequences_per_step)
+    total_steps = spec.epochs * steps_per_epoch
+    curve, step, started = [], 0, time.perf_counter()
+    for epoch in range(spec.epochs):
+        order = rng.permutation(len(data))
+        sums: Counter = Counter()
+        for start in range(0, len(order), spec.sequences_per_step):
+            group = order[start : start + spec.sequences_per_step]
+            lr = spec.lr * min(1.0, (step + 1) / spec.warmup_steps) * 0.5 * (
+                1 + math.cos(math.pi * step / total_steps))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            for index in group:
+                tokens, features = data[index]
+                tokens, features = tokens[-spec.window :], features[-spec.window :]
+                loss, stats = sequence_loss(head, tokens, features, spec)
+                (loss / len(group)).backward()
+                sums.update({**stats, "loss": float(loss), "n": 1})
+            torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
+            opt.step()
+            step += 1
+        row = {k: v / sums["n"] for k, v in sums.items() if k != "n"}
+        row.update(epoch=epoch + 1, seconds=round(time.perf_counter() - started, 1))
+        note = evaluate() if evaluate is not None else ""
+        log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  " + "  ".join(
+            f"d{d} match {row[f'match{d}']:.3f} reg {row[f'reg{d}']:.3f} cls "
+            f"{row[f'cls{d}']:.3f}" for d in range(1, spec.depths + 1)
+            if f"match{d}" in row) + f"  ({row['seconds']:.0f} s) {note}")
+        curve.append(row)
+    for p in params:
+        p.requires_grad_(False)
+    return curve
+
+
+@torch.no_grad()
+def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], output: Sequence[int],
+               max_run: int, features: torch.Tensor | None = None
+               ) -> tuple[np.ndarray, torch.Tensor]:
+    """run[t] of the head's greedy chain from the true prefix at every output position t
+    (run[0] = 0: the prefill emits it), and the first draft's distribution over the draft
+    vocabulary at each t [N, V_d] (row 0: the prefill's position, never drafted).
+
+    The chain at t starts from history prompt + output[:t]: its depth-d draft comes from base
+    b = P + t - 2 and predicts output[t + d - 1]; the run is the matching prefix, capped at
+    `max_run`.
+    """
+    from profiler.eagle_data import target_features
+
+    tokens_list = [int(t) for t in prompt] + [int(t) for t in output]
+    n_prompt, n_out = len(prompt), len(output)
+    if features is None:
+        features = target_features(target, tokens_list[:-1] if n_out > 0 else tokens_list)
+    tokens = torch.tensor(tokens_list, dtype=torch.int64, device=features.device)
+    tokens, features = tokens[:-1], features.to(head.config.dtype)  # x_{N-1} predicts nothing
+    matches = np.zeros((n_out, max_run), dtype=bool)
+    first = None
+    still = np.ones(n_out, dtype=bool)
+    still[0] = False
+    first_base = max(n_prompt - 1, 0)  # t >= 1 needs b = P + t - 2 >= P - 1
+    truth = torch.tensor([int(t) for t in output], dtype=torch.int64)
+    for depth, rows, predicted in chain_passes(head, tokens, features, max_run, first_base):
+        logits = head.draft_logits(predicted).float()
+        drafts = head.vocab_ids[logits.argmax(dim=-1)].cpu()
+        bases = torch.arange(rows.start, rows.stop)
+        t = bases - n_prompt + 2  # chain start
+        keep = (t >= 1) & (t + depth - 1 < n_out)
+        t, drafts = t[keep], drafts[keep]
+        ok = (drafts == truth[t + depth - 1]).numpy()
+        matches[t.numpy(), depth - 1] = ok
+        if depth == 1:
+            first = torch.zeros(n_out, logits.shape[1])
+            rows_t = bases - n_prompt + 2
+            sel = (rows_t >= 0) & (rows_t < n_out)
+            first[rows_t[sel]] = torch.softmax(logits[sel.to(logits.device)], dim=-1).cpu()
+        still[t.numpy()] &= ok
+        if not still.any():
+            break
+    run = np.zeros(n_out, dtype=np.int32)
+    for t in range(1, n_out):
+        m = matches[t]
+        run[t] = max_run if m.all() else int(np.argmin(m))
+    return run, first
