@@ -7,6 +7,7 @@ The interface is `profiler.draft_base.Drafter`; `make_drafter` builds one from a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -90,8 +91,8 @@ def make_drafter(
     seed: int = 0,
     lens_text: Callable[[], tuple[list[list[int]], str]] | None = None,
 ) -> Drafter:
-    """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS" or
-    "model:<shape name>".
+    """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS", "eagle" (the
+    shipped EAGLE head; "eagle:PATH" another .npz) or "model:<shape name>".
 
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
@@ -122,6 +123,12 @@ def make_drafter(
         from profiler.quant_drafter import QuantDrafter
 
         return QuantDrafter(target, int(arg))
+    if kind == "eagle":
+        from profiler.eagle import load_head
+        from profiler.eagle_drafter import EagleDrafter
+
+        head = load_head(target, Path(arg) if arg else None)
+        return EagleDrafter(head, name=spec)
     if kind == "model":
         if draft_model is None:
             draft_model = _random_draft(arg, target, shapes, seed)
@@ -130,7 +137,7 @@ def make_drafter(
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
     raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "
-                     "model:<shape name>")
+                     "eagle[:PATH], model:<shape name>")
 
 
 def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):

@@ -78,14 +78,19 @@ def target_probs(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
-                  spec: TrainSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """The weighted loss of one sequence's chains, and per depth the share of draft argmaxes
-    equal to the target's (what greedy acceptance needs)."""
-    p = target_probs(head, features)
+                  spec: TrainSpec, first_base: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss of one sequence's chains from base `first_base` on (the prompt before it
+    is context only), and per depth the share of draft argmaxes equal to the target's (what
+    greedy acceptance needs)."""
+    p = target_probs(head, features[first_base + 1 :])
     total, stats, weights = 0.0, {}, 0.0
-    for depth, rows, predicted in chain_passes(head, tokens, features, spec.depths):
+    for depth, rows, predicted in chain_passes(head, tokens, features, spec.depths, first_base):
+        if depth == 1:
+            predicted = predicted[first_base:]
+            rows = slice(first_base, rows.stop)
         lo, hi = rows.start + depth, rows.stop + depth  # predicted[j] ~ f at base + depth
-        want, want_p = features[lo:hi], p[lo:hi]
+        offset = first_base + 1  # p[0] is the target's at position first_base + 1
+        want, want_p = features[lo:hi], p[lo - offset : hi - offset]
         reg = F.smooth_l1_loss(predicted, want)
         logq = torch.log_softmax(head.draft_logits(predicted).float(), dim=-1)
         cls = -(want_p * logq).sum(dim=-1).mean()
@@ -97,10 +102,11 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
     return total / weights, stats
 
 
-def train_head(head: EagleHead, data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+def train_head(head: EagleHead, data: Sequence[tuple],
                spec: TrainSpec, log: Callable[[str], None] = print,
                evaluate: Callable[[], str] | None = None) -> list[dict]:
-    """Train on (tokens, features) sequences; returns the curve (one row per epoch)."""
+    """Train on (tokens, features[, prompt length]) sequences (with a prompt length, the loss
+    covers what comes after the prompt); returns the curve (one row per epoch)."""
     params = list(head_state(head).values())
     for p in params:
         p.requires_grad_(True)
@@ -120,9 +126,11 @@ def train_head(head: EagleHead, data: Sequence[tuple[torch.Tensor, torch.Tensor]
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
             for index in group:
-                tokens, features = data[index]
-                tokens, features = tokens[-spec.window :], features[-spec.window :]
-                loss, stats = sequence_loss(head, tokens, features, spec)
+                tokens, features, *prompt = data[index]
+                cut = max(tokens.shape[0] - spec.window, 0)
+                first_base = max(prompt[0] - cut - 1, 0) if prompt else 0
+                tokens, features = tokens[cut:], features[cut:]
+                loss, stats = sequence_loss(head, tokens, features, spec, first_base)
                 (loss / len(group)).backward()
                 sums.update({**stats, "loss": float(loss), "n": 1})
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)

@@ -16,6 +16,13 @@ the true prefix at every output position t:
   1.0 and draft_entropy 0.0 (as the live engine's stop rule sees them); accept_prob and kl are
   None (absent): a one-hot "distribution" would make them degenerate, not informative.
 
+- the EAGLE head (`eagle`, drafting from predicted features, so a chain is not its teacher-forced
+  argmax): every position's chain is run, batched (`eagle_train.eagle_runs`; equal to the live
+  drafter's chains), and run[t] is its matching prefix. Signals are those of the chain's first
+  draft at t; a live chain's deeper drafts come from predicted features, so their signals depend
+  on where the chain started, which a per-position trace cannot hold: policies reading signals
+  at deeper positions replay approximately with this drafter.
+
 Position 0 is produced by the prefill and never drafted: run[0] = 0 (its signals are still
 stored). Replaying a fixed k: a step at position g accepts min(k, run[g], N - g - 1).
 
@@ -232,7 +239,7 @@ def record_request(
         raise ValueError(f"max_run must be >= 1, got {max_run}")
     if len(prompt) < 1:
         raise ValueError(f"request {key!r}: empty prompt")
-    if temperature > 0:
+    if temperature > 0 or getattr(drafter, "needs_hidden", False):
         output, _ = target_output(target, prompt, max_tokens, eos_id, temperature=temperature,
                                   generator=generator)
         record = record_outputs(target, drafter, prompt, output, max_run,
@@ -286,6 +293,9 @@ def record_outputs(
     n, device = len(output), target.config.device
     sequence = torch.tensor(prompt + output[:-1], dtype=torch.int64, device=device)
     p = None
+    if getattr(drafter, "needs_hidden", False):
+        return _eagle_record(target, drafter, prompt, output, sequence, max_run, key, category,
+                             temperature)
     if want_kl:
         rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
         scale = temperature if temperature > 0 else 1.0
@@ -315,3 +325,27 @@ def record_outputs(
         values = {k: v.astype(np.float32) for k, v in distribution_signals(p, q, names).items()}
     return RequestSpeculation(run=run, draft_top1=top1, draft_entropy=entropy, key=key,
                               category=category, proposable=proposable, **values)
+
+
+def _eagle_record(target: LlamaModel, drafter, prompt: list[int], output: list[int],
+                  sequence: torch.Tensor, max_run: int, key: str, category: str | None,
+                  temperature: float) -> RequestSpeculation:
+    """An EAGLE head's record: one target pass gives the features its chains start from and the
+    target's distributions; every position's chain runs batched (`eagle_train.eagle_runs`, equal
+    to the live drafter's chains); signals from the first draft's distribution, as live."""
+    from profiler.eagle_train import eagle_runs
+    from profiler.speculate import distribution_signals
+
+    hidden = target([sequence], [target.new_cache(len(sequence))], logits="hidden")[0]
+    scale = temperature if temperature > 0 else 1.0
+    rows = target.logits_of(hidden[len(prompt) - 1 :])
+    p = torch.softmax(rows.double() / scale, dim=-1)
+    head = drafter.head
+    run, first = eagle_runs(head, target, prompt, output, max_run, features=hidden.float().clone())
+    q = torch.zeros_like(p)
+    q[:, head.vocab_ids.to(q.device)] = first.double().to(q.device)
+    top1 = q.max(dim=-1).values.float().cpu().numpy()
+    entropy = torch.special.entr(q).sum(dim=-1).float().cpu().numpy()
+    values = {k: v.astype(np.float32) for k, v in distribution_signals(p, q).items()}
+    return RequestSpeculation(run=run, draft_top1=top1, draft_entropy=entropy, key=key,
+                              category=category, **values)

@@ -33,6 +33,17 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "traces" / "data" / "
     "spec_bench_question.jsonl.gz")
 TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"
 FORMATS = ("table", "json")
+SPLITS = ("all", "eval", "train")
+
+
+def in_split(key: str, split: str) -> bool:
+    """Whether question `key` belongs to `split`: train = even ids (the tuned lens and the EAGLE
+    head were fitted on these), eval = odd ids, all = both."""
+    if split == "all":
+        return True
+    if not key.lstrip("-").isdigit():
+        raise ValueError(f"--split {split} needs integer question ids, got {key!r}")
+    return (int(key) % 2 == 0) == (split == "train")
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,9 @@ class RecordSpec:
 
     drafter: str = field(default="ngram", metadata={
         "help": "ngram, ngram:MIN-MAX, early-exit:L (first L target layers), early-exit:L:lens "
-                "(with a tuned lens), quant:BITS (the target rounded to BITS bits) or "
-                "model:SHAPE (random weights of a catalog shape)"})
+                "(with a tuned lens), quant:BITS (the target rounded to BITS bits), eagle (the "
+                "shipped EAGLE head; eagle:PATH another) or model:SHAPE (random weights of a "
+                "catalog shape)"})
     prompts: str | None = field(default=None, metadata={
         "help": "questions .jsonl (question_id, category, turns; turns[0] is used); default: "
                 "the shipped Spec-Bench questions (480, 13 categories)"})
@@ -62,8 +74,13 @@ class RecordSpec:
         "help": "0: greedy outputs; > 0: outputs sampled at this temperature (each prompt from "
                 "its own stream, fixed by --seed and its id), replayed as rejection sampling"})
     seed: int = field(default=0, metadata={"help": "seed of the sampled outputs"})
+    split: str = field(default="all", metadata={
+        "help": "all; eval (odd question ids: what the tuned lens and the EAGLE head were not "
+                "fitted on); train (even ids)"})
 
     def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
         for name, low in (("limit", 1), ("max_tokens", 1), ("k", 1), ("max_run", 1),
                           ("threads", 1), ("batch", 1)):
             value = getattr(self, name)
@@ -126,15 +143,20 @@ def load_prompts(path: Path, limit: int | None = None,
             raise ValueError(f"--categories: unknown {', '.join(unknown)}; {path} has "
                              f"{', '.join(sorted(str(c) for c in known))}")
         rows = [p for p in rows if p.category in wanted]
-    if limit is not None:
-        seen: dict[str | None, int] = {}
-        kept = []
-        for p in rows:
-            seen[p.category] = seen.get(p.category, 0) + 1
-            if seen[p.category] <= limit:
-                kept.append(p)
-        rows = kept
-    return rows
+    return first_per_category(rows, limit)
+
+
+def first_per_category(rows: list[Prompt], limit: int | None) -> list[Prompt]:
+    """The first `limit` prompts of each category, in order (all with no limit)."""
+    if limit is None:
+        return rows
+    seen: dict[str | None, int] = {}
+    kept = []
+    for p in rows:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] <= limit:
+            kept.append(p)
+    return kept
 
 
 # -- summary arithmetic ---------------------------------------------------------------------------
@@ -195,7 +217,7 @@ def lens_fit_text(tokenizer):
 
         if tokenizer is None:
             raise ValueError("fitting a tuned lens needs the real model's tokenizer")
-        prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if int(p.key) % 2 == 0]
+        prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, "train")]
         return ([tokenizer.encode(chat_prompt(p.text)) for p in prompts],
                 f"ChatML prompts of the {len(prompts)} Spec-Bench questions with even ids "
                 "(first 512 tokens each)")
@@ -227,7 +249,8 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
 
     started = time.perf_counter()
     path = spec.prompts_path()
-    prompts = load_prompts(path, spec.limit, spec.categories)
+    prompts = [p for p in load_prompts(path, None, spec.categories) if in_split(p.key, spec.split)]
+    prompts = first_per_category(prompts, spec.limit)
     torch.set_num_threads(spec.threads)
     if target is None:
         from profiler.gguf import load_smollm2
@@ -243,6 +266,8 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
                 "prompts_file": str(path), "prompts_sha256": _sha256(path)}
     if spec.temperature > 0:
         settings["seed"] = spec.seed
+    if spec.split != "all":
+        settings["split"] = spec.split
     if spec.batch > 1:  # batched passes may round near-ties apart: not the same recording
         settings["batch"] = spec.batch
     out = Path(out)

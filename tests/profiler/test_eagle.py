@@ -28,7 +28,7 @@ from profiler.eagle_train import (  # noqa: E402
 )
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from profiler.record import target_outputs  # noqa: E402
+from profiler.record import record_outputs, target_outputs  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from traces import Workload  # noqa: E402
@@ -176,3 +176,44 @@ def test_head_round_trips_through_its_fp16_file(target, trained, tmp_path):
         load_head(other, path)
     with pytest.raises(ValueError, match="no EAGLE head at"):
         load_head(target, tmp_path / "missing.npz")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_recorded_eagle_runs_and_signals_are_the_live_engines(target, trained, live_prompts,
+                                                             temperature):
+    """Live at T (fixed k=3, a policy that keeps KL and accept_prob): `spectune record`'s
+    per-position record of the same outputs has the live step's acceptance, and the signals of
+    each chain's first draft. (Deeper drafts come from predicted features: their live signals
+    depend on where the chain started, which a per-position trace cannot hold.)"""
+    from policies import Policy
+
+    seen = []
+
+    class Keep(Policy):
+        name = "keep-signals"
+        signals = frozenset({"kl", "accept_prob"})
+
+        def choose(self, ctx):
+            return [3] * len(ctx.requests)
+
+        def observe(self, ctx, outcomes):
+            seen.extend(outcomes)
+
+    head = trained[0]
+    live = LiveEngine(target, EagleDrafter(head), Keep(), SCHED,
+                      cost=StepCostModel(LinearLatency()), temperature=temperature, seed=3)
+    res = live.run(live_workload(live_prompts), live_prompts, realtime=False)
+    records = [record_outputs(target, EagleDrafter(head), p, out, SCHED.k_max, True,
+                              temperature=temperature)
+               for p, out in zip(live_prompts, res.outputs)]
+    for rid, steps in res.decode_log.groupby("request_id"):
+        run, n = records[rid].run, OUTPUTS[rid]
+        assert steps.accepted.tolist() == [min(3, int(run[g]), n - g - 1)
+                                           for g in steps.position], f"request {rid}"
+    checked = 0
+    for o in seen:
+        for name in ("kl", "accept_prob"):
+            recorded = getattr(records[o.request_id], name)[o.position]
+            assert np.isclose(o.signals[name][0], recorded, rtol=1e-4, atol=1e-6), (name, o)
+            checked += 1
+    assert checked > 30
