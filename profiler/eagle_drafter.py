@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from profiler.draft_base import DraftChain, Drafter, StopRule
-from profiler.eagle import EagleHead
+from profiler.eagle import EagleHead, HeadTiming
 from profiler.kv_cache import KVCache
 
 
@@ -29,6 +29,7 @@ class _HeadSeq:
     cache: KVCache
     trusted: int = 0
     pending: list[torch.Tensor] = field(default_factory=list)
+    prompt: list[int] | None = None  # until its features arrive
 
 
 class EagleDrafter(Drafter):
@@ -39,19 +40,35 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, name: str = "eagle", cache_tokens: int = 256) -> None:
         self.head = head
         self.model = head  # what the engine checks for the device and times as a draft pass
+        self.timing_model = HeadTiming(head)  # what a profile sweep calls like a draft model
         self.name = name
         self.cache_tokens = cache_tokens
         self._seqs: dict[int, _HeadSeq] = {}
 
     def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
-        """New requests: their caches (their prompt features arrive through observe_hidden)."""
+        """New requests: their caches; the prompt's entries are fed when its features arrive."""
         for rid, prompt in zip(request_ids, prompts):
-            self._seqs[rid] = _HeadSeq(self.head.new_cache(max(self.cache_tokens,
-                                                               2 * len(prompt))))
+            cache = self.head.new_cache(max(self.cache_tokens, 2 * len(prompt)))
+            self._seqs[rid] = _HeadSeq(cache, prompt=list(prompt))
 
     def observe_hidden(self, request_ids: Sequence[int], hidden: Sequence[torch.Tensor]) -> None:
+        """Keep the features; a prefill's are fed at once as entries 0..P-2 (one batched pass,
+        in the prefill iteration, where the simulator charges a draft model's prefill): entry
+        P-1 waits for the first output token."""
+        device = self.head.config.device
+        tokens, features, caches = [], [], []
         for rid, rows in zip(request_ids, hidden):
-            self._seqs[rid].pending.append(rows)
+            seq = self._seqs[rid]
+            prompt, seq.prompt = seq.prompt, None
+            if prompt is not None and len(prompt) > 1:
+                n = len(prompt) - 1
+                tokens.append(torch.tensor(prompt[1:], dtype=torch.int64, device=device))
+                features.append(rows[:n])
+                caches.append(seq.cache)
+                seq.trusted, rows = n, rows[n:]
+            seq.pending.append(rows)
+        if tokens:
+            self.head(tokens, features, caches)
 
     def propose(
         self,

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                     help="one continuation per prompt per temperature (0: greedy)")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size")
+    ap.add_argument("--vocab", type=int, default=16384, help="draft vocabulary size")
     for f in dataclasses.fields(TrainSpec):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
@@ -104,7 +104,9 @@ def main(argv=None) -> int:
                                   [0.0], 128, args.work / "eval", eos_id=tok.eos_id,
                                   batch=args.batch)
     eval_set = [(c.prompt, c.output) for c in eval_conts]
-    vocab = draft_vocabulary([c.output for c in conts], args.vocab, always=[tok.eos_id])
+    texts = [c.output for c in conts] + [p for _, p in prompts]  # outputs copy from prompts
+    vocab = draft_vocabulary(texts, args.vocab, always=[tok.eos_id],
+                             vocab=target.config.shape.vocab)
     chosen = set(vocab.tolist())
     cover = {"train_outputs": float(np.mean([t in chosen for c in conts for t in c.output])),
              "eval_outputs": float(np.mean([t in chosen for _, o in eval_set for t in o]))}
@@ -115,7 +117,13 @@ def main(argv=None) -> int:
     say(f"features of {sum(len(t) for t, _, _ in data)} positions")
     head = init_head(EagleHead(target, vocab), spec.seed)
     say(f"before training: {held_out(head, target, eval_set)}")
-    curve = train_head(head, [(t, f, p) for t, f, p in data], spec, log=say,
+    # the loss covers each prompt's text once (with its first continuation), then the outputs
+    first = {}
+    items = []
+    for c, (t, f, p) in zip(conts, data):
+        items.append((t, f, p if c.prompt in first else 0))
+        first.setdefault(c.prompt, c.key)
+    curve = train_head(head, items, spec, log=say,
                        evaluate=lambda: json.dumps(held_out(head, target, eval_set)))
     final = held_out(head, target, eval_set)
     meta = {"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
