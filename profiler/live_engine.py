@@ -22,6 +22,10 @@ Chunked prefill is not implemented live (it is refused). Records have the simula
 where it was scheduled (admission, the policy's choice and drafting count) to the moment its
 tokens are emitted; the policy's `observe` and the finishing bookkeeping come after, as in the
 simulator, where they take no time (microseconds here, in the gap before the next iteration).
+
+Replay mode (`replay=` a speculation trace, profiler/replay.py): every pass stays real, but the
+tokens written and the drafts accepted come from the trace, as in the simulator, so random-weight
+shapes (an 8B target on a GPU) serve with realistic acceptance.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ from profiler.draft_base import Drafter
 from profiler.live_request import EngineClock, LiveRequest, VirtualClock
 from profiler.live_server import LiveServer
 from profiler.model import LlamaModel
+from profiler.replay import ReplayDrafter, ReplayScript
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.replica import check_fits
-from traces import Workload
+from traces import SpeculationTrace, Workload
 
 DECODE_LOG_COLUMNS = ("request_id", "step", "position", "k", "drafted", "accepted", "emitted")
 
@@ -57,9 +62,10 @@ class LiveResult:
     `outputs[i]` are the token ids generated for workload row i. `decode_log` has one row per
     decode step of each request (DECODE_LOG_COLUMNS; `position` = tokens generated before the
     step, `k` = the policy's choice, `drafted` = what the drafter proposed): the sequence a
-    replay-exactness check compares with the simulator's. `pass_s[i]` is the wall time step i
-    spent inside forward passes (CPU; NaN on CUDA, where the host only launches them), so
-    `steps.duration_s - pass_s` is its host time.
+    replay-exactness check compares with the simulator's. `pass_s[i]` is the time step i
+    spent inside forward passes (wall time on CPU; on CUDA the GPU time between events around
+    each pass, since the host only launches them), so `steps.duration_s - pass_s` is its host
+    time.
     """
 
     requests: pd.DataFrame
@@ -95,6 +101,7 @@ class LiveEngine:
         kv_capacity_tokens: int | None = None,
         temperature: float = 0.0,
         seed: int = 0,
+        replay: SpeculationTrace | None = None,
     ) -> None:
         if type(policy).simulation_only:
             raise ConfigError(
@@ -102,6 +109,9 @@ class LiveEngine:
             )
         if not (temperature >= 0 and temperature < float("inf")):
             raise ConfigError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if replay is not None and temperature > 0:
+            raise ConfigError("replay takes acceptance from the speculation trace (sampled or "
+                              "not): leave the temperature at 0")
         if scheduler.chunked_prefill:
             raise ConfigError("the live engine does not implement chunked prefill yet")
         capacity = kv_capacity_tokens if kv_capacity_tokens is not None else (
@@ -119,6 +129,7 @@ class LiveEngine:
         self.kv_capacity_tokens = int(capacity)
         self.cost: StepCost = cost if cost is not None else MissingCost()
         self.temperature, self.seed = float(temperature), int(seed)
+        self.replay = replay
 
     def run(
         self,
@@ -142,8 +153,14 @@ class LiveEngine:
         if virtual_time and not hasattr(self.cost, "iteration_s"):
             raise ConfigError("virtual_time needs a simulator cost model: LiveEngine(cost=...)")
         clock = VirtualClock() if virtual_time else EngineClock(realtime)
+        policy = copy.deepcopy(self.policy)
+        drafter, script = self.drafter, None
+        if self.replay is not None:
+            script = ReplayScript(self.replay, workload, policy, self._replay_vocab(),
+                                  self.scheduler.k_max, self.seed)
+            drafter = ReplayDrafter(self.drafter, script)
         started = time.perf_counter()
-        server = LiveServer(self, copy.deepcopy(self.policy), clock, requests)
+        server = LiveServer(self, policy, clock, requests, drafter, script)
         steps = server.serve()
         pass_s = np.asarray(server.pass_s, dtype=np.float64)
         req_df = server.log.frame(ids, prompt_tokens, output_tokens)
@@ -154,10 +171,17 @@ class LiveEngine:
         meta["virtual_time"] = virtual_time
         return LiveResult(req_df, steps, outputs, decode_log, meta, pass_s)
 
+    def _replay_vocab(self) -> int:
+        """Replayed tokens must embed in the target and in a draft model (vocabularies of
+        random-weight shapes may differ: only their passes' time matters)."""
+        vocab = self.target.config.shape.vocab
+        draft = getattr(self.drafter, "model", None)
+        return min(vocab, draft.config.shape.vocab) if draft is not None else vocab
+
     def _requests(self, workload: Workload, prompts: Sequence[Sequence[int]]) -> list[LiveRequest]:
         if len(prompts) != len(workload):
             raise ValueError(f"{len(prompts)} prompts for a workload of {len(workload)} requests")
-        vocab = self.target.config.shape.vocab
+        vocab = self._replay_vocab() if self.replay is not None else self.target.config.shape.vocab
         arrival = workload.arrival_s - workload.arrival_s[0]
         out = []
         for i, prompt in enumerate(prompts):
@@ -188,6 +212,7 @@ class LiveEngine:
             "target": self.target.config.shape.name,
             "dtype": str(self.target.config.dtype).removeprefix("torch."),
             "drafter": self.drafter.name,
+            "replay": None if self.replay is None else dict(self.replay.meta),
             "policy": {"name": self.policy.name, "params": self.policy.params()},
             "scheduler": self.scheduler.__dict__,
             "kv_capacity_tokens": self.kv_capacity_tokens,

@@ -16,9 +16,10 @@ import pandas as pd
 import torch
 
 from policies import DraftOutcome, Policy, StepContext
-from profiler.draft_base import StopRule
+from profiler.draft_base import Drafter, StopRule
 from profiler.live_request import EngineClock, LiveRequest
 from profiler.pass_timer import PassTimer
+from profiler.replay import ReplayScript, verify_replay
 from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy, verify_sampling
 from simulator.errors import ConfigError
 from simulator.records import RequestLog, StepLog
@@ -31,9 +32,12 @@ class LiveServer:
     """One run's state: queues, KV reservations, records. `serve` runs it to completion."""
 
     def __init__(
-        self, engine: LiveEngine, policy: Policy, clock: EngineClock, requests: list[LiveRequest]
+        self, engine: LiveEngine, policy: Policy, clock: EngineClock, requests: list[LiveRequest],
+        drafter: Drafter | None = None, script: ReplayScript | None = None,
     ) -> None:
         self.engine, self.policy, self.clock = engine, policy, clock
+        self.drafter = drafter if drafter is not None else engine.drafter
+        self.script = script  # replay mode: the trace decides tokens and acceptance
         self.sched = engine.scheduler
         self.capacity = engine.kv_capacity_tokens
         self.observes = type(policy).observe is not Policy.observe
@@ -53,18 +57,16 @@ class LiveServer:
 
     def serve(self) -> pd.DataFrame:
         """Run until every request has finished; the per-step records."""
-        models = [self.engine.target, getattr(self.engine.drafter, "model", None)]
-        timer = None
-        if self.engine.device.type == "cpu":
-            timer = PassTimer(m for m in models if m is not None)
+        models = [self.engine.target, getattr(self.drafter, "model", None)]
+        cuda = self.engine.device.type == "cuda"
+        timer = PassTimer((m for m in models if m is not None), cuda=cuda)
         try:
             self._serve(timer)
         finally:
-            if timer is not None:
-                timer.close()
+            timer.close()
         return self.steps.frame()
 
-    def _serve(self, timer: PassTimer | None) -> None:
+    def _serve(self, timer: PassTimer) -> None:
         while self.pending or self.waiting or self.running:
             self._arrive()
             if not (self.waiting or self.running):
@@ -78,7 +80,7 @@ class LiveServer:
                 raise RuntimeError("the engine holds requests it can neither admit nor run")
             else:
                 self._decode(start)
-            self.pass_s.append(timer.take() if timer is not None else float("nan"))
+            self.pass_s.append(timer.take())
 
     def _arrive(self) -> None:
         now = self.clock.now()
@@ -117,7 +119,7 @@ class LiveServer:
         prompts = [torch.tensor(st.tokens, dtype=torch.int64, device=device) for st in admitted]
         caches = [st.cache for st in admitted]
         ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
-        drafter = self.engine.drafter
+        drafter = self.drafter
         if drafter.needs_hidden:
             hidden = target(prompts, caches, logits="hidden")
             logits = [target.logits_of(torch.stack([h[-1] for h in hidden]))]
@@ -126,7 +128,11 @@ class LiveServer:
         drafter.start(ids, [list(st.tokens) for st in admitted])
         if drafter.needs_hidden:
             drafter.observe_hidden(ids, hidden)
-        for st, token in zip(admitted, self._first_tokens(torch.cat(logits))):
+        if self.script is not None:
+            firsts = [self.script.first_token(rid) for rid in ids]
+        else:
+            firsts = self._first_tokens(torch.cat(logits))
+        for st, token in zip(admitted, firsts):
             st.tokens.append(token)
             st.generated = 1
         end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
@@ -158,7 +164,7 @@ class LiveServer:
 
     def _speculate(self, batch: list[LiveRequest], ks: list[int]) -> list[Verified]:
         """Draft chains (cut by the policy's stop rule), then one greedy verify pass."""
-        drafter = self.engine.drafter
+        drafter = self.drafter
         keep_probs = bool(self.signals & PROB_SIGNALS) and not drafter.model_free
         ids, histories = [st.request_id for st in batch], [st.tokens for st in batch]
         chains = drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
@@ -166,7 +172,11 @@ class LiveServer:
         lasts = [st.tokens[-1] for st in batch]
         room = [st.output_tokens - st.generated for st in batch]
         hidden = drafter.needs_hidden
-        if self.engine.temperature > 0:
+        if self.script is not None:
+            positions = [st.generated for st in batch]
+            results = verify_replay(self.engine.target, caches, lasts, chains, room, self.script,
+                                    ids, positions, self.signals, hidden)
+        elif self.engine.temperature > 0:
             results = verify_sampling(self.engine.target, caches, lasts, chains, room,
                                       self.engine.temperature, self.generator, self.signals,
                                       hidden)
@@ -255,6 +265,6 @@ class LiveServer:
             self.log.accepted[st.index] = st.accepted
             self.kv_used -= st.reserve
             st.cache = None
-            self.engine.drafter.finish(st.request_id)
+            self.drafter.finish(st.request_id)
             self.policy.finish(st.request_id)
         self.running = keep

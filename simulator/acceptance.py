@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from simulator.errors import ConfigError
 from traces import SIGNALS, SpeculationTrace
 
 
@@ -62,6 +63,28 @@ class AcceptanceReplay:
         meta["trace_requests"] = len(self.trace)
         meta["tiled_to_workload_lengths"] = bool(self.tiled)
         return meta
+
+
+def replay_for(acceptance: SpeculationTrace, output_tokens: np.ndarray, policy,
+               k_max: int) -> AcceptanceReplay:
+    """The replay of `acceptance` for these output lengths, refused with a clear error when the
+    trace cannot replay k up to k_max or lacks a signal `policy` reads."""
+    max_run = acceptance.meta.get("max_run")
+    if isinstance(max_run, int) and k_max > max_run:
+        raise ConfigError(
+            f"the speculation trace caps accepted runs at {max_run} (a run of {max_run} means "
+            f"'at least {max_run}'), so it cannot replay k up to k_max={k_max}; "
+            f"use --k-max {max_run} or record with a larger max run"
+        )
+    replay = AcceptanceReplay(acceptance, output_tokens)
+    needed = set(type(policy).signals)
+    if type(policy).uses_draft_stop:
+        needed |= {"draft_top1", "draft_entropy"}
+    if needed - replay.available:
+        missing = ", ".join(sorted(needed - replay.available))
+        raise ConfigError(f"policy {policy.name!r} needs signals the speculation trace lacks: "
+                          f"{missing}; record them, or use a parametric acceptance model")
+    return replay
 
 
 def _fit(values: np.ndarray, n: int) -> np.ndarray:

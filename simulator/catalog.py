@@ -142,8 +142,8 @@ def _llama(
 
 # Values from each repository's config.json (hidden_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings). Totals the tests check:
-# Llama-2-7B 6.74e9, 13B 13.0e9, Llama-3.1-8B 8.03e9, 70B 70.6e9, Qwen2.5-7B 7.61e9 and 0.5B
-# 0.49e9 (Qwen's model cards), llama-68m 68e6, SmolLM2-135M 134.5e6.
+# Llama-2-7B 6.74e9, 13B 13.0e9, Llama-3.1-8B 8.03e9, 70B 70.6e9, Llama-3.2-1B 1.23e9 (Meta's
+# model cards), Qwen2.5-7B 7.61e9 and 0.5B 0.49e9 (Qwen's), llama-68m 68e6, SmolLM2-135M 134.5e6.
 _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
     (_llama("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000, "meta-llama/Llama-2-7b-hf"),
      ("llama2-7b",)),
@@ -153,6 +153,9 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
      ("llama3.1-8b", "meta-llama-3.1-8b")),
     (_llama("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256, "meta-llama/Llama-3.1-70B"),
      ("llama3.1-70b", "meta-llama-3.1-70b")),
+    # Llama-3.1-8B's own-vocabulary draft (the 128k head): the pairing real deployments use.
+    (_llama("Llama-3.2-1B", 16, 2048, 32, 8, 8192, 128256, "meta-llama/Llama-3.2-1B", tied=True),
+     ("llama3.2-1b", "meta-llama-3.2-1b")),
     # Qwen2 attention has q/k/v biases; head_dim = 3584 / 28 = 128.
     (_llama("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, "Qwen/Qwen2.5-7B", qkv_bias=True),
      ("qwen2.5-7b",)),

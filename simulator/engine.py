@@ -11,7 +11,7 @@ import pandas as pd
 import simpy
 
 from policies import Policy, StepCost
-from simulator.acceptance import AcceptanceReplay
+from simulator.acceptance import replay_for
 from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
@@ -107,21 +107,7 @@ def simulate(
     arrival_s = arrival_s - arrival_s[0]
     check_fits(workload.request_ids, workload.prompt_tokens, workload.output_tokens, scheduler,
                kv_capacity_tokens)
-    max_run = acceptance.meta.get("max_run")
-    if isinstance(max_run, int) and scheduler.k_max > max_run:
-        raise ConfigError(
-            f"the speculation trace caps accepted runs at {max_run} (a run of {max_run} means "
-            f"'at least {max_run}'), so it cannot replay k up to k_max={scheduler.k_max}; "
-            f"use --k-max {max_run} or record with a larger max run"
-        )
-    replay = AcceptanceReplay(acceptance, workload.output_tokens)
-    needed = set(type(policy).signals)
-    if type(policy).uses_draft_stop:
-        needed |= {"draft_top1", "draft_entropy"}
-    if needed - replay.available:
-        missing = ", ".join(sorted(needed - replay.available))
-        raise ConfigError(f"policy {policy.name!r} needs signals the speculation trace lacks: "
-                          f"{missing}; record them, or use a parametric acceptance model")
+    replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
     steps, requests = StepLog(), RequestLog(len(workload))
     router = _Cluster(arrival_s, cluster.router)
     cost = StepCostModel(latency)

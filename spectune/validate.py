@@ -84,12 +84,22 @@ class ValidateSpec:
     """What to validate. The CLI's flags are these fields."""
 
     model: str = field(default="smollm2", metadata={
-        "help": "smollm2 (real SmolLM2-135M, real prompts) or tiny (random tiny model, for CI)"})
+        "help": "smollm2 (real SmolLM2-135M, real prompts), tiny (random tiny model, for CI), "
+                "or a catalog shape with random weights served in replay mode (e.g. "
+                "Llama-3.1-8B on a GPU): real passes, acceptance from --acceptance"})
+    acceptance: str | None = field(default=None, metadata={
+        "help": "replay mode's acceptance: a shipped speculation trace, a .npz, or a parametric "
+                "model (beta:7,3~20); default smollm2-ngram for the ngram drafter"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda or cuda:N"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)"})
     profile: str | None = field(default=None, metadata={
         "help": "a latency profile (folder or shipped name) to predict with; default: one "
                 "timed now, in rounds between the live runs"})
     workload: str | None = field(default=None, metadata={
-        "help": "a workload file (.csv/.jsonl) to serve; default: Poisson arrivals"})
+        "help": "a workload to serve (its first --requests requests, rescaled to each rate): a "
+                ".csv/.jsonl file or a shipped trace (azure-conv, azure-code); default: "
+                "Poisson arrivals"})
     requests: int | None = field(default=None, metadata={"help": "requests per run (40; 6 quick)"})
     rates: tuple[float, ...] | None = field(default=None, metadata={
         "help": "arrival rates, req/s (0.5 4; quick 2 50)"})
@@ -118,7 +128,23 @@ class ValidateSpec:
 
     def __post_init__(self) -> None:
         if self.model not in ("smollm2", "tiny"):
-            raise ConfigError(f"--model must be smollm2 or tiny, got {self.model!r}")
+            from simulator.catalog import get_model, model_names
+
+            try:
+                get_model(self.model)
+            except ConfigError:
+                raise ConfigError(f"--model must be smollm2, tiny or a catalog shape for "
+                                  f"replay mode ({', '.join(model_names())}); got "
+                                  f"{self.model!r}") from None
+        if self.dtype not in (None, "float32", "bfloat16"):
+            raise ConfigError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.acceptance is not None and not self.replay:
+            raise ConfigError("--acceptance is replay mode's (a catalog --model): the real and "
+                              "tiny models' acceptance is what their drafter achieves live")
+        if self.replay and self.acceptance is None and not self.drafter.startswith("ngram"):
+            raise ConfigError(f"replay mode with drafter {self.drafter!r}: say which acceptance "
+                              "to replay with --acceptance (a recording of that drafter, or "
+                              "a parametric model)")
         if self.requests is not None and self.requests < 1:
             raise ConfigError(f"--requests must be >= 1, got {self.requests}")
         if self.rates is not None and not all(r > 0 and np.isfinite(r) for r in self.rates):
@@ -132,6 +158,15 @@ class ValidateSpec:
                               f"{self.temperature!r}")
         if self.quick and self.model != "tiny":
             object.__setattr__(self, "model", "tiny")
+
+    @property
+    def replay(self) -> bool:
+        """Random weights of a catalog shape: acceptance replayed from a trace."""
+        return self.model not in ("smollm2", "tiny")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
     @property
     def n_requests(self) -> int:
@@ -161,15 +196,24 @@ class ValidateSpec:
 
 
 def build_models(spec: ValidateSpec):
-    """(target, tokenizer or None) on CPU, fp32."""
-    from profiler.model import LlamaModel, config_for
-    from simulator.catalog import ModelShape
+    """(target, tokenizer or None) on the spec's device and dtype."""
+    import torch
 
+    from profiler import device as devices
+    from profiler.model import LlamaModel, config_for
+    from simulator.catalog import ModelShape, get_model
+
+    try:
+        device = devices.resolve(spec.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    dtype = getattr(torch, spec.torch_dtype_name)
     if spec.model == "smollm2":
         from profiler.gguf import load_smollm2
 
-        return load_smollm2()
-    return LlamaModel.random(config_for(ModelShape(**TINY_SHAPE)), seed=spec.seed), None
+        return load_smollm2(dtype, device=device)
+    shape = ModelShape(**TINY_SHAPE) if spec.model == "tiny" else get_model(spec.model)
+    return LlamaModel.random(config_for(shape, dtype=dtype, device=device), seed=spec.seed), None
 
 
 def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
@@ -178,7 +222,10 @@ def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
 
     rng = np.random.default_rng([spec.seed, int(rate * 1000)])
     if spec.workload is not None:
-        wl = load_workload(spec.workload)
+        from traces.builtin import builtin_names, builtin_workload
+
+        wl = (builtin_workload(spec.workload) if spec.workload in builtin_names()
+              else load_workload(spec.workload))
         wl = rescale_to_rate(wl.head(min(spec.n_requests, len(wl))), rate)
         prompts = [rng.integers(0, vocab, int(n)).tolist() for n in wl.prompt_tokens]
         return wl, prompts
@@ -228,6 +275,23 @@ class _Setup:
     tokenizer: object
     temperature: float = 0.0
     seed: int = 0
+    acceptance: str | None = None  # replay mode: what build_acceptance makes the trace from
+
+    @property
+    def vocab(self) -> int:
+        """Token ids every model here embeds (a replayed draft model's may be smaller)."""
+        vocab = self.target.config.shape.vocab
+        draft = None if self.drafter.model_free else getattr(self.drafter, "model", None)
+        return min(vocab, draft.config.shape.vocab) if draft is not None else vocab
+
+    def replay_trace(self, workload):
+        """Replay mode's speculation trace for this workload (None: the real model's)."""
+        if self.acceptance is None:
+            return None
+        from spectune.simulate import build_acceptance
+
+        return build_acceptance(self.acceptance, workload,
+                                np.random.default_rng([self.seed, len(workload)]))
 
 
 @dataclass
@@ -251,11 +315,15 @@ def _setup(spec: ValidateSpec) -> _Setup:
 
     torch.set_num_threads(spec.threads)
     target, tokenizer = build_models(spec)
-    drafter = make_drafter(spec.drafter, target, seed=spec.seed,
-                           lens_text=lens_fit_text(tokenizer))
+    try:
+        drafter = make_drafter(spec.drafter, target, seed=spec.seed,
+                               lens_text=lens_fit_text(tokenizer), vocab_check=not spec.replay)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
                             kv_capacity_tokens=spec.kv_capacity_tokens)
-    return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed)
+    acceptance = (spec.acceptance or "smollm2-ngram") if spec.replay else None
+    return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed, acceptance)
 
 
 def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
@@ -274,14 +342,14 @@ def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
     return calib, prompts
 
 
-def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True):
+def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True, replay=None):
     from profiler.live_engine import LiveEngine
     from simulator import StepCostModel
 
     engine = LiveEngine(setup.target, setup.drafter, policy, setup.scheduler,
                         cost=StepCostModel(latency),
                         kv_capacity_tokens=setup.scheduler.kv_capacity_tokens,
-                        temperature=setup.temperature, seed=setup.seed)
+                        temperature=setup.temperature, seed=setup.seed, replay=replay)
     return engine.run(wl, prompts, realtime=realtime)
 
 
@@ -316,7 +384,8 @@ def _probe(spec: ValidateSpec, setup: _Setup, workloads, scratch: Path) -> Drift
                    for _, name, params in spec.policy_specs)
     grid = validation_grid(spec.max_num_seqs, spec.k_max, prompts, outputs, drafting)
     fixed = LatencyTable.load(resolve_profile(spec.profile)) if spec.profile else None
-    draft = None if setup.drafter.model_free else setup.drafter.model
+    draft = None if setup.drafter.model_free else getattr(setup.drafter, "timing_model",
+                                                          setup.drafter.model)
     return DriftProbe(setup.target, draft, grid, scratch / "profile", fixed)
 
 
@@ -325,7 +394,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
 
     started = time.perf_counter()
     setup = _setup(spec)
-    vocab = setup.target.config.shape.vocab
+    vocab = setup.vocab
     workloads = {rate: build_workload(spec, rate, vocab, setup.tokenizer)
                  for rate in spec.rate_list}
     probe = _probe(spec, setup, workloads, scratch)
@@ -341,16 +410,22 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
                 _say(log, f"  host time of {label}: {_host_text(hosts[label])}")
             latency = hosts[label].latency(probe.table(), setup.drafter)
             policy = make_policy(name, params)
-            live = _live(setup, policy, latency, wl, prompts)
+            replayed = setup.replay_trace(wl)
+            live = _live(setup, policy, latency, wl, prompts, replay=replayed)
             probe.round()
             want_kl = "kl" in type(policy).signals
-            trace = record_trace(setup.target, setup.drafter, prompts, live.outputs,
-                                 spec.k_max, want_kl, spec.temperature)
+            trace = replayed if replayed is not None else record_trace(
+                setup.target, setup.drafter, prompts, live.outputs, spec.k_max, want_kl,
+                spec.temperature)
             runs.append(_Run(label, name, params, rate, live, trace, probe.rounds - 2, latency))
             _say(log, f"  {label} at {rate:g} req/s: live {live.meta['wall_s']:.1f} s, "
                       f"then a profile round of {probe.round_times[-1]:.1f} s")
     rows, run_meta = _compare_all(spec, setup, probe, hosts, runs, workloads, out)
-    meta = _meta(spec, setup, probe, hosts, run_meta, time.perf_counter() - started)
+    replay = None
+    if setup.acceptance is not None and runs:
+        replay = {"acceptance": setup.acceptance,
+                  "source": runs[0].trace.meta.get("source", "")}
+    meta = _meta(spec, setup, probe, hosts, run_meta, time.perf_counter() - started, replay)
     if out is not None:
         write_results(out, rows, meta)
     return rows
@@ -360,9 +435,10 @@ def _calibrate_host(spec: ValidateSpec, setup: _Setup, probe: DriftProbe, policy
     """Host time per iteration of this policy's live engine, fitted on its calibration run."""
     if not spec.overhead:
         return NO_HOST
-    wl, prompts = calibration_workload(spec, setup.target.config.shape.vocab, setup.tokenizer)
+    wl, prompts = calibration_workload(spec, setup.vocab, setup.tokenizer)
     latency = latency_for(probe.table(), setup.drafter)
-    return fit_host(_live(setup, policy, latency, wl, prompts, realtime=False))
+    return fit_host(_live(setup, policy, latency, wl, prompts, realtime=False,
+                          replay=setup.replay_trace(wl)))
 
 
 def _host_text(h: HostFit) -> str:
@@ -401,7 +477,7 @@ def _compare_all(spec, setup, probe, hosts, runs, workloads, out):
     return rows, run_meta
 
 
-def _meta(spec, setup, probe, hosts, runs, wall_s) -> dict:
+def _meta(spec, setup, probe, hosts, runs, wall_s, replay: dict | None) -> dict:
     import torch
 
     table = probe.table()
@@ -410,7 +486,9 @@ def _meta(spec, setup, probe, hosts, runs, wall_s) -> dict:
              f"({min(scales):.3f}-{max(scales):.3f})" if spec.drift and scales
              else "not corrected (--no-drift)")
     return {"spec": asdict(spec), "model": setup.target.config.shape.name,
-            "drafter": setup.drafter.name,
+            "drafter": setup.drafter.name, "replay": replay,
+            "weights": "random (replay mode)" if setup.acceptance is not None else (
+                "real" if spec.model == "smollm2" else "random"),
             "profile": latency_for(table, setup.drafter).source
             + ("" if spec.profile else f", {probe.rounds} rounds between the live runs"),
             "profile_rounds_s": probe.round_times,

@@ -67,7 +67,11 @@ def format_table(rows: list[dict], meta: dict | None = None) -> str:
     lines = []
     runs = {}
     if meta:
-        lines.append(f"model {meta['model']}   drafter {meta['drafter']}")
+        lines.append(f"model {meta['model']} ({meta.get('weights', 'real')} weights)   "
+                     f"drafter {meta['drafter']}")
+        if meta.get("replay"):
+            lines.append(f"acceptance replayed from {meta['replay']['acceptance']}: "
+                         f"{meta['replay']['source']}")
         lines.append(meta["profile"])
         lines.append(f"drift: {meta['drift']['note']}")
         for label, h in meta["host"].items():

@@ -23,6 +23,7 @@ PUBLISHED_PARAMS = {
     "Llama-2-13B": 13.0e9,
     "Llama-3.1-8B": 8.03e9,
     "Llama-3.1-70B": 70.6e9,
+    "Llama-3.2-1B": 1.23e9,
     "Qwen2.5-7B": 7.61e9,
     "Qwen2.5-0.5B": 0.49e9,
     "Llama-68M": 68e6,

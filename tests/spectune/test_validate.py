@@ -125,3 +125,37 @@ def test_sampling_replays_exactly(tmp_path):
     assert live.accepted.tolist() == sim.accepted.tolist()
     with pytest.raises(ConfigError, match="temperature"):
         ValidateSpec(temperature=-0.1)
+
+
+@pytest.mark.parametrize(("drafter", "acceptance", "policies", "tokens"), [
+    ("ngram", None, "fixed:k=3", 64),  # the shipped n-gram recording, with its proposal caps
+    ("model:Llama-68M", "beta:6,3~10", "fixed:k=2,kld_variance", 12),
+])
+def test_replay_mode_serves_a_catalog_shape(tmp_path, drafter, acceptance, policies, tokens):
+    """A catalog shape with random weights: real passes, acceptance from a trace, which the
+    simulator replays too, so the accepted drafts agree request by request."""
+    spec = ValidateSpec(model="Llama-68M", drafter=drafter, acceptance=acceptance, requests=4,
+                        rates=(20.0,), output_tokens=tokens, policies=policies, max_num_seqs=4,
+                        k_max=3)
+    rows = run_validate(spec, tmp_path)
+    emitted = [r for r in rows if r["metric"] == "emitted_per_step"]
+    assert len(emitted) == len(spec.policy_specs)
+    for r in emitted:
+        assert r["measured"] > 1.0 and r["error_pct"] == pytest.approx(0.0, abs=1e-9), r
+    for live_file in tmp_path.glob("**/live_requests.csv"):
+        live = pd.read_csv(live_file)
+        sim = pd.read_csv(live_file.with_name("sim_requests.csv"))
+        assert live.accepted.tolist() == sim.accepted.tolist()
+    meta = json.loads((tmp_path / "validate.json").read_text())["meta"]
+    assert meta["replay"]["acceptance"] == (acceptance or "smollm2-ngram")
+    assert meta["weights"] == "random (replay mode)"
+    assert "acceptance replayed from" in format_table(rows, meta)
+
+
+def test_replay_mode_refusals():
+    with pytest.raises(ConfigError, match="--acceptance"):
+        ValidateSpec(model="Llama-68M", drafter="model:Llama-68M")  # which acceptance?
+    with pytest.raises(ConfigError, match="replay"):
+        ValidateSpec(model="smollm2", acceptance="beta:6,3")
+    with pytest.raises(ConfigError, match="--dtype"):
+        ValidateSpec(dtype="int8")
