@@ -172,6 +172,37 @@ def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict) -> 
     return out
 
 
+def from_tune(folder: Path, slos: SimulationSpec) -> tuple[SimulationSpec, SchedulerConfig, str]:
+    """(scenario, scheduler, policies) of the tune in `folder`: its scenario with the SLOs of
+    `slos`, its scheduler, and its recommended policies, best fixed k and plain decoding."""
+    import json
+
+    file = Path(folder) / "tune.json"
+    try:
+        result = json.loads(file.read_text())
+        meta, chosen = result["meta"], result["recommendations"] + result["best_fixed"]
+        scenario = SimulationSpec(**meta["scenario"])
+        scheduler = SchedulerConfig(**meta["scheduler"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--from-tune {folder}: not a folder written by spectune tune "
+                          f"({exc.__class__.__name__}: {exc})") from None
+    scenario = replace(scenario, slo_ttft=slos.slo_ttft, slo_tpot=slos.slo_tpot)
+    labels = ["fixed:k=0"]
+    for row in chosen:
+        pairs = [f"{k}={_exact(v)}" for k, v in sorted(row["params"].items())]
+        label = ":".join([row["policy"], *pairs])
+        if label not in labels:
+            labels.append(label)
+    return scenario, scheduler, ",".join(labels)
+
+
+def _exact(value) -> str:
+    """A parameter value as text that parses back to the same value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 def add_plan_parser(sub) -> argparse.ArgumentParser:
     from spectune.flags import add_dataclass_flags
     from spectune.tune import TUNE_SCENARIO
@@ -185,6 +216,10 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
     p.set_defaults(**TUNE_SCENARIO, slo_ttft=2.0, slo_tpot=0.05)
     add_dataclass_flags(p, PlanSpec, "plan")
     add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    p.add_argument("--from-tune", type=Path, metavar="DIR",
+                   help="plan for what a tune recommended: its scenario, scheduler and "
+                        "recommended policies (with the best fixed k and plain decoding) from "
+                        "DIR/tune.json; the SLOs and plan flags still come from here")
     p.add_argument("--out", type=Path, default=Path("runs/plan"))
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -200,6 +235,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     scenario = dataclass_from_args(SimulationSpec, args)
     spec = dataclass_from_args(PlanSpec, args)
     scheduler = dataclass_from_args(SchedulerConfig, args)
+    if args.from_tune is not None:
+        scenario, scheduler, policies = from_tune(args.from_tune, scenario)
+        spec = replace(spec, policies=policies)
     prepare_out(args.out)
     result = run_plan(spec, scenario, scheduler, args.out, progress_bar("plan"))
     if args.format == "json":

@@ -185,3 +185,24 @@ def test_plan_max_rate_is_met_below_and_missed_above(tmp_path):
         run_plan(spec, SimulationSpec(), SchedulerConfig(), None)
     with pytest.raises(ConfigError, match="prices"):
         PlanSpec(prices="H100-SXM")
+
+
+def test_plan_from_tune_reads_its_scenario_and_recommendations(tuned, tmp_path):
+    from spectune.plan import from_tune
+
+    result, out = tuned
+    slos = SimulationSpec(slo_ttft=0.5, slo_tpot=0.02)
+    scenario, scheduler, policies = from_tune(out, slos)
+    assert (scenario.workload, scenario.requests, scenario.acceptance) == (
+        SCENARIO.workload, SCENARIO.requests, SCENARIO.acceptance)
+    assert (scenario.slo_ttft, scenario.slo_tpot) == (0.5, 0.02)
+    assert scheduler == SchedulerConfig()
+    labels = policies.split(",")
+    assert labels[0] == "fixed:k=0" and len(labels) == len(set(labels))
+    from spectune.plan import _candidates
+
+    planned = {(c.policy, c.params) for c in _candidates(policies)}
+    for rec in result["recommendations"] + result["best_fixed"]:  # parsed back exactly
+        assert (rec["policy"], tuple(sorted(rec["params"].items()))) in planned
+    with pytest.raises(ConfigError, match="not a folder written by spectune tune"):
+        from_tune(tmp_path, slos)
