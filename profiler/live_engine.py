@@ -17,7 +17,8 @@ so that `validate` compares like with like. The scheduler is the same, rule for 
   (the policy's stop rule may cut chains), one verify pass, greedy acceptance or, at a
   temperature > 0, rejection sampling with a seeded generator (speculate.py),
   the policy observes the outcomes, and requests that reached their max tokens finish.
-Chunked prefill is not implemented live (it is refused). Records have the simulator's schema
+With chunked prefill (`scheduler.chunked_prefill`) every iteration is a mixed one: decode
+steps and prompt chunks in one target pass (live_mixed.py). Records have the simulator's schema
 (simulator/records.py) with measured wall-clock seconds: an iteration runs from the boundary
 where it was scheduled (admission, the policy's choice and drafting count) to the moment its
 tokens are emitted; the policy's `observe` and the finishing bookkeeping come after, as in the
@@ -112,8 +113,6 @@ class LiveEngine:
         if replay is not None and temperature > 0:
             raise ConfigError("replay takes acceptance from the speculation trace (sampled or "
                               "not): leave the temperature at 0")
-        if scheduler.chunked_prefill:
-            raise ConfigError("the live engine does not implement chunked prefill yet")
         capacity = kv_capacity_tokens if kv_capacity_tokens is not None else (
             scheduler.kv_capacity_tokens)
         if capacity is None:

@@ -24,6 +24,8 @@ class LiveRequest:
         "index",
         "log",
         "output_tokens",
+        "prefilled",
+        "prompt_hidden",
         "prompt_tokens",
         "request_id",
         "reserve",
@@ -46,6 +48,8 @@ class LiveRequest:
         self.accepted = 0
         self.reserve = 0
         self.cache: KVCache | None = None
+        self.prefilled = 0  # prompt tokens in the cache (chunked prefill)
+        self.prompt_hidden: list = []  # their features so far, for an EAGLE drafter
         #: one (position, k chosen, drafted, accepted, emitted) per decode step: replay checks
         self.log: list[tuple[int, int, int, int, int]] = []
 

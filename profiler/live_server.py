@@ -1,8 +1,9 @@
 """The live engine's scheduler loop for one run: admission, prefill and decode iterations.
 
 Mirrors simulator/replica.py (`Replica.serve`, `_admit_whole`, `_prefill_iteration`,
-`_mixed_iteration` without chunks, `_finish_done`) with real passes and a real clock; the
-records are written the same way, with the same values taken at the same moments.
+`_mixed_iteration`, `_finish_done`; with chunked prefill, live_mixed.py) with real passes and
+a real clock; the records are written the same way, with the same values taken at the same
+moments.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ import pandas as pd
 import torch
 
 from policies import DraftOutcome, Policy, StepContext
-from profiler.draft_base import Drafter, StopRule
+from profiler.draft_base import DraftChain, Drafter, StopRule
+from profiler.live_mixed import mixed_iteration
 from profiler.live_request import EngineClock, LiveRequest
 from profiler.pass_timer import PassTimer
 from profiler.replay import ReplayScript, verify_replay
-from profiler.speculate import PROB_SIGNALS, Verified, verify_greedy, verify_sampling
+from profiler.speculate import (
+    PROB_SIGNALS,
+    FedPass,
+    Verified,
+    verify_greedy,
+    verify_sampling,
+)
 from simulator.errors import ConfigError
 from simulator.records import RequestLog, StepLog
 
@@ -44,6 +52,7 @@ class LiveServer:
         self.signals = frozenset(type(policy).signals)
         self.pending = deque(requests)  # not arrived yet
         self.waiting: deque[LiveRequest] = deque()
+        self.prefilling: list[LiveRequest] = []  # admitted, prompt not whole yet (chunked)
         self.running: list[LiveRequest] = []
         self.kv_used = 0
         self.step_index = 0
@@ -67,12 +76,16 @@ class LiveServer:
         return self.steps.frame()
 
     def _serve(self, timer: PassTimer) -> None:
-        while self.pending or self.waiting or self.running:
+        while self.pending or self.waiting or self.prefilling or self.running:
             self._arrive()
-            if not (self.waiting or self.running):
+            if not (self.waiting or self.prefilling or self.running):
                 self.clock.wait_until(self.pending[0].arrival_s)
                 continue
             start = self.clock.now()
+            if self.sched.chunked_prefill:
+                mixed_iteration(self, start)
+                self.pass_s.append(timer.take())
+                continue
             admitted = self._admit(start)
             if admitted:
                 self._prefill(admitted, start)
@@ -163,26 +176,34 @@ class LiveServer:
         self._finish_done(end)
 
     def _speculate(self, batch: list[LiveRequest], ks: list[int]) -> list[Verified]:
-        """Draft chains (cut by the policy's stop rule), then one greedy verify pass."""
-        drafter = self.drafter
-        keep_probs = bool(self.signals & PROB_SIGNALS) and not drafter.model_free
+        """Draft chains (cut by the policy's stop rule), then one verify pass."""
+        return self._verify(batch, self._draft(batch, ks))
+
+    def _draft(self, batch: list[LiveRequest], ks: list[int]) -> list[DraftChain]:
+        keep_probs = bool(self.signals & PROB_SIGNALS) and not self.drafter.model_free
         ids, histories = [st.request_id for st in batch], [st.tokens for st in batch]
-        chains = drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
+        return self.drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
+
+    def _verify(self, batch: list[LiveRequest], chains: list[DraftChain],
+                fed: FedPass | None = None) -> list[Verified]:
+        """Verify (greedy, sampling or replay) the chains; `fed`: their pass, if already run."""
+        drafter, target = self.drafter, self.engine.target
+        ids = [st.request_id for st in batch]
         caches = [st.cache for st in batch]
         lasts = [st.tokens[-1] for st in batch]
         room = [st.output_tokens - st.generated for st in batch]
         hidden = drafter.needs_hidden
         if self.script is not None:
             positions = [st.generated for st in batch]
-            results = verify_replay(self.engine.target, caches, lasts, chains, room, self.script,
-                                    ids, positions, self.signals, hidden)
+            results = verify_replay(target, caches, lasts, chains, room, self.script, ids,
+                                    positions, self.signals, hidden, fed)
         elif self.engine.temperature > 0:
-            results = verify_sampling(self.engine.target, caches, lasts, chains, room,
+            results = verify_sampling(target, caches, lasts, chains, room,
                                       self.engine.temperature, self.generator, self.signals,
-                                      hidden)
+                                      hidden, fed)
         else:
-            results = verify_greedy(self.engine.target, caches, lasts, chains, room,
-                                    self.signals, hidden)
+            results = verify_greedy(target, caches, lasts, chains, room, self.signals, hidden,
+                                    fed)
         if hidden:
             drafter.observe_hidden(ids, [res.hidden for res in results])
         return results

@@ -34,7 +34,7 @@ import torch
 from profiler.draft_base import DraftChain, Drafter, StopRule
 from profiler.kv_cache import KVCache
 from profiler.model import LlamaModel
-from profiler.speculate import Verified, _verify_pass
+from profiler.speculate import FedPass, Verified, _verify_pass
 from simulator.acceptance import replay_for
 from traces import SpeculationTrace, Workload
 
@@ -177,10 +177,11 @@ def verify_replay(
     positions: Sequence[int],
     signals: frozenset[str] = frozenset(),
     want_hidden: bool = False,
+    fed: FedPass | None = None,
 ) -> list[Verified]:
     """The real verify pass (and the greedy engine's argmax over it), with acceptance decided by
     the script: the chain's leading tokens that equal the request's sequence at `positions`."""
-    starts, logits, hidden = _verify_pass(target, caches, lasts, chains, want_hidden)
+    starts, logits, hidden = fed or _verify_pass(target, caches, lasts, chains, want_hidden)
     torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # the work (and sync) of greedy
     out = []
     for r, (cache, start, chain, room, rid, g) in enumerate(

@@ -48,18 +48,24 @@ class Verified:
     hidden: torch.Tensor | None = None
 
 
+#: a verify pass's result: cache lengths before it, per request the logits of every fed token
+#: and (if asked for) their last-layer features
+FedPass = tuple[list[int], list[torch.Tensor], "list[torch.Tensor] | None"]
+
+
+def verify_tokens(lasts: Sequence[int], chains: Sequence[DraftChain], device) -> list[torch.Tensor]:
+    """What a verify pass feeds per request: [last, d_1 .. d_n]."""
+    return [torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
+            for last, chain in zip(lasts, chains)]
+
+
 def _verify_pass(
     target: LlamaModel, caches: Sequence[KVCache], lasts: Sequence[int],
     chains: Sequence[DraftChain],
     want_hidden: bool = False,
-) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor] | None]:
-    """The one target pass over [last, d_1 .. d_n] per request: cache lengths before it, every
-    fed token's logits per request and, if asked, their last-layer features."""
-    device = target.config.device
-    tokens = [
-        torch.tensor([last, *chain.tokens], dtype=torch.int64, device=device)
-        for last, chain in zip(lasts, chains)
-    ]
+) -> FedPass:
+    """The one target pass over [last, d_1 .. d_n] per request."""
+    tokens = verify_tokens(lasts, chains, target.config.device)
     starts = [cache.length for cache in caches]
     if not want_hidden:
         return starts, target(tokens, list(caches), logits="all"), None
@@ -76,12 +82,14 @@ def verify_greedy(
     remaining: Sequence[int],
     signals: frozenset[str] = frozenset(),
     want_hidden: bool = False,
+    fed: FedPass | None = None,
 ) -> list[Verified]:
     """Verify every chain in one target pass; roll each cache back past its rejected drafts.
 
     `remaining[r]` is how many tokens request r may still emit (>= 1): emission stops there.
+    `fed`: the pass already run (a mixed iteration feeds prompt chunks in the same pass).
     """
-    starts, logits, hidden = _verify_pass(target, caches, lasts, chains, want_hidden)
+    starts, logits, hidden = fed or _verify_pass(target, caches, lasts, chains, want_hidden)
     flat = torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # one device sync
     out, offset = [], 0
     for r, (cache, start, chain, rows, room) in enumerate(
@@ -109,6 +117,7 @@ def verify_sampling(
     generator: torch.Generator,
     signals: frozenset[str] = frozenset(),
     want_hidden: bool = False,
+    fed: FedPass | None = None,
 ) -> list[Verified]:
     """Rejection sampling (Leviathan et al. 2023; Chen et al. 2023) at `temperature` > 0.
 
@@ -122,7 +131,7 @@ def verify_sampling(
     """
     if not temperature > 0:
         raise ValueError(f"rejection sampling needs temperature > 0, got {temperature!r}")
-    starts, logits, hidden = _verify_pass(target, caches, lasts, chains, want_hidden)
+    starts, logits, hidden = fed or _verify_pass(target, caches, lasts, chains, want_hidden)
     out = []
     for r, (cache, start, chain, rows, room) in enumerate(
             zip(caches, starts, chains, logits, remaining)):

@@ -113,6 +113,10 @@ class ValidateSpec:
     k_max: int = field(default=8, metadata={"help": "hard cap on k"})
     max_num_seqs: int = field(default=16, metadata={"help": "requests in one batch, at most"})
     kv_capacity_tokens: int = field(default=100_000, metadata={"help": "KV-cache tokens"})
+    max_batched_tokens: int | None = field(default=None, metadata={
+        "help": "token budget per iteration (prompt tokens; unset: unlimited)"})
+    chunked_prefill: bool = field(default=False, metadata={
+        "help": "prefill prompts in chunks beside the decode steps (needs --max-batched-tokens)"})
     overhead: bool = field(default=True, metadata={
         "help": "calibrate the engine's host time per iteration per policy and add it"})
     drift: bool = field(default=True, metadata={
@@ -151,6 +155,8 @@ class ValidateSpec:
             raise ConfigError(f"--rates must be positive req/s, got {self.rates}")
         if self.output_tokens is not None and self.output_tokens < 1:
             raise ConfigError(f"--output-tokens must be >= 1, got {self.output_tokens}")
+        if self.chunked_prefill and self.max_batched_tokens is None:
+            raise ConfigError("--chunked-prefill needs a token budget: set --max-batched-tokens")
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
@@ -321,7 +327,9 @@ def _setup(spec: ValidateSpec) -> _Setup:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
-                            kv_capacity_tokens=spec.kv_capacity_tokens)
+                            kv_capacity_tokens=spec.kv_capacity_tokens,
+                            max_batched_tokens=spec.max_batched_tokens,
+                            chunked_prefill=spec.chunked_prefill)
     acceptance = (spec.acceptance or "smollm2-ngram") if spec.replay else None
     return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed, acceptance)
 

@@ -140,12 +140,17 @@ def one_by_one_greedy(target, prompt, n) -> list[int]:
     return out
 
 
+CHUNKED = dataclasses.replace(SCHED, chunked_prefill=True, max_batched_tokens=9)
+
+
+@pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
 @pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 4}), ("fixed", {"k": 0}),
                                                 ("kld_variance", {}), ("goodput", {})])
 def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompts, policy,
-                                                    params):
+                                                    params, sched):
+    """Whole prompts, or chunks (the head gets the prompt's features gathered chunk by chunk)."""
     head = trained[0]
-    engine = LiveEngine(target, EagleDrafter(head), make_policy(policy, params), SCHED,
+    engine = LiveEngine(target, EagleDrafter(head), make_policy(policy, params), sched,
                         cost=StepCostModel(LinearLatency()))
     res = engine.run(live_workload(live_prompts), live_prompts, realtime=False)
     for prompt, n, out in zip(live_prompts, OUTPUTS, res.outputs):

@@ -313,9 +313,6 @@ def test_draft_stop_cuts_chains(target, prompts, reference):
 def test_refusals(target, prompts):
     with pytest.raises(ConfigError, match="simulation only"):
         engine(target, NgramDrafter(), make_policy("oracle"))
-    with pytest.raises(ConfigError, match="chunked"):
-        sched = SchedulerConfig(chunked_prefill=True, max_batched_tokens=64, kv_capacity_tokens=1)
-        engine(target, NgramDrafter(), make_policy("fixed"), sched)
     with pytest.raises(ConfigError, match="KV capacity"):
         LiveEngine(target, NgramDrafter(), make_policy("fixed"), SchedulerConfig())
     live = LiveEngine(target, NgramDrafter(), make_policy("goodput"), SCHED)  # no cost model
@@ -393,5 +390,40 @@ def test_scheduler_mirrors_the_simulator_step_for_step(target, prompts, policy, 
     sim = simulate(wl, cost.latency, trace_from_runs(runs), make_policy(policy, params),
                    sched.kv_capacity_tokens, sched)
     assert len(res.steps) > 20 and (res.steps.waiting > 0).any()
+    pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
+    pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)
+
+
+# -- chunked prefill -----------------------------------------------------------------------------
+
+CHUNKED = dataclasses.replace(SCHED, chunked_prefill=True, max_batched_tokens=14)
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "early-exit:1", "model:noisy"])
+@pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("gammatune", {})])
+def test_chunked_prefill_is_lossless(target, prompts, reference, drafter_name, policy, params):
+    """Prompts longer than the budget are prefilled in chunks beside the decode steps."""
+    live = engine(target, drafter_for(drafter_name, target), make_policy(policy, params),
+                  CHUNKED)
+    res = live.run(workload(prompts), prompts, realtime=False)
+    assert_lossless(res.outputs, reference)
+    mixed = res.steps[(res.steps.prefill_seqs > 0) & (res.steps.decode_seqs > 0)]
+    assert len(mixed) > 0 and (res.steps.prefill_tokens <= CHUNKED.max_batched_tokens).all()
+    assert max(len(p) for p in prompts) > CHUNKED.max_batched_tokens  # some were chunked
+
+
+@pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("gammatune", {}),
+                                                ("goodput", {})])
+def test_chunked_scheduler_mirrors_the_simulator_step_for_step(target, prompts, policy, params):
+    runs = teacher_forced_runs(target, prompts, "early-exit:1")
+    sched = dataclasses.replace(CHUNKED, max_num_seqs=3)
+    cost = StepCostModel(LinearLatency())
+    wl = workload(prompts, arrivals=[0.0, 0.0, 0.001, 0.02, 0.021, 0.05, 0.3, 0.31])
+    live = engine(target, drafter_for("early-exit:1", target), make_policy(policy, params), sched,
+                  cost=cost)
+    res = live.run(wl, prompts, virtual_time=True)
+    sim = simulate(wl, cost.latency, trace_from_runs(runs), make_policy(policy, params),
+                   sched.kv_capacity_tokens, sched)
+    assert (res.steps.prefill_seqs > 0).sum() > len(prompts)  # prompts spread over iterations
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
     pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)

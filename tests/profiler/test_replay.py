@@ -76,10 +76,14 @@ def mirror(target, drafter, policy, params, trace, sched=SCHED):
     ("batch_adaptive", {}),
 ])
 @pytest.mark.parametrize("drafter_name", ["model:replay-draft", "ngram"])
-def test_replay_mirrors_the_simulator_step_for_step(target, policy, params, drafter_name):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_replay_mirrors_the_simulator_step_for_step(target, policy, params, drafter_name,
+                                                    chunked):
     drafter = make_drafter(drafter_name, target, shapes={"replay-draft": DRAFT},
                            vocab_check=False)
-    res, sim = mirror(target, drafter, policy, params, trace_for())
+    sched = dataclasses.replace(SCHED, chunked_prefill=True, max_batched_tokens=12) if (
+        chunked) else SCHED
+    res, sim = mirror(target, drafter, policy, params, trace_for(), sched)
     assert len(res.steps) > 20 and (res.steps.waiting > 0).any()
     assert res.steps.drafted.sum() > 0 and res.steps.accepted.sum() > 0
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)

@@ -159,3 +159,21 @@ def test_replay_mode_refusals():
         ValidateSpec(model="smollm2", acceptance="beta:6,3")
     with pytest.raises(ConfigError, match="--dtype"):
         ValidateSpec(dtype="int8")
+
+
+def test_chunked_prefill_validates_with_the_same_scheduler(tmp_path):
+    """The live engine and the simulator both chunk prompts under the same token budget."""
+    spec = ValidateSpec(quick=True, requests=5, rates=(40.0,), policies="fixed:k=2",
+                        chunked_prefill=True, max_batched_tokens=16)
+    rows = run_validate(spec, tmp_path)
+    emitted = next(r for r in rows if r["metric"] == "emitted_per_step")
+    assert emitted["error_pct"] == pytest.approx(0.0, abs=1e-9)
+    live = pd.read_csv(next(tmp_path.glob("**/live_steps.csv")))
+    sim = pd.read_csv(next(tmp_path.glob("**/sim_steps.csv")))
+    for steps in (live, sim):
+        assert ((steps.prefill_seqs > 0) & (steps.decode_seqs > 0)).any()
+        assert steps.prefill_tokens.max() <= 16
+    assert json.loads((tmp_path / "validate.json").read_text())["meta"]["scheduler"][
+        "chunked_prefill"] is True
+    with pytest.raises(ConfigError, match="max-batched-tokens"):
+        ValidateSpec(chunked_prefill=True)

@@ -1,0 +1,143 @@
+"""The live engine's iteration with chunked prefill: decode requests and prompt chunks share one
+target pass (Sarathi-style mixed batches, vLLM's default).
+
+Rule for rule simulator/replica.py's `_mixed_iteration` and `_plan_chunks`: the policy chooses
+k for the running requests and they draft first; the token budget left after their k + 1 tokens
+each goes to the prompts being prefilled (oldest first), then to waiting requests admitted FCFS
+while the batch cap and the KV reservation allow; one target pass feeds every decode request's
+[last, drafts] and every chunk; a prompt whose last chunk ran emits its first token (argmax, or
+a sample, of that chunk's last row, or the replayed sequence's first) at the iteration's end.
+
+A draft model prefills a prompt in one pass of its own when the prompt's last chunk has run (the
+simulator's cost model charges chunk tokens to the draft's first chain pass instead: the same
+tokens, one pass fewer); an EAGLE drafter gets the prompt's features collected chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from profiler.draft_base import DraftChain
+from profiler.speculate import FedPass, verify_tokens
+
+if TYPE_CHECKING:
+    from profiler.live_request import LiveRequest
+    from profiler.live_server import LiveServer
+
+Chunk = tuple["LiveRequest", int, int]  # (request, tokens in this chunk, tokens already cached)
+
+
+def plan_chunks(server: LiveServer, decode_tokens: int, now: float) -> list[Chunk]:
+    """This iteration's prompt chunks, admitting waiting requests into what the budget leaves."""
+    budget = max(0, server.sched.max_batched_tokens - decode_tokens)
+    chunks: list[Chunk] = []
+    for st in server.prefilling:
+        if budget == 0:
+            break
+        n = min(st.prompt_tokens - st.prefilled, budget)
+        chunks.append((st, n, st.prefilled))
+        budget -= n
+    target = server.engine.target
+    while server.waiting and budget > 0:
+        st = server.waiting[0]
+        if len(server.running) + len(server.prefilling) >= server.sched.max_num_seqs:
+            break
+        if server.kv_used + st.reserve > server.capacity:
+            break
+        server.waiting.popleft()
+        server.kv_used += st.reserve
+        server.log.admitted_s[st.index] = now
+        st.cache = target.new_cache(st.reserve + 1)
+        server.prefilling.append(st)
+        n = min(st.prompt_tokens, budget)
+        chunks.append((st, n, 0))
+        budget -= n
+    return chunks
+
+
+def mixed_iteration(server: LiveServer, start: float) -> None:
+    """One iteration of decode steps and prompt chunks (see the module doc)."""
+    batch = list(server.running)
+    ks = server._choose(batch) if batch else []
+    chains = server._draft(batch, ks) if batch else []
+    drafted = [len(c) for c in chains]
+    chunks = plan_chunks(server, sum(drafted) + len(batch), start)
+    waiting, kv = len(server.waiting), server.kv_used
+    held = waiting + len(server.prefilling) + len(batch)
+    cached = [st.context_tokens - 1 for st in batch]
+    fed, chunk_hidden = _mixed_pass(server, batch, chains, chunks)
+    results = server._verify(batch, chains, fed) if batch else []
+    outcomes = [server._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
+    done = _complete_prompts(server, chunks, chunk_hidden)
+    n_tokens = sum(n for _, n, _ in chunks)
+    prompt_cached = sum(c for _, _, c in chunks)
+    pairs = sum(n * c + n * (n + 1) // 2 for _, n, c in chunks)
+    end = server._end(start, lambda: server.engine.cost.iteration_s(
+        drafted, cached, len(chunks), n_tokens, prompt_cached, pairs))
+    server.step_index += 1
+    if server.observes and batch:  # after the end, at the end's time, as in the simulator
+        server.policy.observe(server._context(batch), outcomes)
+    accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
+    row = (0, start, end - start, len(batch), len(chunks), n_tokens, sum(drafted),
+           max(drafted, default=0), accepted, emitted, waiting, held, kv)
+    server.steps.add(*row)
+    for st in done:
+        server.prefilling.remove(st)
+        server.log.first_token_s[st.index] = end
+        server.running.append(st)
+    server._finish_done(end)
+
+
+def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[DraftChain],
+                chunks: list[Chunk]) -> tuple[FedPass | None, list[torch.Tensor]]:
+    """The one target pass over the decode requests' verify tokens and the prompt chunks: the
+    decode part as a verify pass's result (None without chunks: `_verify` runs its own pass),
+    and each chunk's last-layer features."""
+    if not chunks:
+        return None, []
+    target, device = server.engine.target, server.engine.device
+    tokens = verify_tokens([st.tokens[-1] for st in batch], chains, device)
+    tokens += [torch.tensor(st.tokens[c : c + n], dtype=torch.int64, device=device)
+               for st, n, c in chunks]
+    starts = [st.cache.length for st in batch]
+    caches = [st.cache for st in batch] + [st.cache for st, _, _ in chunks]
+    hidden = target(tokens, caches, logits="hidden")
+    decode_hidden, chunk_hidden = hidden[: len(batch)], hidden[len(batch) :]
+    logits: list[torch.Tensor] = []
+    if batch:
+        sizes = [h.shape[0] for h in decode_hidden]
+        logits = list(target.logits_of(torch.cat(decode_hidden)).split(sizes))
+    want = server.drafter.needs_hidden
+    return (starts, logits, list(decode_hidden) if want else None), list(chunk_hidden)
+
+
+def _complete_prompts(server: LiveServer, chunks: list[Chunk],
+                      chunk_hidden: list[torch.Tensor]) -> list[LiveRequest]:
+    """Count the chunks; prompts that are now whole get their first token and their drafter
+    state (inside the iteration: a draft model's prefill pass is part of its time)."""
+    done, last_rows, prompt_hidden = [], [], []
+    for (st, n, _), rows in zip(chunks, chunk_hidden):
+        st.prefilled += n
+        if server.drafter.needs_hidden:
+            st.prompt_hidden.append(rows)
+        if st.prefilled == st.prompt_tokens:
+            done.append(st)
+            last_rows.append(rows[-1])
+            prompt_hidden.append(torch.cat(st.prompt_hidden) if st.prompt_hidden else None)
+            st.prompt_hidden = []
+    if not done:
+        return done
+    ids = [st.request_id for st in done]
+    server.drafter.start(ids, [list(st.tokens) for st in done])
+    if server.drafter.needs_hidden:
+        server.drafter.observe_hidden(ids, prompt_hidden)
+    if server.script is not None:
+        firsts = [server.script.first_token(rid) for rid in ids]
+    else:
+        firsts = server._first_tokens(server.engine.target.logits_of(torch.stack(last_rows)))
+    for st, token in zip(done, firsts):
+        st.tokens.append(token)
+        st.generated = 1
+    return done
