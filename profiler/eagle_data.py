@@ -89,3 +89,37 @@ def target_features(target: LlamaModel, tokens: Sequence[int]) -> torch.Tensor:
     sequence = torch.tensor(list(tokens), dtype=torch.int64, device=target.config.device)
     hidden = target([sequence], [target.new_cache(len(sequence))], logits="hidden")[0]
     return hidden.float().cpu().clone()  # a normal tensor (training saves it for backward)
+
+
+def self_prompts(
+    target: LlamaModel,
+    pre_query: Sequence[int],
+    count: int,
+    folder: Path,
+    *,
+    eos_id: int,
+    seed: int = 0,
+    batch: int = 32,
+    max_tokens: int = 96,
+    min_tokens: int = 6,
+    progress=None,
+) -> list[list[int]]:
+    """User turns the instruct model writes itself (Magpie: Xu et al. 2024, arXiv:2406.08464).
+
+    Given only its chat template up to the start of a user turn (`pre_query`), an aligned model
+    samples what a user would ask; at temperature 1 the questions are as varied as its chat
+    training data. `count` are sampled (cached like any continuation); kept are those that end
+    (EOS) within `max_tokens` with at least `min_tokens` tokens, without repeats. Returned without
+    the EOS, in sampling order."""
+    conts = continue_prompts(target, [(f"q{i}", pre_query) for i in range(count)], [1.0],
+                             max_tokens, folder, eos_id=eos_id, seed=seed, batch=batch,
+                             progress=progress)
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for c in conts:
+        body = c.output[:-1]
+        if not c.output or c.output[-1] != eos_id or len(body) < min_tokens or body in seen:
+            continue
+        seen.add(body)
+        out.append(list(body))
+    return out

@@ -3,10 +3,12 @@
     python scripts/train_eagle.py --out profiler/data/eagle/smollm2-135m-eagle.npz
 
 Stages (continuations are cached under --work, so a rerun resumes): the target's continuations of
-the training split (even Spec-Bench question ids; greedy and sampled), a draft vocabulary from
-them, the target's features over prompt + continuation, training with a fixed seed (the curve is
-printed, with held-out acceptance on the first 3 odd-id questions of each category after every
-epoch), and the fp16 weights with what they were made from.
+the training split (even Spec-Bench question ids; greedy and sampled); --self-prompts user turns
+the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and its greedy answers
+to them; a draft vocabulary from all of that text; the target's features over prompt +
+continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
+first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
+they were made from.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.eagle import EagleHead, save_head
-from profiler.eagle_data import continue_prompts
+from profiler.eagle_data import continue_prompts, self_prompts
 from profiler.eagle_train import (
     TrainSpec,
     draft_vocabulary,
@@ -41,6 +43,8 @@ from spectune.record import (
     load_prompts,
     tokens_per_step,
 )
+
+ASSISTANT_START = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 @torch.no_grad()
@@ -78,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--vocab", type=int, default=16384, help="draft vocabulary size")
+    ap.add_argument("--self-prompts", type=int, default=0,
+                    help="user turns to sample from the target itself (kept: those that end)")
     for f in dataclasses.fields(TrainSpec):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
@@ -98,13 +104,26 @@ def main(argv=None) -> int:
                              args.work / "continuations", eos_id=tok.eos_id, seed=args.data_seed,
                              batch=args.batch,
                              progress=lambda d, n: say(f"continuations {d}/{n}"))
+    own = []
+    if args.self_prompts:
+        pre_query = tok.encode(chat_prompt("").removesuffix(ASSISTANT_START))
+        tail = tok.encode(ASSISTANT_START)
+        asked = self_prompts(target, pre_query, args.self_prompts, args.work / "self-prompts",
+                             eos_id=tok.eos_id, seed=args.data_seed, batch=args.batch,
+                             progress=lambda d, n: say(f"self prompts {d}/{n}"))
+        own = [(f"self{i}", [*pre_query, *body, *tail]) for i, body in enumerate(asked)]
+        say(f"{len(asked)} of {args.self_prompts} self-written user turns kept")
+        conts += continue_prompts(target, own, [0.0], args.max_tokens,
+                                  args.work / "self-continuations", eos_id=tok.eos_id,
+                                  seed=args.data_seed, batch=args.batch,
+                                  progress=lambda d, n: say(f"self continuations {d}/{n}"))
     conts.sort(key=lambda c: (c.prompt, c.key))
     evals = first_per_category([p for p in questions if in_split(p.key, "eval")], 3)
     eval_conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text))) for p in evals],
                                   [0.0], 128, args.work / "eval", eos_id=tok.eos_id,
                                   batch=args.batch)
     eval_set = [(c.prompt, c.output) for c in eval_conts]
-    texts = [c.output for c in conts] + [p for _, p in prompts]  # outputs copy from prompts
+    texts = [c.output for c in conts] + [p for _, p in prompts + own]  # outputs copy prompts
     vocab = draft_vocabulary(texts, args.vocab, always=[tok.eos_id],
                              vocab=target.config.shape.vocab)
     chosen = set(vocab.tolist())
@@ -128,6 +147,8 @@ def main(argv=None) -> int:
     final = held_out(head, target, eval_set)
     meta = {"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
             "data": {"prompts": f"Spec-Bench questions with even ids ({len(train)}), ChatML",
+                     "self_prompts": {"sampled": args.self_prompts, "kept": len(own),
+                                      "answers": "greedy"},
                      "temperatures": temps, "max_tokens": args.max_tokens,
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},

@@ -222,3 +222,22 @@ def test_recorded_eagle_runs_and_signals_are_the_live_engines(target, trained, l
             assert np.isclose(o.signals[name][0], recorded, rtol=1e-4, atol=1e-6), (name, o)
             checked += 1
     assert checked > 30
+
+
+def test_self_prompts_keep_ended_distinct_turns(target, tmp_path):
+    """Magpie-style user turns: sampled from the bare template, kept only when they end (EOS)
+    with enough tokens, without repeats; a second call reads the same turns from the cache."""
+    from profiler.eagle_data import continue_prompts, self_prompts
+
+    pre_query, eos = [5, 9, 13], 3
+    kept = self_prompts(target, pre_query, 40, tmp_path, eos_id=eos, max_tokens=12,
+                        min_tokens=2, batch=8)
+    raw = continue_prompts(target, [(f"q{i}", pre_query) for i in range(40)], [1.0], 12,
+                           tmp_path, eos_id=eos, batch=8)
+    ended = [list(c.output[:-1]) for c in raw if c.output and c.output[-1] == eos
+             and len(c.output) - 1 >= 2]
+    assert kept and len(kept) < 40  # some ran to max_tokens without an EOS
+    assert kept == [list(t) for t in dict.fromkeys(map(tuple, ended))]
+    assert all(eos not in turn and len(turn) >= 2 for turn in kept)
+    assert self_prompts(target, pre_query, 40, tmp_path, eos_id=eos, max_tokens=12,
+                        min_tokens=2, batch=8) == kept
