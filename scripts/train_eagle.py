@@ -44,8 +44,6 @@ from spectune.record import (
     tokens_per_step,
 )
 
-ASSISTANT_START = "<|im_end|>\n<|im_start|>assistant\n"
-
 
 @torch.no_grad()
 def shared_prefix_features(target, conts) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -106,8 +104,8 @@ def main(argv=None) -> int:
                              progress=lambda d, n: say(f"continuations {d}/{n}"))
     own = []
     if args.self_prompts:
-        pre_query = tok.encode(chat_prompt("").removesuffix(ASSISTANT_START))
-        tail = tok.encode(ASSISTANT_START)
+        before, after = chat_prompt("\0").split("\0")  # the template around a user turn
+        pre_query, tail = tok.encode(before), tok.encode(after)
         asked = self_prompts(target, pre_query, args.self_prompts, args.work / "self-prompts",
                              eos_id=tok.eos_id, seed=args.data_seed, batch=args.batch,
                              progress=lambda d, n: say(f"self prompts {d}/{n}"))
