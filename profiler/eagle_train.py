@@ -7,8 +7,10 @@ vocabulary (EAGLE's regression + classification loss, Li et al. 2024 §4.3; they
 classification 0.1 on raw features, here it is 1.0 on unit-RMS features: acceptance is what
 counts, and a pilot on 30 sequences learned the target's argmax faster that way). Depths are
 weighted by `depth_decay`^(d-1). AdamW with linear warm-up and cosine decay; one optimiser step
-per `sequences_per_step` sequences; every random choice (init, order) comes from `seed`, so two
-runs on the same threads give the same weights.
+per `sequences_per_step` sequences; every random choice (init, order, noise) comes from `seed`,
+so two runs on the same threads give the same weights. `feature_noise` > 0 adds uniform noise to
+the true features the head reads (not to those it must predict): EAGLE's augmentation (U(-0.1,
+0.1) on raw features, §4.3), here on unit-RMS ones, against the head memorising its data.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class TrainSpec:
     window: int = 512  # the last `window` positions of a sequence (attention span in training)
     grad_clip: float = 1.0
     seed: int = 0
+    feature_noise: float = 0.0  # half-width of U(-a, a) added to the unit-RMS input features
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.feature_noise < 10.0:
+            raise ValueError(f"feature_noise is the half-width of the uniform noise on unit-RMS "
+                             f"features, in [0, 10); got {self.feature_noise}")
 
 
 def draft_vocabulary(texts: Iterable[Sequence[int]], size: int, always: Sequence[int] = (),
@@ -84,14 +92,26 @@ def target_probs(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
         return torch.softmax(head.draft_logits(features).float(), dim=-1)
 
 
+def noisy(features: torch.Tensor, width: float, generator: torch.Generator | None
+          ) -> torch.Tensor:
+    """unit_rms(features) + U(-width, width), drawn from `generator` (the features if width 0)."""
+    if width <= 0:
+        return features
+    noise = torch.rand(features.shape, generator=generator, dtype=torch.float32)
+    return unit_rms(features) + ((2 * noise - 1) * width).to(features)
+
+
 def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
-                  spec: TrainSpec, first_base: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+                  spec: TrainSpec, first_base: int = 0, generator: torch.Generator | None = None
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss of one sequence's chains from base `first_base` on (the prompt before it
     is context only), and per depth the share of draft argmaxes equal to the target's (what
-    greedy acceptance needs)."""
+    greedy acceptance needs). The chains read the features with `spec.feature_noise` (from
+    `generator`); the targets are the clean ones."""
     p = target_probs(head, features[first_base + 1 :])
+    inputs = noisy(features, spec.feature_noise, generator)
     total, stats, weights = 0.0, {}, 0.0
-    for depth, rows, predicted in chain_passes(head, tokens, features, spec.depths, first_base):
+    for depth, rows, predicted in chain_passes(head, tokens, inputs, spec.depths, first_base):
         if depth == 1:
             predicted = predicted[first_base:]
             rows = slice(first_base, rows.stop)
@@ -120,6 +140,7 @@ def train_head(head: EagleHead, data: Sequence[tuple],
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng(spec.seed)
+    noise = torch.Generator().manual_seed(spec.seed)
     steps_per_epoch = math.ceil(len(data) / spec.sequences_per_step)
     total_steps = spec.epochs * steps_per_epoch
     curve, step, started = [], 0, time.perf_counter()
@@ -138,7 +159,7 @@ def train_head(head: EagleHead, data: Sequence[tuple],
                 cut = max(tokens.shape[0] - spec.window, 0)
                 first_base = max(prompt[0] - cut - 1, 0) if prompt else 0
                 tokens, features = tokens[cut:], features[cut:]
-                loss, stats = sequence_loss(head, tokens, features, spec, first_base)
+                loss, stats = sequence_loss(head, tokens, features, spec, first_base, noise)
                 (loss / len(group)).backward()
                 sums.update({**stats, "loss": float(loss.detach()), "n": 1})
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)

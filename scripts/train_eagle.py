@@ -85,7 +85,10 @@ def main(argv=None) -> int:
     for f in dataclasses.fields(TrainSpec):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
-    spec = TrainSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSpec)})
+    try:
+        spec = TrainSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSpec)})
+    except ValueError as error:
+        ap.error(str(error))
     torch.set_num_threads(args.threads)
     torch.manual_seed(spec.seed)
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from support.engine import LinearLatency  # noqa: E402
 from support.tiny_models import sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
-from profiler.eagle import EagleHead, head_state, load_head, save_head  # noqa: E402
+from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
 from profiler.eagle_drafter import EagleDrafter  # noqa: E402
@@ -24,6 +24,7 @@ from profiler.eagle_train import (  # noqa: E402
     draft_vocabulary,
     eagle_runs,
     init_head,
+    noisy,
     train_head,
 )
 from profiler.live_engine import LiveEngine  # noqa: E402
@@ -118,18 +119,31 @@ def test_training_with_the_same_seed_reproduces_the_weights(target):
     seqs = [p + o for p, o in zip(prompts, target_outputs(target, prompts, 16))]
     data = [(torch.tensor(s), target_features(target, s)) for s in seqs]
 
-    def train(seed: int) -> dict[str, torch.Tensor]:
+    def train(seed: int, noise: float = 0.1) -> dict[str, torch.Tensor]:
         head = init_head(EagleHead(target, torch.arange(TINY.vocab)), seed)
-        spec = TrainSpec(epochs=2, warmup_steps=2, sequences_per_step=3, depths=2, seed=seed)
+        spec = TrainSpec(epochs=2, warmup_steps=2, sequences_per_step=3, depths=2, seed=seed,
+                         feature_noise=noise)
         curve = train_head(head, data, spec, log=lambda _: None)
         return {"loss": torch.tensor(curve[-1]["loss"]),
                 **{n: p.detach().clone() for n, p in head_state(head).items()}}
 
-    first, again, other = train(5), train(5), train(6)
+    first, again, other, clean = train(5), train(5), train(6), train(5, noise=0.0)
     assert first.keys() == again.keys() and len(first) > 5
     for name in first:
         assert torch.equal(first[name], again[name]), name
     assert not torch.equal(first["loss"], other["loss"])
+    assert not torch.equal(first["loss"], clean["loss"])  # the noise is drawn, and seeded
+
+
+def test_feature_noise_is_uniform_around_the_unit_rms_features():
+    features = torch.randn(400, 64) * 30.0
+    out = noisy(features, 0.2, torch.Generator().manual_seed(0))
+    diff = out - unit_rms(features)
+    assert float(diff.abs().max()) <= 0.2 and float(diff.abs().max()) > 0.19
+    assert abs(float(diff.mean())) < 0.005 and abs(float(diff.std()) - 0.2 / 3**0.5) < 0.005
+    assert noisy(features, 0.0, None) is features
+    with pytest.raises(ValueError, match="feature_noise"):
+        TrainSpec(feature_noise=-0.1)
 
 
 # -- the live engine -----------------------------------------------------------------------------
