@@ -48,18 +48,36 @@ class NgramDrafter(Drafter):
 
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
         """Up to k tokens that followed the earliest earlier occurrence of the longest suffix."""
+        return self.match(history, k)[0]
+
+    def match(self, history: Sequence[int], k: int) -> tuple[list[int], int]:
+        """`lookup`'s proposal and the length of the suffix it matched (0: no match). A longer
+        match is likelier right: the hybrid EAGLE drafter takes the lookup's token on it."""
         tokens = np.asarray(history, dtype=np.int64)
         size = tokens.size
         if k <= 0 or size < 2:
-            return []
+            return [], 0
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             # windows starting at j = 0 .. size - n - 1: earlier than the suffix, with a follower
             windows = sliding_window_view(tokens[:-1], n)
             hits = np.flatnonzero((windows == tokens[size - n :]).all(axis=1))
             if hits.size:
                 start = int(hits[0]) + n
-                return tokens[start : start + k].tolist()
-        return []
+                return tokens[start : start + k].tolist(), n
+        return [], 0
+
+    def next_tokens(self, prompt: Sequence[int], output: Sequence[int]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per output position s >= 1: the lookup's proposal for output[s] from the true history
+        before it (-1: none) and the suffix length it matched (0: none); position 0: -1, 0."""
+        history = [*prompt, *output]
+        token = np.full(len(output), -1, dtype=np.int64)
+        length = np.zeros(len(output), dtype=np.int64)
+        for s in range(1, len(output)):
+            proposal, n = self.match(history[: len(prompt) + s], 1)
+            if proposal:
+                token[s], length[s] = proposal[0], n
+        return token, length
 
     def propose(
         self,
@@ -126,12 +144,13 @@ def make_drafter(
         from profiler.quant_drafter import QuantDrafter
 
         return QuantDrafter(target, int(arg))
-    if kind == "eagle":
+    if kind in ("eagle", "eagle+ngram"):
         from profiler.eagle import load_head
         from profiler.eagle_drafter import EagleDrafter
 
         head = load_head(target, Path(arg) if arg else None)
-        return EagleDrafter(head, name=spec)
+        lookup = NgramDrafter() if kind == "eagle+ngram" else None
+        return EagleDrafter(head, name=spec, lookup=lookup)
     if kind == "model":
         if draft_model is None:
             draft_model = _random_draft(arg, target, shapes, seed)
@@ -140,7 +159,7 @@ def make_drafter(
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
     raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "
-                     "eagle[:PATH], model:<shape name>")
+                     "eagle[:PATH], eagle+ngram[:PATH], model:<shape name>")
 
 
 def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):

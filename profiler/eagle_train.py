@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, head_state, unit_rms
 from profiler.eagle_chain import chain_passes
 from profiler.model import LlamaModel
@@ -45,11 +46,20 @@ class TrainSpec:
     grad_clip: float = 1.0
     seed: int = 0
     feature_noise: float = 0.0  # half-width of U(-a, a) added to the unit-RMS input features
+    layer_init: str = "random"  # or "last": the layer starts as the target's last layer
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.feature_noise < 10.0:
             raise ValueError(f"feature_noise is the half-width of the uniform noise on unit-RMS "
                              f"features, in [0, 10); got {self.feature_noise}")
+        if self.layer_init not in LAYER_INITS:
+            raise ValueError(f"layer_init must be one of {', '.join(LAYER_INITS)}; "
+                             f"got {self.layer_init!r}")
+
+
+#: How the head's decoder layer starts: "random" (near identity, `init_head`) or "last" (the
+#: target's last layer, its output projections rescaled to the unit-RMS stream, `init_head`).
+LAYER_INITS = ("random", "last")
 
 
 def draft_vocabulary(texts: Iterable[Sequence[int]], size: int, always: Sequence[int] = (),
@@ -66,16 +76,33 @@ def draft_vocabulary(texts: Iterable[Sequence[int]], size: int, always: Sequence
     return torch.tensor(chosen, dtype=torch.int64)
 
 
-def init_head(head: EagleHead, seed: int) -> EagleHead:
+def init_head(head: EagleHead, seed: int, layer_init: str = "random",
+              feature_rms: float | None = None) -> EagleHead:
     """Start from "the next feature is this one, nudged by the token": fc passes the (unit-RMS)
     feature half through (identity) plus the embedding half ~ N(0, 1/fan_in), and the layer's
     output projections are near zero, so the residual layer begins close to identity and learns
-    the step from f_i to f_{i+1}; other matrices ~ N(0, 1/fan_in)."""
+    the step from f_i to f_{i+1}; other matrices ~ N(0, 1/fan_in).
+
+    `layer_init="last"` starts the layer from the target's last decoder layer instead (a prior
+    for a head trained on little data: attention and MLP that already read this residual
+    stream). Its norms see directions only, but its output projections were made for features of
+    RMS `feature_rms` (~33 for SmolLM2): they are divided by it, so the layer adds to unit-RMS
+    entries what the target's last layer adds, in proportion."""
+    if layer_init not in LAYER_INITS:
+        raise ValueError(f"layer_init must be one of {', '.join(LAYER_INITS)}; got {layer_init!r}")
+    if layer_init == "last" and not (feature_rms and feature_rms > 0):
+        raise ValueError("layer_init='last' needs the target features' RMS (feature_rms > 0)")
     gen = torch.Generator().manual_seed(seed)
     hidden = head.config.shape.hidden
+    last = head.target.layers[-1]
     with torch.no_grad():
         for name, p in head_state(head).items():
-            if name.endswith("norm"):
+            if layer_init == "last" and name.startswith("layer."):
+                source = getattr(last, name.removeprefix("layer.")).float()
+                if name in ("layer.o", "layer.down"):
+                    source = source / feature_rms
+                p.copy_(source)
+            elif name.endswith("norm"):
                 p.fill_(1.0)
             elif name == "fc_bias":
                 p.zero_()
@@ -84,6 +111,12 @@ def init_head(head: EagleHead, seed: int) -> EagleHead:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
         head.fc[hidden:].copy_(torch.eye(hidden))
     return head
+
+
+def feature_rms(data: Sequence[tuple]) -> float:
+    """The mean per-row RMS of the target features in (tokens, features[, start]) data."""
+    rms = [f.float().pow(2).mean(-1).sqrt().mean() for _, f, *_ in data]
+    return float(torch.stack(rms).mean()) if rms else 0.0
 
 
 def target_probs(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
@@ -180,7 +213,8 @@ def train_head(head: EagleHead, data: Sequence[tuple],
 
 @torch.no_grad()
 def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], output: Sequence[int],
-               max_run: int, features: torch.Tensor | None = None
+               max_run: int, features: torch.Tensor | None = None,
+               lookup: NgramDrafter | None = None, lookup_min_match: int = 2
                ) -> tuple[np.ndarray, torch.Tensor]:
     """run[t] of the head's greedy chain from the true prefix at every output position t
     (run[0] = 0: the prefill emits it), and the first draft's distribution over the draft
@@ -188,7 +222,9 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
 
     The chain at t starts from history prompt + output[:t]: its depth-d draft comes from base
     b = P + t - 2 and predicts output[t + d - 1]; the run is the matching prefix, capped at
-    `max_run`.
+    `max_run`. With a `lookup` (the `eagle+ngram` drafter), the draft of output[s] is the
+    lookup's token wherever it matched a suffix of >= `lookup_min_match` tokens of the true
+    history before s (the live chain's history while its drafts match), else the head's.
     """
     from profiler.eagle_data import target_features
 
@@ -204,6 +240,10 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
     still[0] = False
     first_base = max(n_prompt - 1, 0)  # t >= 1 needs b = P + t - 2 >= P - 1
     truth = torch.tensor([int(t) for t in output], dtype=torch.int64)
+    looked_up = None
+    if lookup is not None:
+        token, length = lookup.next_tokens(prompt, output)
+        looked_up = torch.as_tensor(np.where(length >= lookup_min_match, token, -1))
     for depth, rows, predicted in chain_passes(head, tokens, features, max_run, first_base):
         logits = head.draft_logits(predicted).float()
         drafts = head.vocab_ids[logits.argmax(dim=-1)].cpu()
@@ -211,6 +251,9 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
         t = bases - n_prompt + 2  # chain start
         keep = (t >= 1) & (t + depth - 1 < n_out)
         t, drafts = t[keep], drafts[keep]
+        if looked_up is not None:
+            from_lookup = looked_up[t + depth - 1]
+            drafts = torch.where(from_lookup >= 0, from_lookup, drafts)
         ok = (drafts == truth[t + depth - 1]).numpy()
         matches[t.numpy(), depth - 1] = ok
         if depth == 1:

@@ -21,7 +21,8 @@ the true prefix at every output position t:
   drafter's chains), and run[t] is its matching prefix. Signals are those of the chain's first
   draft at t; a live chain's deeper drafts come from predicted features, so their signals depend
   on where the chain started, which a per-position trace cannot hold: policies reading signals
-  at deeper positions replay approximately with this drafter.
+  at deeper positions replay approximately with this drafter. `eagle+ngram` records the same
+  way, each draft taken from the lookup where the live drafter takes it (`eagle_runs`).
 
 Position 0 is produced by the prefill and never drafted: run[0] = 0 (its signals are still
 stored). Replaying a fixed k: a step at position g accepts min(k, run[g], N - g - 1).
@@ -341,7 +342,8 @@ def _eagle_record(target: LlamaModel, drafter, prompt: list[int], output: list[i
     rows = target.logits_of(hidden[len(prompt) - 1 :])
     p = torch.softmax(rows.double() / scale, dim=-1)
     head = drafter.head
-    run, first = eagle_runs(head, target, prompt, output, max_run, features=hidden.float().clone())
+    run, first = eagle_runs(head, target, prompt, output, max_run, features=hidden.float().clone(),
+                            lookup=drafter.lookup, lookup_min_match=drafter.lookup_min_match)
     q = torch.zeros_like(p)
     q[:, head.vocab_ids.to(q.device)] = first.double().to(q.device)
     top1 = q.max(dim=-1).values.float().cpu().numpy()

@@ -30,6 +30,7 @@ from profiler.eagle_train import (
     TrainSpec,
     draft_vocabulary,
     eagle_runs,
+    feature_rms,
     init_head,
     train_head,
 )
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
         f"{cover['eval_outputs']:.4f} of the held-out ones")
     data = shared_prefix_features(target, conts)
     say(f"features of {sum(len(t) for t, _, _ in data)} positions")
-    head = init_head(EagleHead(target, vocab), spec.seed)
+    head = init_head(EagleHead(target, vocab), spec.seed, spec.layer_init, feature_rms(data))
     say(f"before training: {held_out(head, target, eval_set)}")
     # the loss covers each prompt's text once (with its first continuation), then the outputs
     first = {}

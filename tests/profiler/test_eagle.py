@@ -15,6 +15,7 @@ from support.engine import LinearLatency  # noqa: E402
 from support.tiny_models import sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
+from profiler.drafters import NgramDrafter  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
@@ -23,6 +24,7 @@ from profiler.eagle_train import (  # noqa: E402
     TrainSpec,
     draft_vocabulary,
     eagle_runs,
+    feature_rms,
     init_head,
     noisy,
     train_head,
@@ -135,6 +137,28 @@ def test_training_with_the_same_seed_reproduces_the_weights(target):
     assert not torch.equal(first["loss"], clean["loss"])  # the noise is drawn, and seeded
 
 
+def test_last_layer_init_starts_from_the_targets_last_layer(target):
+    """layer_init="last": the layer is the target's last one, its output projections divided by
+    the features' RMS, so on a unit-RMS entry it adds the target layer's update, rescaled."""
+    seq = target_outputs(target, [[5, 9, 14, 3]], 12)[0]
+    data = [(torch.tensor(seq), target_features(target, seq))]
+    rms = feature_rms(data)
+    assert rms == pytest.approx(float(data[0][1].pow(2).mean(-1).sqrt().mean()))
+    head = init_head(EagleHead(target, torch.arange(TINY.vocab)), 0, "last", rms)
+    last = target.layers[-1]
+    for name in ("attn_norm", "qkv", "mlp_norm", "gate_up"):
+        assert torch.equal(getattr(head.layer, name), getattr(last, name)), name
+    for name in ("o", "down"):
+        torch.testing.assert_close(getattr(head.layer, name), getattr(last, name) / rms)
+    fresh = init_head(EagleHead(target, torch.arange(TINY.vocab)), 0)
+    assert torch.equal(head.fc, fresh.fc)  # fc starts the same way either way
+    assert not torch.equal(head.layer.qkv, fresh.layer.qkv)
+    with pytest.raises(ValueError, match="feature_rms"):
+        init_head(EagleHead(target, torch.arange(TINY.vocab)), 0, "last")
+    with pytest.raises(ValueError, match="layer_init must be one of random, last"):
+        TrainSpec(layer_init="first")
+
+
 def test_feature_noise_is_uniform_around_the_unit_rms_features():
     features = torch.randn(400, 64) * 30.0
     out = noisy(features, 0.2, torch.Generator().manual_seed(0))
@@ -179,14 +203,43 @@ def one_by_one_greedy(target, prompt, n) -> list[int]:
 CHUNKED = dataclasses.replace(SCHED, chunked_prefill=True, max_batched_tokens=9)
 
 
+def eagle_drafter(head, hybrid: bool) -> EagleDrafter:
+    """Drafter `eagle`, or `eagle+ngram` (the lookup's token on a suffix match >= 2)."""
+    return EagleDrafter(head, lookup=NgramDrafter() if hybrid else None)
+
+
+def test_eagle_ngram_drafts_the_lookups_token_on_a_long_match(target, trained):
+    """The hybrid drafts what the lookup proposes where it matched >= 2 tokens (suffix [5, 6]
+    seen before: 7 follows), and the head's own draft on a 1-token match; the same head alone
+    drafts something else there (so the check can fail)."""
+    head = trained[0]
+
+    def first_draft(history, hybrid):
+        drafter = eagle_drafter(head, hybrid)
+        drafter.start([0], [history[:-1]])
+        drafter.observe_hidden([0], [target_features(target, history[:-1])])
+        return drafter.propose([0], [history], [2])[0].tokens
+
+    long_match, short_match = [5, 6, 7, 8, 9, 5, 6], [5, 6, 7, 8, 9, 11, 6]
+    alone = first_draft(long_match, False)
+    assert alone[0] != 7, "pick another history: the head itself drafts 7 here"
+    assert first_draft(long_match, True)[0] == 7
+    assert first_draft(short_match, True)[0] == first_draft(short_match, False)[0]
+    with pytest.raises(ValueError, match="lookup_min_match"):
+        EagleDrafter(head, lookup=NgramDrafter(), lookup_min_match=0)
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["eagle", "eagle+ngram"])
 @pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
 @pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 4}), ("fixed", {"k": 0}),
                                                 ("kld_variance", {}), ("goodput", {})])
 def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompts, policy,
-                                                    params, sched):
-    """Whole prompts, or chunks (the head gets the prompt's features gathered chunk by chunk)."""
+                                                    params, sched, hybrid):
+    """Whole prompts, or chunks (the head gets the prompt's features gathered chunk by chunk);
+    with the lookup's tokens taken on long matches too."""
     head = trained[0]
-    engine = LiveEngine(target, EagleDrafter(head), make_policy(policy, params), sched,
+    drafter = eagle_drafter(head, hybrid)
+    engine = LiveEngine(target, drafter, make_policy(policy, params), sched,
                         cost=StepCostModel(LinearLatency()))
     res = engine.run(live_workload(live_prompts), live_prompts, realtime=False)
     for prompt, n, out in zip(live_prompts, OUTPUTS, res.outputs):
@@ -196,7 +249,8 @@ def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompt
     k = params["k"]
     accepted = 0
     for rid, steps in res.decode_log.groupby("request_id"):
-        run, _ = eagle_runs(head, target, live_prompts[rid], res.outputs[rid], SCHED.k_max)
+        run, _ = eagle_runs(head, target, live_prompts[rid], res.outputs[rid], SCHED.k_max,
+                            lookup=drafter.lookup)
         n = OUTPUTS[rid]
         expected = [min(k, int(run[g]), n - g - 1) for g in steps.position]
         assert steps.accepted.tolist() == expected, f"request {rid}"
@@ -219,9 +273,10 @@ def test_head_round_trips_through_its_fp16_file(target, trained, tmp_path):
         load_head(target, tmp_path / "missing.npz")
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["eagle", "eagle+ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_recorded_eagle_runs_and_signals_are_the_live_engines(target, trained, live_prompts,
-                                                             temperature):
+                                                             temperature, hybrid):
     """Live at T (fixed k=3, a policy that keeps KL and accept_prob): `spectune record`'s
     per-position record of the same outputs has the live step's acceptance, and the signals of
     each chain's first draft. (Deeper drafts come from predicted features: their live signals
@@ -241,10 +296,10 @@ def test_recorded_eagle_runs_and_signals_are_the_live_engines(target, trained, l
             seen.extend(outcomes)
 
     head = trained[0]
-    live = LiveEngine(target, EagleDrafter(head), Keep(), SCHED,
+    live = LiveEngine(target, eagle_drafter(head, hybrid), Keep(), SCHED,
                       cost=StepCostModel(LinearLatency()), temperature=temperature, seed=3)
     res = live.run(live_workload(live_prompts), live_prompts, realtime=False)
-    records = [record_outputs(target, EagleDrafter(head), p, out, SCHED.k_max, True,
+    records = [record_outputs(target, eagle_drafter(head, hybrid), p, out, SCHED.k_max, True,
                               temperature=temperature)
                for p, out in zip(live_prompts, res.outputs)]
     for rid, steps in res.decode_log.groupby("request_id"):
