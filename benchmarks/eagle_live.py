@@ -3,8 +3,9 @@
 The live engine serves the same requests (held-out Spec-Bench questions, odd ids, one per
 category then the next, 128 output tokens each, all arriving at 0; max_num_seqs = the batch size)
 once per policy, side by side in one process: plain decoding is fixed(k=0) with no drafter
-pass; EAGLE runs fixed(k) for each --ks and, with --goodput, the goodput policy reading a latency
-profile of this device timed first (target and head passes, DriftProbe). Printed per batch size:
+pass; each of --drafters (eagle, eagle+ngram) runs fixed(k) for each --ks and, with --goodput, the
+goodput policy reading a latency profile of this device timed first (target and head passes,
+DriftProbe; one per head). Printed per batch size:
 decode tokens/s (output tokens after the first / seconds in decode iterations), whole-run wall
 time, tokens per step and the speedup over plain decoding. Then, in fp32, whether EAGLE's output
 equals plain greedy decoding token for token.
@@ -112,6 +113,13 @@ def pass_costs(target, head, context: int = 256, repeats: int = 200) -> dict:
     return out
 
 
+def head_file(drafter: str) -> str:
+    """What distinguishes one drafter's passes from another's: eagle and eagle+ngram with the
+    same head file time the same passes (the lookup costs no pass)."""
+    kind, _, path = drafter.partition(":")
+    return f"head {path or 'shipped'}" if kind in ("eagle", "eagle+ngram") else drafter
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -122,7 +130,8 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--goodput", action="store_true")
-    ap.add_argument("--drafter", default="eagle")
+    ap.add_argument("--drafters", nargs="+", default=["eagle"],
+                    help="drafters run side by side (same head: eagle, eagle+ngram)")
     ap.add_argument("--out", type=Path, default=Path("runs/eagle-live"))
     ap.add_argument("--skip-lossless", action="store_true")
     args = ap.parse_args()
@@ -130,32 +139,38 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     target, tok = load_smollm2(dtype)
-    drafter = make_drafter(args.drafter, target)
+    drafters = {name: make_drafter(name, target) for name in args.drafters}
     plain = make_drafter("ngram", target)
     rows = []
     print(f"SmolLM2-135M-Instruct {args.dtype}, {args.threads} threads, {args.tokens} tokens per "
-          f"request, drafter {args.drafter}")
-    if hasattr(drafter, "head"):
-        cost = pass_costs(target, drafter.head)
+          f"request, drafters {', '.join(args.drafters)}")
+    heads = {head_file(name): d.head for name, d in drafters.items() if hasattr(d, "head")}
+    for head in heads.values():
+        cost = pass_costs(target, head)
         print(f"one pass at batch 1, 256 cached tokens: target {cost['target'] * 1e3:.2f} ms, "
               f"head {cost['head'] * 1e3:.2f} ms, ratio {cost['ratio']:.3f}")
         rows.append({"pass_costs": cost})
-    print(f"{'batch':>5} {'policy':<14} {'decode tok/s':>12} {'wall s':>8} {'tok/step':>9} "
+    print(f"{'batch':>5} {'policy':<20} {'decode tok/s':>12} {'wall s':>8} {'tok/step':>9} "
           f"{'speedup':>8}")
     for batch, n in zip(args.batches, args.requests):
         prompts = [tok.encode(chat_prompt(p.text)) for p in interleaved_prompts(n)]
         runs = [("plain k=0", plain, make_policy("fixed", {"k": 0}), None)]
-        runs += [(f"eagle k={k}", drafter, make_policy("fixed", {"k": k}), None)
-                 for k in args.ks]
-        if args.goodput:
-            cost = goodput_cost(target, drafter, batch, prompts, args.tokens, args.out)
-            runs.append(("eagle goodput", drafter, make_policy("goodput"), cost))
+        profiles = {}  # one latency profile per head: the passes timed are the same
+        for name, drafter in drafters.items():
+            runs += [(f"{name} k={k}", drafter, make_policy("fixed", {"k": k}), None)
+                     for k in args.ks]
+            if args.goodput:
+                key = head_file(name)
+                if key not in profiles:
+                    profiles[key] = goodput_cost(target, drafter, batch, prompts, args.tokens,
+                                                 args.out)
+                runs.append((f"{name} goodput", drafter, make_policy("goodput"), profiles[key]))
         base = None
         for label, d, policy, cost in runs:
             r = serve(target, d, policy, batch, prompts, args.tokens, cost)
             base = base or r["decode_tok_s"]
             speedup = r["decode_tok_s"] / base
-            print(f"{batch:>5} {label:<14} {r['decode_tok_s']:>12.1f} {r['wall_s']:>8.1f} "
+            print(f"{batch:>5} {label:<20} {r['decode_tok_s']:>12.1f} {r['wall_s']:>8.1f} "
                   f"{r['tokens_per_step']:>9.3f} {speedup:>7.2f}x", flush=True)
             rows.append({"batch": batch, "policy": label, "requests": n, "speedup": speedup,
                          **{k: v for k, v in r.items() if k != "outputs"}})
@@ -166,10 +181,12 @@ def main() -> None:
     prompts = [tok.encode(chat_prompt(p.text)) for p in interleaved_prompts(13)]
     ref = serve(target32, make_drafter("ngram", target32), make_policy("fixed", {"k": 0}), 1,
                 prompts, args.tokens)["outputs"]
-    spec = serve(target32, make_drafter(args.drafter, target32), make_policy("fixed", {"k": 4}),
-                 1, prompts, args.tokens)["outputs"]
-    same = sum(a == b for a, b in zip(ref, spec))
-    print(f"fp32, batch 1, k=4: {same}/{len(ref)} requests' outputs identical to plain greedy")
+    for name in args.drafters:
+        spec = serve(target32, make_drafter(name, target32), make_policy("fixed", {"k": 4}), 1,
+                     prompts, args.tokens)["outputs"]
+        same = sum(a == b for a, b in zip(ref, spec))
+        print(f"fp32, batch 1, {name} k=4: {same}/{len(ref)} requests' outputs identical to "
+              f"plain greedy")
 
 
 if __name__ == "__main__":
