@@ -77,6 +77,22 @@ def test_ngram_min_and_max_n_bound_the_suffix():
         NgramDrafter(3, 2)
 
 
+def test_ngram_match_length_and_per_position_next_tokens():
+    """`match` reports the suffix length the proposal came from (what eagle+ngram's rule reads);
+    `next_tokens` is the 1-token lookup from each output position's true history."""
+    lookup = NgramDrafter(1, 3)
+    assert lookup.match([2, 3, 8, 1, 2, 3, 9, 1, 2, 3], 1) == ([9], 3)
+    assert lookup.match([1, 5, 7, 5], 2) == ([7, 5], 1)
+    assert lookup.match([1, 2, 3, 4], 2) == ([], 0)
+    prompt, output = [4, 1, 2, 3], [1, 2, 9, 1, 2]
+    token, length = lookup.next_tokens(prompt, output)
+    history = prompt + output
+    for s in range(1, len(output)):
+        proposal, n = lookup.match(history[: len(prompt) + s], 1)
+        assert (token[s], length[s]) == ((proposal[0], n) if proposal else (-1, 0))
+    assert token.tolist() == [-1, 2, 3, -1, 2] and length.tolist() == [0, 1, 2, 0, 1]
+
+
 def test_ngram_propose_reports_certainty_and_obeys_the_stop_rule():
     calls = []
 
