@@ -49,6 +49,7 @@ _SPECULATION: dict[str, str] = {
     "smollm2-ngram": "smollm2-ngram.npz",
     "smollm2-early-exit-20": "smollm2-early-exit-20.npz",
     "smollm2-early-exit-24-lens": "smollm2-early-exit-24-lens.npz",
+    "smollm2-eagle-ngram": "smollm2-eagle-ngram.npz",
 }
 
 
