@@ -14,7 +14,10 @@ equals plain greedy decoding token for token.
 
 Timing: keep the machine otherwise idle (2 torch threads slow down 5-50x under any other load).
 bf16 on CPUs without AVX512-BF16 kernels may need ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (set here
-unless already set).
+unless already set); on an AVX2-only CPU bf16 is emulated (a target pass 473 ms vs 50-62 ms in
+fp32 on the 2-core EPYC VM): use --dtype float32 there, and expect no speed-up from any drafter
+if a pass over k+1 tokens costs much more than one over 1 token (the pass costs printed first
+and benchmarks/results/eagle-live-smollm2-fp32-avx2.txt show how to tell).
 """
 
 from __future__ import annotations
