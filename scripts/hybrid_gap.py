@@ -51,55 +51,32 @@ def head_chains(head, target, prompt, output, k: int):
     return drafts, top1, probs
 
 
-def lookup_next(prompt, output) -> tuple[np.ndarray, np.ndarray]:
-    """The lookup's proposal for output[s] from the true history before it (-1: none), and the
-    length of the suffix it matched (3, 2, 1; 0: none)."""
-    lookups = [NgramDrafter(n, n) for n in (3, 2, 1)]
-    history = [*prompt, *output]
-    out = np.full(len(output), -1, dtype=np.int64)
-    length = np.zeros(len(output), dtype=np.int64)
-    for s in range(1, len(output)):
-        for n, lookup in zip((3, 2, 1), lookups):
-            proposal = lookup.lookup(history[: len(prompt) + s], 1)
-            if proposal:
-                out[s], length[s] = proposal[0], n
-                break
-    return out, length
-
-
-def runs_of(choose, output, drafts, top1, probs, index, ngram, k: int, length) -> np.ndarray:
-    """run[t] for a rule choose(head token, head top1, head prob of the lookup's token, lookup
-    token, lookup's match length) -> token, over chain starts t >= 1."""
-    truth = np.asarray(output)
-    run = np.zeros(len(output), dtype=np.int32)
-    for t in range(1, len(output)):
+def runs_of(right, n_out: int, k: int) -> np.ndarray:
+    """run[t] over chain starts t >= 1: depths while right(t, d, s) holds (s = t + d)."""
+    run = np.zeros(n_out, dtype=np.int32)
+    for t in range(1, n_out):
         n = 0
-        for d in range(k):
-            s = t + d
-            if s >= len(output) or drafts[t, d] < 0:
-                break
-            g = ngram[s]
-            pg = float(probs[t, d, index[g]]) if g >= 0 and g in index else 0.0
-            if choose(drafts[t, d], top1[t, d], pg, g, length[s]) != truth[s]:
-                break
+        while n < k and t + n < n_out and right(t, n, t + n):
             n += 1
         run[t] = n
     return run
+
+
+def rule_runs(choose, output, drafts, top1, probs, index, ngram, length, k: int) -> np.ndarray:
+    """run[t] for a rule choose(head token, head top1, head prob of the lookup's token, lookup
+    token, lookup's match length) -> token."""
+    def right(t, d, s):
+        if drafts[t, d] < 0:
+            return False
+        g = ngram[s]
+        pg = float(probs[t, d, index[g]]) if g in index else 0.0
+        return choose(drafts[t, d], top1[t, d], pg, g, length[s]) == output[s]
+    return runs_of(right, len(output), k)
 
 
 def oracle_runs(output, drafts, ngram, k: int) -> np.ndarray:
     """run[t] if each depth took whichever of the head and the lookup is right."""
-    truth = np.asarray(output)
-    run = np.zeros(len(output), dtype=np.int32)
-    for t in range(1, len(output)):
-        n = 0
-        for d in range(k):
-            s = t + d
-            if s >= len(output) or truth[s] not in (drafts[t, d], ngram[s]):
-                break
-            n += 1
-        run[t] = n
-    return run
+    return runs_of(lambda t, d, s: output[s] in (drafts[t, d], ngram[s]), len(output), k)
 
 
 def summary(runs: list[np.ndarray], k: int) -> tuple[float, float]:
@@ -161,12 +138,12 @@ def main(argv=None) -> int:
         if len(output) < 2:
             continue
         drafts, top1, probs = head_chains(head, target, list(c.prompt), output, K)
-        ngram, length = lookup_next(list(c.prompt), output)
+        ngram, length = NgramDrafter().next_tokens(list(c.prompt), output)
         for name, rule in rules.items():
             if rule is None:  # right if either is right, at every depth
                 run = oracle_runs(output, drafts, ngram, K)
             else:
-                run = runs_of(rule, output, drafts, top1, probs, index, ngram, K, length)
+                run = rule_runs(rule, output, drafts, top1, probs, index, ngram, length, K)
             per_rule[name].setdefault(str(q.category), []).append(run)
     cats = sorted(per_rule["head"])
     print(f"{len(conts)} evaluation prompts ({args.per_category} per category), "
