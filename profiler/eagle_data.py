@@ -4,7 +4,9 @@ EAGLE's head learns to predict the target's next last-layer feature, so its data
 itself: prompts (outside the evaluation split) continued by the target, greedy and sampled, then
 one teacher-forced target pass over prompt + continuation giving the feature (the last layer's
 output before the final norm) at every position. Continuations are cached one file per (prompt,
-sample) so an interrupted run resumes, and fixed by (seed, prompt key, sample index).
+sample) so an interrupted run resumes, and fixed by (seed, prompt key, sample index). A run's
+cache packs into one compressed file (`pack_continuations`) that another run unpacks instead of
+generating again: on a CPU the generation is most of a run's time.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from profiler.model import LlamaModel
 from profiler.record import output_generator, target_outputs
 from traces import atomic_write
+
+#: The format name inside a packed cache file (`pack_continuations`).
+PACK_FORMAT = "spectune-eagle-continuations/1"
 
 
 @dataclass(frozen=True)
@@ -123,3 +129,86 @@ def self_prompts(
         seen.add(body)
         out.append(list(body))
     return out
+
+
+def pack_continuations(work: Path, path: Path, meta: dict | None = None) -> dict[str, int]:
+    """Every continuation cached in `work`'s folders (`continue_prompts`: one JSON list of token
+    ids per sample) in one compressed .npz, with `meta` (how they were made); returns the files
+    packed per folder. Token ids are stored as uint16 where they fit."""
+    work = Path(work)
+    arrays: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for folder in sorted(p for p in work.iterdir() if p.is_dir()) if work.is_dir() else []:
+        files = sorted(folder.glob("*.json"))
+        if not files:
+            continue
+        outputs = [json.loads(f.read_text()) for f in files]
+        tokens = np.array([t for o in outputs for t in o], dtype=np.int64)
+        if tokens.size and tokens.min() < 0:
+            raise ValueError(f"{folder}: negative token ids in the cache; not a continuation cache")
+        wide = tokens.size and tokens.max() >= 2**16
+        arrays[f"{folder.name}.names"] = np.array([f.stem for f in files])
+        arrays[f"{folder.name}.lengths"] = np.array([len(o) for o in outputs], dtype=np.int64)
+        arrays[f"{folder.name}.tokens"] = tokens.astype(np.int32 if wide else np.uint16)
+        counts[folder.name] = len(files)
+    if not counts:
+        raise ValueError(f"{work}: no cached continuations (*.json in its folders) to pack")
+    meta = {"format": PACK_FORMAT, **(meta or {}), "files": counts}
+    with atomic_write(path) as handle:
+        np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
+    return counts
+
+
+def read_packed(path: Path) -> tuple[dict, dict[str, dict[str, list[int]]]]:
+    """(meta, {folder: {name: tokens}}) of a `pack_continuations` file, checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no packed continuations at {path} (make one with "
+                         "scripts/train_eagle.py --pack)")
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+            arrays = {name: data[name] for name in data.files if name != "meta"}
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"{path}: not a packed continuation file ({error})") from None
+    if meta.get("format") != PACK_FORMAT:
+        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {PACK_FORMAT!r}")
+    folders: dict[str, dict[str, list[int]]] = {}
+    for folder in sorted({name.rsplit(".", 1)[0] for name in arrays}):
+        try:
+            names, lengths = arrays[f"{folder}.names"], arrays[f"{folder}.lengths"]
+            tokens = arrays[f"{folder}.tokens"].astype(np.int64)
+        except KeyError as error:
+            raise ValueError(f"{path}: folder {folder!r} lacks {error}") from None
+        if len(names) != len(lengths) or int(lengths.sum()) != len(tokens):
+            raise ValueError(f"{path}: folder {folder!r}: {len(names)} names, {len(lengths)} "
+                             f"lengths summing to {int(lengths.sum())}, {len(tokens)} tokens")
+        bad = [str(n) for n in names if not str(n) or "/" in str(n) or str(n).startswith(".")]
+        if bad or "/" in folder or folder.startswith("."):
+            raise ValueError(f"{path}: unsafe file names {(bad or [folder])[:3]}")
+        ends = np.cumsum(lengths)
+        folders[folder] = {str(n): tokens[e - n_ : e].tolist()
+                           for n, n_, e in zip(names, lengths, ends)}
+    return meta, folders
+
+
+def unpack_continuations(path: Path, work: Path) -> dict[str, int]:
+    """Write a packed file's continuations into `work` as `continue_prompts`' cache; returns the
+    files written per folder. A file already there must hold the same tokens: two different
+    data sets in one work folder would train on a mixture nobody asked for."""
+    _, folders = read_packed(path)
+    written: dict[str, int] = {}
+    for folder, files in folders.items():
+        (Path(work) / folder).mkdir(parents=True, exist_ok=True)
+        written[folder] = 0
+        for name, tokens in files.items():
+            target = Path(work) / folder / f"{name}.json"
+            if target.is_file():
+                if json.loads(target.read_text()) != tokens:
+                    raise ValueError(f"{target} differs from {path}'s {folder}/{name}: unpack "
+                                     "into an empty --work folder")
+                continue
+            with atomic_write(target) as handle:
+                handle.write(json.dumps(tokens).encode())
+            written[folder] += 1
+    return written

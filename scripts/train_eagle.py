@@ -2,7 +2,8 @@
 
     python scripts/train_eagle.py --out profiler/data/eagle/smollm2-135m-eagle.npz
 
-Stages (continuations are cached under --work, so a rerun resumes): the target's continuations of
+Stages (continuations are cached under --work, so a rerun resumes; --pack writes them to one file
+and --data unpacks such a file, so another run skips the generation): the target's continuations of
 the training split (even Spec-Bench question ids; greedy and sampled); --self-prompts user turns
 the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and its greedy answers
 to them; a draft vocabulary from all of that text; the target's features over prompt +
@@ -25,7 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.eagle import EagleHead, save_head
-from profiler.eagle_data import continue_prompts, self_prompts
+from profiler.eagle_data import (
+    continue_prompts,
+    pack_continuations,
+    self_prompts,
+    unpack_continuations,
+)
 from profiler.eagle_train import (
     TrainSpec,
     draft_vocabulary,
@@ -83,6 +89,13 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=16384, help="draft vocabulary size")
     ap.add_argument("--self-prompts", type=int, default=0,
                     help="user turns to sample from the target itself (kept: those that end)")
+    ap.add_argument("--data", type=Path,
+                    help="a packed data file (--pack) to unpack into --work before generating: "
+                         "the run then trains on that data instead of generating it again")
+    ap.add_argument("--pack", type=Path,
+                    help="write the generated continuations to this file (one compressed .npz)")
+    ap.add_argument("--data-only", action="store_true",
+                    help="stop once the continuations are generated (and cached under --work)")
     for f in dataclasses.fields(TrainSpec):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = ap.parse_args(argv)
@@ -97,6 +110,12 @@ def main(argv=None) -> int:
     def say(text: str) -> None:
         print(f"[{time.perf_counter() - started:6.0f} s] {text}", flush=True)
 
+    if args.data is not None:
+        try:
+            written = unpack_continuations(args.data, args.work)
+        except ValueError as error:
+            ap.error(str(error))
+        say(f"unpacked {args.data} into {args.work}: {written} new files per folder")
     target, tok = load_smollm2(torch.float32)
     questions = load_prompts(DEFAULT_PROMPTS)
     train = [p for p in questions if in_split(p.key, "train")]
@@ -125,6 +144,20 @@ def main(argv=None) -> int:
                                   [0.0], 128, args.work / "eval", eos_id=tok.eos_id,
                                   batch=args.batch)
     eval_set = [(c.prompt, c.output) for c in eval_conts]
+    if args.pack is not None:
+        counts = pack_continuations(args.work, args.pack, meta={
+            "target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
+            "prompts": "Spec-Bench questions with even ids (continuations), self-written user "
+                       "turns (self-prompts) and their answers (self-continuations); eval: "
+                       "greedy answers to the first 3 odd-id questions per category (held out)",
+            "temperatures": temps, "max_tokens": args.max_tokens, "seed": args.data_seed,
+            "self_prompts": args.self_prompts, "batch": args.batch, "threads": args.threads,
+            "torch": torch.__version__})
+        say(f"packed {counts} files into {args.pack}")
+    if args.data_only:
+        say(f"data only: {len(conts)} continuations, {sum(len(c.output) for c in conts)} output "
+            f"tokens cached under {args.work}")
+        return 0
     texts = [c.output for c in conts] + [p for _, p in prompts + own]  # outputs copy prompts
     vocab = draft_vocabulary(texts, args.vocab, always=[tok.eos_id],
                              vocab=target.config.shape.vocab)

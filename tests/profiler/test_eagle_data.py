@@ -1,0 +1,109 @@
+"""The EAGLE training data's cache packs into one file and unpacks into a cache that
+`continue_prompts` reads without generating anything, with clear errors for wrong files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.tiny_models import sharpened  # noqa: E402
+
+from profiler.eagle_data import (  # noqa: E402
+    PACK_FORMAT,
+    continue_prompts,
+    pack_continuations,
+    read_packed,
+    unpack_continuations,
+)
+from profiler.model import LlamaModel, config_for  # noqa: E402
+from simulator.catalog import ModelShape  # noqa: E402
+
+TINY = ModelShape(
+    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
+    tied_embeddings=False, source="test",
+)  # fmt: skip
+PROMPTS = [("a", [5, 9, 13]), ("b", [7, 1]), ("c", [2, 4, 6, 8])]
+
+
+class NoModel:
+    """A target that must not be called: everything should come from the cache."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the target was used ({name}) though the cache held everything")
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaModel:
+    return sharpened(LlamaModel.random(config_for(TINY), seed=0))
+
+
+def generate(target, work):
+    greedy_and_sampled = continue_prompts(target, PROMPTS, [0.0, 1.0], 10, work / "conts",
+                                          eos_id=3, seed=4, batch=2)
+    other = continue_prompts(target, PROMPTS[:1], [1.0], 6, work / "other", eos_id=None, seed=5)
+    return greedy_and_sampled, other
+
+
+def test_a_packed_cache_unpacks_into_the_same_continuations_without_the_model(target,
+                                                                            tmp_path):
+    made = generate(target, tmp_path / "run1")
+    counts = pack_continuations(tmp_path / "run1", tmp_path / "data.npz", meta={"seed": 4})
+    assert counts == {"conts": 6, "other": 1}
+    meta, folders = read_packed(tmp_path / "data.npz")
+    assert meta["format"] == PACK_FORMAT and meta["seed"] == 4 and meta["files"] == counts
+    assert folders["other"] == {"a-0": list(made[1][0].output)}
+
+    written = unpack_continuations(tmp_path / "data.npz", tmp_path / "run2")
+    assert written == {"conts": 6, "other": 1}
+    assert generate(NoModel(), tmp_path / "run2") == made
+    # unpacking again over the same data writes nothing and is no error
+    assert unpack_continuations(tmp_path / "data.npz", tmp_path / "run2") == {"conts": 0,
+                                                                             "other": 0}
+
+
+def test_token_ids_are_stored_narrow_when_they_fit(tmp_path):
+    for name, tokens, dtype in (("small", [1, 65535], np.uint16), ("big", [1, 70000], np.int32)):
+        (tmp_path / name / "f").mkdir(parents=True)
+        (tmp_path / name / "f" / "x-0.json").write_text(json.dumps(tokens))
+        pack_continuations(tmp_path / name, tmp_path / f"{name}.npz")
+        with np.load(tmp_path / f"{name}.npz") as data:
+            assert data["f.tokens"].dtype == dtype
+        assert read_packed(tmp_path / f"{name}.npz")[1] == {"f": {"x-0": tokens}}
+
+
+def test_unpacking_over_different_data_is_refused(target, tmp_path):
+    generate(target, tmp_path / "run1")
+    pack_continuations(tmp_path / "run1", tmp_path / "data.npz")
+    (tmp_path / "run2" / "conts").mkdir(parents=True)
+    (tmp_path / "run2" / "conts" / "a-0.json").write_text("[1, 2, 3]")
+    with pytest.raises(ValueError, match=r"a-0.json differs from .*empty --work folder"):
+        unpack_continuations(tmp_path / "data.npz", tmp_path / "run2")
+
+
+def test_bad_files_get_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="no cached continuations"):
+        pack_continuations(tmp_path / "empty", tmp_path / "x.npz")
+    with pytest.raises(ValueError, match=r"no packed continuations at .*--pack"):
+        read_packed(tmp_path / "missing.npz")
+    (tmp_path / "text.npz").write_text("not a zip")
+    with pytest.raises(ValueError, match="not a packed continuation file"):
+        read_packed(tmp_path / "text.npz")
+    np.savez(tmp_path / "other.npz", meta=np.asarray(json.dumps({"format": "x"})))
+    with pytest.raises(ValueError, match="format 'x', expected"):
+        read_packed(tmp_path / "other.npz")
+    meta = np.asarray(json.dumps({"format": PACK_FORMAT}))
+    np.savez(tmp_path / "short.npz", meta=meta, **{"f.names": np.array(["a", "b"]),
+             "f.lengths": np.array([2, 2]), "f.tokens": np.array([1, 2, 3], dtype=np.uint16)})
+    with pytest.raises(ValueError, match="lengths summing to 4, 3 tokens"):
+        read_packed(tmp_path / "short.npz")
+    np.savez(tmp_path / "unsafe.npz", meta=meta, **{"f.names": np.array(["../evil"]),
+             "f.lengths": np.array([1]), "f.tokens": np.array([1], dtype=np.uint16)})
+    with pytest.raises(ValueError, match="unsafe file names"):
+        read_packed(tmp_path / "unsafe.npz")
+    np.savez(tmp_path / "partial.npz", meta=meta, **{"f.names": np.array(["a"])})
+    with pytest.raises(ValueError, match="folder 'f' lacks"):
+        read_packed(tmp_path / "partial.npz")
