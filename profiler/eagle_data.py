@@ -154,6 +154,7 @@ def pack_continuations(work: Path, path: Path, meta: dict | None = None) -> dict
     if not counts:
         raise ValueError(f"{work}: no cached continuations (*.json in its folders) to pack")
     meta = {"format": PACK_FORMAT, **(meta or {}), "files": counts}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
     return counts

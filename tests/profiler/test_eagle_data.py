@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,18 +53,19 @@ def generate(target, work):
 def test_a_packed_cache_unpacks_into_the_same_continuations_without_the_model(target,
                                                                             tmp_path):
     made = generate(target, tmp_path / "run1")
-    counts = pack_continuations(tmp_path / "run1", tmp_path / "data.npz", meta={"seed": 4})
+    counts = pack_continuations(tmp_path / "run1", tmp_path / "new" / "data.npz",
+                                meta={"seed": 4})
     assert counts == {"conts": 6, "other": 1}
-    meta, folders = read_packed(tmp_path / "data.npz")
+    meta, folders = read_packed(tmp_path / "new" / "data.npz")
     assert meta["format"] == PACK_FORMAT and meta["seed"] == 4 and meta["files"] == counts
     assert folders["other"] == {"a-0": list(made[1][0].output)}
 
-    written = unpack_continuations(tmp_path / "data.npz", tmp_path / "run2")
+    written = unpack_continuations(tmp_path / "new" / "data.npz", tmp_path / "run2")
     assert written == {"conts": 6, "other": 1}
     assert generate(NoModel(), tmp_path / "run2") == made
     # unpacking again over the same data writes nothing and is no error
-    assert unpack_continuations(tmp_path / "data.npz", tmp_path / "run2") == {"conts": 0,
-                                                                             "other": 0}
+    again = unpack_continuations(tmp_path / "new" / "data.npz", tmp_path / "run2")
+    assert again == {"conts": 0, "other": 0}
 
 
 def test_token_ids_are_stored_narrow_when_they_fit(tmp_path):
@@ -107,3 +110,14 @@ def test_bad_files_get_clear_errors(tmp_path):
     np.savez(tmp_path / "partial.npz", meta=meta, **{"f.names": np.array(["a"])})
     with pytest.raises(ValueError, match="folder 'f' lacks"):
         read_packed(tmp_path / "partial.npz")
+
+
+def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_eagle.py"
+    spec = importlib.util.spec_from_file_location("train_eagle", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as stopped:
+        module.main(["--data", str(tmp_path / "none.npz"), "--work", str(tmp_path / "w")])
+    assert stopped.value.code == 2
+    assert "no packed continuations at" in capsys.readouterr().err
