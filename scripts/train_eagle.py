@@ -51,6 +51,9 @@ from spectune.record import (
     tokens_per_step,
 )
 
+#: What the data and the head were made from (written into both files' meta).
+TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"
+
 
 @torch.no_grad()
 def shared_prefix_features(target, conts) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
     eval_set = [(c.prompt, c.output) for c in eval_conts]
     if args.pack is not None:
         counts = pack_continuations(args.work, args.pack, meta={
-            "target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
+            "target": TARGET,
             "prompts": "Spec-Bench questions with even ids (continuations), self-written user "
                        "turns (self-prompts) and their answers (self-continuations); eval: "
                        "greedy answers to the first 3 odd-id questions per category (held out)",
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
     curve = train_head(head, items, spec, log=say,
                        evaluate=lambda: json.dumps(held_out(head, target, eval_set)))
     final = held_out(head, target, eval_set)
-    meta = {"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
+    meta = {"target": TARGET,
             "data": {"prompts": f"Spec-Bench questions with even ids ({len(train)}), ChatML",
                      "self_prompts": {"sampled": args.self_prompts, "kept": len(own),
                                       "answers": "greedy"},

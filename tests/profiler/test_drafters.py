@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.tiny_models import TINY  # noqa: E402
+
 from profiler.drafters import (  # noqa: E402
     EarlyExitDrafter,
     ModelDrafter,
@@ -17,12 +19,6 @@ from profiler.drafters import (  # noqa: E402
     make_drafter,
 )
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from simulator.catalog import ModelShape  # noqa: E402
-
-TINY = ModelShape(
-    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-    tied_embeddings=False, source="test",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

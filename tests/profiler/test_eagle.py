@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import sharpened  # noqa: E402
+from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler.drafters import NgramDrafter  # noqa: E402
@@ -33,13 +33,7 @@ from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.record import record_outputs, target_outputs  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
-from simulator.catalog import ModelShape  # noqa: E402
 from traces import Workload  # noqa: E402
-
-TINY = ModelShape(
-    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-    tied_embeddings=False, source="test",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

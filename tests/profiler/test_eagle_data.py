@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.tiny_models import sharpened  # noqa: E402
+from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from profiler.eagle_data import (  # noqa: E402
     PACK_FORMAT,
@@ -22,12 +22,7 @@ from profiler.eagle_data import (  # noqa: E402
     unpack_continuations,
 )
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from simulator.catalog import ModelShape  # noqa: E402
 
-TINY = ModelShape(
-    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-    tied_embeddings=False, source="test",
-)  # fmt: skip
 PROMPTS = [("a", [5, 9, 13]), ("b", [7, 1]), ("c", [2, 4, 6, 8])]
 
 

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from support.tiny_models import TINY  # noqa: E402
+
 from profiler.kv_cache import BatchAttention, KVCache  # noqa: E402
 from profiler.model import (  # noqa: E402
     LlamaConfig,
@@ -23,10 +25,6 @@ from profiler.model import (  # noqa: E402
 )
 from simulator.catalog import ModelShape, get_model  # noqa: E402
 
-TINY = ModelShape(
-    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-    tied_embeddings=False, source="test",
-)  # fmt: skip
 THETA = 10_000.0
 EPS = 1e-5
 TIGHT = {"atol": 1e-5, "rtol": 1e-5}

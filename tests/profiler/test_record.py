@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import sharpened  # noqa: E402
+from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler.drafters import make_drafter  # noqa: E402
@@ -29,7 +29,6 @@ from profiler.record import (  # noqa: E402
     target_output,
 )
 from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
-from simulator.catalog import ModelShape  # noqa: E402
 from spectune.record import (  # noqa: E402
     RecordSpec,
     acceptance_k1,
@@ -41,10 +40,6 @@ from spectune.record import (  # noqa: E402
 )
 from traces import RequestSpeculation, SpeculationTrace, Workload  # noqa: E402
 
-TINY = ModelShape(
-    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-    tied_embeddings=False, source="test",
-)  # fmt: skip
 OUTPUTS = [24, 40, 12, 30]
 SCHED = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=100_000, k_max=8)
 

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from simulator.catalog import ModelShape
+
+#: The tiny Llama shape the profiler's tests build random models of.
+TINY = ModelShape(
+    name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
+    tied_embeddings=False, source="test",
+)  # fmt: skip
+
 
 def sharpened(model):
     """Weights of std 1/sqrt(fan_in) (embedding 1) instead of 0.02: logits of order 1, so greedy
