@@ -15,11 +15,15 @@ the true features the head reads (not to those it must predict): EAGLE's augment
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,6 +33,10 @@ from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, head_state, unit_rms
 from profiler.eagle_chain import chain_passes
 from profiler.model import LlamaModel
+from traces import atomic_write
+
+#: The format name inside a training checkpoint (`train_head(checkpoint=...)`).
+CHECKPOINT_FORMAT = "spectune-eagle-train-checkpoint/1"
 
 
 @dataclass(frozen=True)
@@ -164,10 +172,17 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
 
 def train_head(head: EagleHead, data: Sequence[tuple],
                spec: TrainSpec, log: Callable[[str], None] = print,
-               evaluate: Callable[[], str] | None = None) -> list[dict]:
+               evaluate: Callable[[], str] | None = None,
+               checkpoint: Path | None = None) -> list[dict]:
     """Train on (tokens, features[, start]) sequences (with a start, the loss covers the
     features from that position on: the prompt before it is context only); returns the curve
-    (one row per epoch)."""
+    (one row per epoch).
+
+    With a `checkpoint` path, everything training carries from one epoch to the next (weights,
+    optimiser, both random streams, the curve) is written there after every epoch, and a run
+    that finds it resumes after its last epoch with the same result as one never stopped: a
+    full-size CPU run outlasts a working session. The file must come from the same head, data
+    and spec (`checkpoint_name` names it by them)."""
     params = list(head_state(head).values())
     for p in params:
         p.requires_grad_(True)
@@ -177,7 +192,11 @@ def train_head(head: EagleHead, data: Sequence[tuple],
     steps_per_epoch = math.ceil(len(data) / spec.sequences_per_step)
     total_steps = spec.epochs * steps_per_epoch
     curve, step, started = [], 0, time.perf_counter()
-    for epoch in range(spec.epochs):
+    if checkpoint is not None and Path(checkpoint).is_file():
+        curve = _resume(Path(checkpoint), head, opt, rng, noise)
+        step = len(curve) * steps_per_epoch
+        log(f"resumed from {checkpoint} after epoch {len(curve)} of {spec.epochs}")
+    for epoch in range(len(curve), spec.epochs):
         order = rng.permutation(len(data))
         sums: Counter = Counter()
         for start in range(0, len(order), spec.sequences_per_step):
@@ -201,14 +220,63 @@ def train_head(head: EagleHead, data: Sequence[tuple],
         row = {k: v / sums["n"] for k, v in sums.items() if k != "n"}
         row.update(epoch=epoch + 1, seconds=round(time.perf_counter() - started, 1))
         note = evaluate() if evaluate is not None else ""
+        if note:
+            row["evaluation"] = note
+        curve.append(row)
+        if checkpoint is not None:
+            _save_checkpoint(Path(checkpoint), head, opt, rng, noise, curve)
         log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  " + "  ".join(
             f"d{d} match {row[f'match{d}']:.3f} reg {row[f'reg{d}']:.3f} cls "
             f"{row[f'cls{d}']:.3f}" for d in range(1, spec.depths + 1)
             if f"match{d}" in row) + f"  ({row['seconds']:.0f} s) {note}")
-        curve.append(row)
     for p in params:
         p.requires_grad_(False)
     return curve
+
+
+def checkpoint_name(spec: TrainSpec, head: EagleHead, data: Sequence[tuple]) -> str:
+    """A file name that changes with anything a resumed run must share with the first: the
+    spec, torch's thread count (it changes the sums' rounding), the draft vocabulary, the
+    starting weights and every sequence's tokens, start and features (a checkpoint of other
+    data or settings is then never picked up)."""
+    settings = {**dataclasses.asdict(spec), "threads": torch.get_num_threads()}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    digest.update(head.vocab_ids.cpu().numpy().astype(np.int64).tobytes())
+    for tensor in head_state(head).values():
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    for tokens, features, *start in data:
+        digest.update(tokens.cpu().numpy().astype(np.int64).tobytes())
+        digest.update(np.asarray(start, dtype=np.int64).tobytes())
+        digest.update(features.float().cpu().numpy().tobytes())
+    return f"train-{digest.hexdigest()[:16]}.pt"
+
+
+def _save_checkpoint(path: Path, head: EagleHead, opt: torch.optim.Optimizer,
+                     rng: np.random.Generator, noise: torch.Generator, curve: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": CHECKPOINT_FORMAT, "curve": curve, "optimizer": opt.state_dict(),
+             "weights": {n: p.detach().clone() for n, p in head_state(head).items()},
+             "order_rng": rng.bit_generator.state, "noise_rng": noise.get_state()}
+    with atomic_write(path) as handle:
+        torch.save(state, handle)
+
+
+def _resume(path: Path, head: EagleHead, opt: torch.optim.Optimizer, rng: np.random.Generator,
+            noise: torch.Generator) -> list[dict]:
+    try:
+        state = torch.load(path, weights_only=False)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"format {state.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+        with torch.no_grad():
+            for name, p in head_state(head).items():
+                p.copy_(state["weights"][name])
+        opt.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["order_rng"]
+        noise.set_state(state["noise_rng"])
+        return list(state["curve"])
+    except Exception as error:  # any unreadable or foreign file: say which, and what to do
+        raise ValueError(f"{path}: not a training checkpoint this run can resume ({error}); "
+                         f"delete it to train from the start") from error
 
 
 @torch.no_grad()

@@ -9,12 +9,15 @@ the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and it
 to them; a draft vocabulary from all of that text; the target's features over prompt +
 continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
 first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
-they were made from.
+they were made from. The features (--work/features) and a checkpoint after every epoch
+(--work/checkpoints) are kept too, so a stopped run started again resumes after its last finished
+epoch and ends with the weights of a run never stopped (same threads).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -34,6 +37,7 @@ from profiler.eagle_data import (
 )
 from profiler.eagle_train import (
     TrainSpec,
+    checkpoint_name,
     draft_vocabulary,
     eagle_runs,
     feature_rms,
@@ -50,6 +54,7 @@ from spectune.record import (
     load_prompts,
     tokens_per_step,
 )
+from traces import atomic_write
 
 #: What the data and the head were made from (written into both files' meta).
 TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"
@@ -71,6 +76,23 @@ def shared_prefix_features(target, conts) -> list[tuple[torch.Tensor, torch.Tens
         rest = target([torch.tensor(c.output)], [cache], logits="hidden")[0].float().clone()
         out.append((torch.tensor(c.tokens), torch.cat((prompt_hidden, rest)), len(c.prompt)))
     return out
+
+
+def cached_features(target, conts, folder: Path) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """`shared_prefix_features`, kept in `folder` under a name made from the target's weights
+    and every sequence: a resumed run (`train_head`'s checkpoint) skips this ~40-minute pass."""
+    digest = hashlib.sha256(TARGET.encode())
+    digest.update(target.embed[:, :64].float().numpy().tobytes())  # which weights, cheaply
+    for c in conts:
+        digest.update(np.asarray([len(c.prompt), *c.tokens], dtype=np.int64).tobytes())
+    path = folder / f"features-{digest.hexdigest()[:16]}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    data = shared_prefix_features(target, conts)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as handle:
+        torch.save(data, handle)
+    return data
 
 
 def held_out(head, target, eval_set, k: int = 4) -> dict:
@@ -170,7 +192,7 @@ def main(argv=None) -> int:
     say(f"{len(conts)} continuations, {sum(len(c.output) for c in conts)} output tokens; draft "
         f"vocabulary {len(vocab)} covers {cover['train_outputs']:.4f} of the training outputs, "
         f"{cover['eval_outputs']:.4f} of the held-out ones")
-    data = shared_prefix_features(target, conts)
+    data = cached_features(target, conts, args.work / "features")
     say(f"features of {sum(len(t) for t, _, _ in data)} positions")
     head = init_head(EagleHead(target, vocab), spec.seed, spec.layer_init, feature_rms(data))
     say(f"before training: {held_out(head, target, eval_set)}")
@@ -180,8 +202,12 @@ def main(argv=None) -> int:
     for c, (t, f, p) in zip(conts, data):
         items.append((t, f, p if c.prompt in first else 0))
         first.setdefault(c.prompt, c.key)
-    curve = train_head(head, items, spec, log=say,
-                       evaluate=lambda: json.dumps(held_out(head, target, eval_set)))
+    checkpoint = args.work / "checkpoints" / checkpoint_name(spec, head, items)
+    try:
+        curve = train_head(head, items, spec, log=say, checkpoint=checkpoint,
+                           evaluate=lambda: json.dumps(held_out(head, target, eval_set)))
+    except ValueError as error:
+        ap.error(str(error))
     final = held_out(head, target, eval_set)
     meta = {"target": TARGET,
             "data": {"prompts": f"Spec-Bench questions with even ids ({len(train)}), ChatML",

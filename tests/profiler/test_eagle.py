@@ -22,6 +22,7 @@ from profiler.eagle_data import target_features  # noqa: E402
 from profiler.eagle_drafter import EagleDrafter  # noqa: E402
 from profiler.eagle_train import (  # noqa: E402
     TrainSpec,
+    checkpoint_name,
     draft_vocabulary,
     eagle_runs,
     feature_rms,
@@ -129,6 +130,53 @@ def test_training_with_the_same_seed_reproduces_the_weights(target):
         assert torch.equal(first[name], again[name]), name
     assert not torch.equal(first["loss"], other["loss"])
     assert not torch.equal(first["loss"], clean["loss"])  # the noise is drawn, and seeded
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_training_resumes_from_its_checkpoint_to_the_same_weights(target, tmp_path):
+    """A run stopped after an epoch and started again ends with the weights of one never stopped
+    (a full-size CPU run outlasts a session); a foreign file at the checkpoint path is refused
+    clearly, and another spec gets another checkpoint name."""
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, TINY.vocab, 8).tolist() for _ in range(7)]
+    seqs = [p + o for p, o in zip(prompts, target_outputs(target, prompts, 12))]
+    data = [(torch.tensor(s), target_features(target, s), 3) for s in seqs]
+    spec = TrainSpec(epochs=3, warmup_steps=2, sequences_per_step=3, depths=2, seed=2,
+                     feature_noise=0.1)
+
+    def fresh_head() -> EagleHead:
+        return init_head(EagleHead(target, torch.arange(TINY.vocab)), seed=2)
+
+    whole = fresh_head()
+    whole_curve = train_head(whole, data, spec, log=lambda _: None)
+
+    head = fresh_head()
+    path = tmp_path / "ck" / checkpoint_name(spec, head, data)
+
+    def stop_after_first_epoch(line: str) -> None:
+        if line.startswith("epoch 1:"):
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train_head(head, data, spec, log=stop_after_first_epoch, checkpoint=path)
+    assert path.is_file()
+    head = fresh_head()  # a new process: only the checkpoint carries the first epoch
+    lines = []
+    curve = train_head(head, data, spec, log=lines.append, checkpoint=path)
+    assert lines[0].startswith("resumed from") and "after epoch 1 of 3" in lines[0]
+    assert [r["loss"] for r in curve] == [r["loss"] for r in whole_curve]
+    for name, p in head_state(whole).items():
+        assert torch.equal(p, head_state(head)[name]), name
+
+    other = dataclasses.replace(spec, lr=spec.lr / 2)
+    assert checkpoint_name(other, fresh_head(), data) != path.name
+    assert checkpoint_name(spec, fresh_head(), data[1:]) != path.name
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"not a training checkpoint.*delete it"):
+        train_head(fresh_head(), data, spec, log=lambda _: None, checkpoint=path)
 
 
 def test_last_layer_init_starts_from_the_targets_last_layer(target):

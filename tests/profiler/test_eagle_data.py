@@ -107,11 +107,35 @@ def test_bad_files_get_clear_errors(tmp_path):
         read_packed(tmp_path / "partial.npz")
 
 
-def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
+def train_eagle_script():
     script = Path(__file__).resolve().parents[2] / "scripts" / "train_eagle.py"
     spec = importlib.util.spec_from_file_location("train_eagle", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_train_eagle_keeps_the_features_of_its_data_for_a_resumed_run(target, tmp_path,
+                                                                       monkeypatch):
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    first = module.cached_features(target, conts, tmp_path / "features")
+    assert len(list((tmp_path / "features").iterdir())) == 1
+
+    def no_pass(*_):
+        raise AssertionError("the features were computed again")
+
+    monkeypatch.setattr(module, "shared_prefix_features", no_pass)
+    again = module.cached_features(target, conts, tmp_path / "features")
+    assert len(again) == len(first) == len(conts)
+    for (t1, f1, p1), (t2, f2, p2) in zip(first, again):
+        assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
+    with pytest.raises(AssertionError, match="computed again"):  # other data: another file
+        module.cached_features(target, conts[1:], tmp_path / "features")
+
+
+def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
+    module = train_eagle_script()
     with pytest.raises(SystemExit) as stopped:
         module.main(["--data", str(tmp_path / "none.npz"), "--work", str(tmp_path / "w")])
     assert stopped.value.code == 2
