@@ -173,34 +173,37 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
 def train_head(head: EagleHead, data: Sequence[tuple],
                spec: TrainSpec, log: Callable[[str], None] = print,
                evaluate: Callable[[], str] | None = None,
-               checkpoint: Path | None = None) -> list[dict]:
+               checkpoint: Path | None = None, checkpoint_every_s: float = 600.0) -> list[dict]:
     """Train on (tokens, features[, start]) sequences (with a start, the loss covers the
     features from that position on: the prompt before it is context only); returns the curve
     (one row per epoch).
 
-    With a `checkpoint` path, everything training carries from one epoch to the next (weights,
-    optimiser, both random streams, the curve) is written there after every epoch, and a run
-    that finds it resumes after its last epoch with the same result as one never stopped: a
-    full-size CPU run outlasts a working session. The file must come from the same head, data
-    and spec (`checkpoint_name` names it by them)."""
+    With a `checkpoint` path, everything training carries from one step to the next (weights,
+    optimiser, both random streams, where it is in the epoch, the curve) is written there after
+    every epoch and every `checkpoint_every_s` seconds, and a run that finds it resumes there
+    with the same result as a run never stopped: a full-size CPU run outlasts a working session.
+    The file must come from the same head, data and spec (`checkpoint_name` names it by them)."""
     params = list(head_state(head).values())
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng(spec.seed)
     noise = torch.Generator().manual_seed(spec.seed)
-    steps_per_epoch = math.ceil(len(data) / spec.sequences_per_step)
+    per_step = spec.sequences_per_step
+    steps_per_epoch = math.ceil(len(data) / per_step)
     total_steps = spec.epochs * steps_per_epoch
-    curve, step, started = [], 0, time.perf_counter()
+    at = _Position(curve=[], epoch=0, sequence=0, sums=Counter())
     if checkpoint is not None and Path(checkpoint).is_file():
-        curve = _resume(Path(checkpoint), head, opt, rng, noise)
-        step = len(curve) * steps_per_epoch
-        log(f"resumed from {checkpoint} after epoch {len(curve)} of {spec.epochs}")
-    for epoch in range(len(curve), spec.epochs):
+        at = _resume(Path(checkpoint), head, opt, rng, noise)
+        log(f"resumed from {checkpoint} in epoch {at.epoch + 1} of {spec.epochs} after "
+            f"{at.sequence} of {len(data)} sequences")
+    step = at.epoch * steps_per_epoch + at.sequence // per_step
+    started = saved = time.perf_counter()
+    while at.epoch < spec.epochs:
+        epoch_rng = rng.bit_generator.state  # what this epoch's order is drawn from
         order = rng.permutation(len(data))
-        sums: Counter = Counter()
-        for start in range(0, len(order), spec.sequences_per_step):
-            group = order[start : start + spec.sequences_per_step]
+        for start in range(at.sequence, len(order), per_step):
+            group = order[start : start + per_step]
             lr = spec.lr * min(1.0, (step + 1) / spec.warmup_steps) * 0.5 * (
                 1 + math.cos(math.pi * step / total_steps))
             for g in opt.param_groups:
@@ -213,25 +216,31 @@ def train_head(head: EagleHead, data: Sequence[tuple],
                 tokens, features = tokens[cut:], features[cut:]
                 loss, stats = sequence_loss(head, tokens, features, spec, first_base, noise)
                 (loss / len(group)).backward()
-                sums.update({**stats, "loss": float(loss.detach()), "n": 1})
+                at.sums.update({**stats, "loss": float(loss.detach()), "n": 1})
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
             opt.step()
             step += 1
-        row = {k: v / sums["n"] for k, v in sums.items() if k != "n"}
-        row.update(epoch=epoch + 1, seconds=round(time.perf_counter() - started, 1))
+            at.sequence = start + per_step
+            if (checkpoint is not None and at.sequence < len(order)
+                    and time.perf_counter() - saved >= checkpoint_every_s):
+                _save_checkpoint(Path(checkpoint), head, opt, epoch_rng, noise, at)
+                saved = time.perf_counter()
+        row = {k: v / at.sums["n"] for k, v in at.sums.items() if k != "n"}
+        row.update(epoch=at.epoch + 1, seconds=round(time.perf_counter() - started, 1))
         note = evaluate() if evaluate is not None else ""
         if note:
             row["evaluation"] = note
-        curve.append(row)
+        at = _Position(curve=[*at.curve, row], epoch=at.epoch + 1, sequence=0, sums=Counter())
         if checkpoint is not None:
-            _save_checkpoint(Path(checkpoint), head, opt, rng, noise, curve)
-        log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  " + "  ".join(
+            _save_checkpoint(Path(checkpoint), head, opt, rng.bit_generator.state, noise, at)
+            saved = time.perf_counter()
+        log(f"epoch {row['epoch']}: loss {row['loss']:.4f}  " + "  ".join(
             f"d{d} match {row[f'match{d}']:.3f} reg {row[f'reg{d}']:.3f} cls "
             f"{row[f'cls{d}']:.3f}" for d in range(1, spec.depths + 1)
             if f"match{d}" in row) + f"  ({row['seconds']:.0f} s) {note}")
     for p in params:
         p.requires_grad_(False)
-    return curve
+    return at.curve
 
 
 def checkpoint_name(spec: TrainSpec, head: EagleHead, data: Sequence[tuple]) -> str:
@@ -251,18 +260,31 @@ def checkpoint_name(spec: TrainSpec, head: EagleHead, data: Sequence[tuple]) -> 
     return f"train-{digest.hexdigest()[:16]}.pt"
 
 
-def _save_checkpoint(path: Path, head: EagleHead, opt: torch.optim.Optimizer,
-                     rng: np.random.Generator, noise: torch.Generator, curve: list[dict]) -> None:
+@dataclass
+class _Position:
+    """Where training stands between two steps, besides the tensors: the finished epochs' rows,
+    the epoch it is in, how many sequences of that epoch's order are done, and their stats."""
+
+    curve: list[dict]
+    epoch: int
+    sequence: int
+    sums: Counter
+
+
+def _save_checkpoint(path: Path, head: EagleHead, opt: torch.optim.Optimizer, epoch_rng: dict,
+                     noise: torch.Generator, at: _Position) -> None:
+    """`epoch_rng`: the order stream's state before epoch `at.epoch` drew its order."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"format": CHECKPOINT_FORMAT, "curve": curve, "optimizer": opt.state_dict(),
+    state = {"format": CHECKPOINT_FORMAT, "curve": at.curve, "epoch": at.epoch,
+             "sequence": at.sequence, "sums": dict(at.sums), "optimizer": opt.state_dict(),
              "weights": {n: p.detach().clone() for n, p in head_state(head).items()},
-             "order_rng": rng.bit_generator.state, "noise_rng": noise.get_state()}
+             "order_rng": epoch_rng, "noise_rng": noise.get_state()}
     with atomic_write(path) as handle:
         torch.save(state, handle)
 
 
 def _resume(path: Path, head: EagleHead, opt: torch.optim.Optimizer, rng: np.random.Generator,
-            noise: torch.Generator) -> list[dict]:
+            noise: torch.Generator) -> _Position:
     try:
         state = torch.load(path, weights_only=False)
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -273,11 +295,13 @@ def _resume(path: Path, head: EagleHead, opt: torch.optim.Optimizer, rng: np.ran
         opt.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["order_rng"]
         noise.set_state(state["noise_rng"])
-        return list(state["curve"])
+        curve = list(state["curve"])  # the first files of this format were saved at epoch
+        return _Position(curve=curve, epoch=int(state.get("epoch", len(curve))),  # ends only
+                         sequence=int(state.get("sequence", 0)),
+                         sums=Counter(state.get("sums", {})))
     except Exception as error:  # any unreadable or foreign file: say which, and what to do
         raise ValueError(f"{path}: not a training checkpoint this run can resume ({error}); "
                          f"delete it to train from the start") from error
-
 
 @torch.no_grad()
 def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], output: Sequence[int],

@@ -15,6 +15,7 @@ from support.engine import LinearLatency  # noqa: E402
 from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
+from profiler import eagle_train  # noqa: E402
 from profiler.drafters import NgramDrafter  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
@@ -136,10 +137,12 @@ class Interrupted(Exception):
     pass
 
 
-def test_interrupted_training_resumes_from_its_checkpoint_to_the_same_weights(target, tmp_path):
-    """A run stopped after an epoch and started again ends with the weights of one never stopped
-    (a full-size CPU run outlasts a session); a foreign file at the checkpoint path is refused
-    clearly, and another spec gets another checkpoint name."""
+@pytest.mark.parametrize("stop_after_save", [1, 3, 5])  # mid epoch 1, end of 1, mid epoch 2
+def test_interrupted_training_resumes_from_its_checkpoint_to_the_same_weights(
+        target, tmp_path, monkeypatch, stop_after_save):
+    """A run killed right after any checkpoint and started again ends with the weights of one
+    never stopped (a full-size CPU run outlasts a session); a foreign file at the checkpoint
+    path is refused clearly, and other settings or data get another checkpoint name."""
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, TINY.vocab, 8).tolist() for _ in range(7)]
     seqs = [p + o for p, o in zip(prompts, target_outputs(target, prompts, 12))]
@@ -155,18 +158,28 @@ def test_interrupted_training_resumes_from_its_checkpoint_to_the_same_weights(ta
 
     head = fresh_head()
     path = tmp_path / "ck" / checkpoint_name(spec, head, data)
+    save, saves = eagle_train._save_checkpoint, []
 
-    def stop_after_first_epoch(line: str) -> None:
-        if line.startswith("epoch 1:"):
+    def save_then_die(*args) -> None:
+        save(*args)
+        saves.append(args[-1].sequence)
+        if len(saves) == stop_after_save:
             raise Interrupted
 
+    monkeypatch.setattr(eagle_train, "_save_checkpoint", save_then_die)
     with pytest.raises(Interrupted):
-        train_head(head, data, spec, log=stop_after_first_epoch, checkpoint=path)
-    assert path.is_file()
-    head = fresh_head()  # a new process: only the checkpoint carries the first epoch
+        train_head(head, data, spec, log=lambda _: None, checkpoint=path, checkpoint_every_s=0)
+    assert saves == [3, 6, 0, 3, 6][:stop_after_save]  # every step, and each epoch's end
+    monkeypatch.setattr(eagle_train, "_save_checkpoint", save)
+    if saves[-1] == 0:  # an epoch's end, as the first files (without the position) were saved
+        state = torch.load(path, weights_only=False)
+        torch.save({k: v for k, v in state.items() if k not in ("epoch", "sequence", "sums")},
+                   path)
+    head = fresh_head()  # a new process: only the checkpoint carries what was done
     lines = []
     curve = train_head(head, data, spec, log=lines.append, checkpoint=path)
-    assert lines[0].startswith("resumed from") and "after epoch 1 of 3" in lines[0]
+    assert lines[0].startswith("resumed from")
+    assert f"after {saves[-1]} of 7 sequences" in lines[0]
     assert [r["loss"] for r in curve] == [r["loss"] for r in whole_curve]
     for name, p in head_state(whole).items():
         assert torch.equal(p, head_state(head)[name]), name
