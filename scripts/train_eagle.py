@@ -9,9 +9,9 @@ the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and it
 to them; a draft vocabulary from all of that text; the target's features over prompt +
 continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
 first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
-they were made from. The features (--work/features) and a checkpoint after every epoch
-(--work/checkpoints) are kept too, so a stopped run started again resumes after its last finished
-epoch and ends with the weights of a run never stopped (same threads).
+they were made from. The features (--work/features) and a training checkpoint every 10 minutes
+and at each epoch's end (--work/checkpoints) are kept too, so a stopped run started again goes on
+from its last checkpoint and ends with the weights of a run never stopped (same threads).
 """
 from __future__ import annotations
 
