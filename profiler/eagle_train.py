@@ -295,10 +295,8 @@ def _resume(path: Path, head: EagleHead, opt: torch.optim.Optimizer, rng: np.ran
         opt.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["order_rng"]
         noise.set_state(state["noise_rng"])
-        curve = list(state["curve"])  # the first files of this format were saved at epoch
-        return _Position(curve=curve, epoch=int(state.get("epoch", len(curve))),  # ends only
-                         sequence=int(state.get("sequence", 0)),
-                         sums=Counter(state.get("sums", {})))
+        return _Position(curve=list(state["curve"]), epoch=int(state["epoch"]),
+                         sequence=int(state["sequence"]), sums=Counter(state["sums"]))
     except Exception as error:  # any unreadable or foreign file: say which, and what to do
         raise ValueError(f"{path}: not a training checkpoint this run can resume ({error}); "
                          f"delete it to train from the start") from error
