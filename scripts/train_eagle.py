@@ -80,7 +80,8 @@ def shared_prefix_features(target, conts) -> list[tuple[torch.Tensor, torch.Tens
 
 def cached_features(target, conts, folder: Path) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """`shared_prefix_features`, kept in `folder` under a name made from the target's weights
-    and every sequence: a resumed run (`train_head`'s checkpoint) skips this ~40-minute pass."""
+    and every sequence: a resumed run (`train_head`'s checkpoint) skips this pass (64 min on
+    the 2-core AVX2 VM)."""
     digest = hashlib.sha256(TARGET.encode())
     digest.update(target.embed[:, :64].float().numpy().tobytes())  # which weights, cheaply
     for c in conts:
