@@ -18,11 +18,19 @@ into the file.
 
 Shapes: the layer has the target's dimensions (hidden 576, 9/3 heads, FFN 1536 for SmolLM2);
 fc is [2 * hidden, hidden] with a bias. The weights ship as fp16 .npz (`save_head`/`load_head`).
+
+Fused features (`fuse_layers`, EAGLE-3: Li et al. 2025, arXiv:2503.01840): a true entry's
+feature is then the outputs of some lower decoder layers beside the last one's
+(`LlamaModel.set_feature_layers`), each at unit RMS, mapped to one `hidden` vector by `fuse`
+[(layers + 1) * hidden, hidden]; predicted features (chain steps) enter as they are. `fuse`
+starts as "the last block only", so a fused head begins where an unfused one does. The head
+still predicts the last layer's feature, which the frozen norm and LM head decode.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,7 +58,8 @@ class EagleHead(nn.Module):
     """The head's own weights (fc, one layer) plus read-only views of the target's embedding,
     final norm and the draft vocabulary's rows of its LM head (shared, not part of state)."""
 
-    def __init__(self, target: LlamaModel, vocab_ids: torch.Tensor) -> None:
+    def __init__(self, target: LlamaModel, vocab_ids: torch.Tensor,
+                 fuse_layers: Sequence[int] = ()) -> None:
         super().__init__()
         shape = target.config.shape
         if shape.qkv_bias:
@@ -68,6 +77,16 @@ class EagleHead(nn.Module):
         self.fc_bias = nn.Parameter(torch.zeros(shape.hidden, dtype=dtype, device=device),
                                     requires_grad=False)
         self.layer = DecoderLayer(self.config)
+        self.fuse_layers = tuple(int(i) for i in fuse_layers)
+        self.fuse: nn.Parameter | None = None
+        if self.fuse_layers:
+            if target.feature_layers not in ((), self.fuse_layers):
+                raise ValueError(f"the target already hands out layers "
+                                 f"{list(target.feature_layers)}, this head fuses "
+                                 f"{list(self.fuse_layers)}")
+            target.set_feature_layers(self.fuse_layers)
+            self.fuse = nn.Parameter(torch.zeros(self.feature_width, shape.hidden, dtype=dtype,
+                                                 device=device), requires_grad=False)
         self._target = (target,)  # a tuple: the target is not a submodule of the head
         self.register_buffer("vocab_ids", ids.to(device), persistent=False)
         head = target.embed if target.lm_head is None else target.lm_head
@@ -85,11 +104,29 @@ class EagleHead(nn.Module):
         s = self.config.shape
         return KVCache(1, s.kv_heads, s.head_dim, capacity, self.config.dtype, self.config.device)
 
+    @property
+    def feature_width(self) -> int:
+        """Columns of a true feature row: `hidden` per fused layer, then the last layer's."""
+        return (len(self.fuse_layers) + 1) * self.config.shape.hidden
+
+    def slot(self, features: torch.Tensor) -> torch.Tensor:
+        """The feature half of an entry at unit RMS [n, hidden]: a predicted feature [n, hidden]
+        as it is, a true fused one [n, feature_width] through `fuse`."""
+        hidden = self.config.shape.hidden
+        width = features.shape[-1]
+        if width == hidden:
+            return unit_rms(features)
+        if self.fuse is None or width != self.feature_width:
+            raise ValueError(f"features of width {width}: this head reads {hidden} (predicted)"
+                             + (f" or {self.feature_width} (true, fused)" if self.fuse is not None
+                                else ""))
+        return unit_rms(unit_rms_blocks(features.to(self.fuse), hidden) @ self.fuse)
+
     def entries(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """fc([embed(x_{i+1}); f_i]) for tokens [n] (the x_{i+1}) and features [n, hidden],
-        each half scaled to unit RMS per row (`unit_rms`)."""
+        """fc([embed(x_{i+1}); f_i]) for tokens [n] (the x_{i+1}) and features [n, hidden] (or
+        true fused ones, `slot`), each half scaled to unit RMS per row (`unit_rms`)."""
         embedded = unit_rms(self.target.embed.index_select(1, tokens).t())
-        x = torch.cat((embedded, unit_rms(features.to(embedded))), dim=-1)
+        x = torch.cat((embedded, self.slot(features.to(embedded))), dim=-1)
         return torch.addmm(self.fc_bias, x, self.fc)
 
     def layer_forward(self, x: torch.Tensor, positions: torch.Tensor, end: int,
@@ -101,7 +138,9 @@ class EagleHead(nn.Module):
         return decoder_layer(self.config, 0, self.layer, x, cos, sin, attention)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary [rows, draft vocab] of (predicted) features."""
+        """Logits over the draft vocabulary [rows, draft vocab] of (predicted) features; of a
+        true fused feature row, its last layer's block."""
+        features = features[..., -self.config.shape.hidden :]
         return rms_norm(features, self.target.norm, self.config.rms_eps) @ self.head_rows
 
     @torch.inference_mode()
@@ -111,7 +150,10 @@ class EagleHead(nn.Module):
         last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]."""
         batch = BatchAttention([t.shape[0] for t in tokens], caches,
                                self.config.batched_attention)
-        x = self.entries(torch.cat(tokens), torch.cat(features))
+        if len({f.shape[-1] for f in features}) == 1:
+            x = self.entries(torch.cat(tokens), torch.cat(features))
+        else:  # true (fused) features for some requests, predicted ones for others
+            x = torch.cat([self.entries(t, f) for t, f in zip(tokens, features)])
         out = self.layer_forward(x, batch.positions(), batch.max_length, batch)
         batch.commit()
         last = out[batch.last_rows()]
@@ -137,10 +179,17 @@ class HeadTiming:
         return self.head(tokens, features, caches)
 
 
+def unit_rms_blocks(x: torch.Tensor, width: int) -> torch.Tensor:
+    """`unit_rms` of each `width`-column block of every row (fused features: one per layer)."""
+    return unit_rms(x.reshape(*x.shape[:-1], -1, width)).reshape(x.shape)
+
+
 def head_state(head: EagleHead) -> dict[str, torch.Tensor]:
-    """The head's own weights by name (fc, fc_bias, layer.*)."""
+    """The head's own weights by name (fc, fc_bias, layer.*, and fuse if it fuses layers)."""
     state = {"fc": head.fc, "fc_bias": head.fc_bias}
     state.update({f"layer.{n}": getattr(head.layer, n) for n in _LAYER_PARAMS})
+    if head.fuse is not None:
+        state["fuse"] = head.fuse
     return state
 
 
@@ -150,7 +199,8 @@ def save_head(head: EagleHead, path: Path, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {n: t.detach().to(torch.float16).cpu().numpy() for n, t in head_state(head).items()}
     arrays["vocab_ids"] = head.vocab_ids.cpu().numpy().astype(np.int32)
-    meta = {**meta, "target": head.target.config.shape.name}
+    meta = {**meta, "target": head.target.config.shape.name,
+            "fuse_layers": list(head.fuse_layers)}
     with atomic_write(path) as handle:
         np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
 
@@ -171,7 +221,11 @@ def load_head(target: LlamaModel, path: Path | None = None) -> EagleHead:
     name = target.config.shape.name
     if meta.get("target") != name:
         raise ValueError(f"{path}: a head for {meta.get('target')}, not for {name}")
-    head = EagleHead(target, torch.as_tensor(arrays.pop("vocab_ids").astype(np.int64)))
+    try:
+        head = EagleHead(target, torch.as_tensor(arrays.pop("vocab_ids").astype(np.int64)),
+                         meta.get("fuse_layers", ()))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error
     state = head_state(head)
     if set(arrays) != set(state):
         raise ValueError(f"{path}: weights {sorted(arrays)} != expected {sorted(state)}")

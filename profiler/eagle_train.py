@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from profiler.drafters import NgramDrafter
-from profiler.eagle import EagleHead, head_state, unit_rms
+from profiler.eagle import EagleHead, head_state, unit_rms, unit_rms_blocks
 from profiler.eagle_chain import chain_passes
 from profiler.model import LlamaModel
 from traces import atomic_write
@@ -105,7 +105,10 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
     last = head.target.layers[-1]
     with torch.no_grad():
         for name, p in head_state(head).items():
-            if layer_init == "last" and name.startswith("layer."):
+            if name == "fuse":  # the last layer's block passes through: an unfused start
+                p.zero_()
+                p[-hidden:].copy_(torch.eye(hidden))
+            elif layer_init == "last" and name.startswith("layer."):
                 source = getattr(last, name.removeprefix("layer.")).float()
                 if name in ("layer.o", "layer.down"):
                     source = source / feature_rms
@@ -121,9 +124,11 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
     return head
 
 
-def feature_rms(data: Sequence[tuple]) -> float:
-    """The mean per-row RMS of the target features in (tokens, features[, start]) data."""
-    rms = [f.float().pow(2).mean(-1).sqrt().mean() for _, f, *_ in data]
+def feature_rms(data: Sequence[tuple], width: int | None = None) -> float:
+    """The mean per-row RMS of the target features in (tokens, features[, start]) data (of
+    each row's last `width` columns, the last layer's, if given)."""
+    rms = [f[..., -(width or f.shape[-1]):].float().pow(2).mean(-1).sqrt().mean()
+           for _, f, *_ in data]
     return float(torch.stack(rms).mean()) if rms else 0.0
 
 
@@ -133,13 +138,15 @@ def target_probs(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
         return torch.softmax(head.draft_logits(features).float(), dim=-1)
 
 
-def noisy(features: torch.Tensor, width: float, generator: torch.Generator | None
-          ) -> torch.Tensor:
-    """unit_rms(features) + U(-width, width), drawn from `generator` (the features if width 0)."""
+def noisy(features: torch.Tensor, width: float, generator: torch.Generator | None,
+          block: int | None = None) -> torch.Tensor:
+    """unit_rms(features) (per `block` columns: fused layers) + U(-width, width), drawn from
+    `generator` (the features if width 0)."""
     if width <= 0:
         return features
     noise = torch.rand(features.shape, generator=generator, dtype=torch.float32)
-    return unit_rms(features) + ((2 * noise - 1) * width).to(features)
+    scaled = unit_rms_blocks(features, block or features.shape[-1])
+    return scaled + ((2 * noise - 1) * width).to(features)
 
 
 def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
@@ -150,7 +157,8 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
     greedy acceptance needs). The chains read the features with `spec.feature_noise` (from
     `generator`); the targets are the clean ones."""
     p = target_probs(head, features[first_base + 1 :])
-    inputs = noisy(features, spec.feature_noise, generator)
+    hidden = head.config.shape.hidden
+    inputs = noisy(features, spec.feature_noise, generator, hidden)
     total, stats, weights = 0.0, {}, 0.0
     for depth, rows, predicted in chain_passes(head, tokens, inputs, spec.depths, first_base):
         if depth == 1:
@@ -158,7 +166,7 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
             rows = slice(first_base, rows.stop)
         lo, hi = rows.start + depth, rows.stop + depth  # predicted[j] ~ f at base + depth
         offset = first_base + 1  # p[0] is the target's at position first_base + 1
-        want, want_p = unit_rms(features[lo:hi]), p[lo - offset : hi - offset]
+        want, want_p = unit_rms(features[lo:hi, -hidden:]), p[lo - offset : hi - offset]
         reg = F.smooth_l1_loss(predicted, want)
         logq = torch.log_softmax(head.draft_logits(predicted).float(), dim=-1)
         cls = -(want_p * logq).sum(dim=-1).mean()

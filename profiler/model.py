@@ -15,7 +15,7 @@ CPU thread); GPUs do not mind either layout.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -183,6 +183,21 @@ class LlamaModel(nn.Module):
         self.lm_head = None if s.tied_embeddings else _parameter(s.hidden, s.vocab, config=config)
         self.rotary = RotaryTable(s.head_dim, config.rope_theta, config.dtype, config.device)
         self.exit_map: tuple[torch.Tensor, torch.Tensor] | None = None  # see `forward`
+        self.feature_layers: tuple[int, ...] = ()  # see `set_feature_layers`
+
+    def set_feature_layers(self, layers: Sequence[int]) -> None:
+        """Make `forward(logits="hidden")` return, before the last layer's output, the outputs
+        of these decoder layers (0-based, ascending, below the last): [q_r, (len + 1) * hidden].
+        An EAGLE-3-style head fuses low, middle and high features (Li et al. 2025,
+        arXiv:2503.01840); `logits_of` reads the last block, so every caller of "hidden" still
+        gets the right logits."""
+        layers = tuple(int(i) for i in layers)
+        last = self.config.shape.layers - 1
+        if any(not 0 <= i < last for i in layers) or list(layers) != sorted(set(layers)):
+            raise ValueError(f"feature layers must be distinct ascending decoder-layer indices in "
+                             f"0..{last - 1} (the last layer's output always comes last); "
+                             f"got {list(layers)}")
+        self.feature_layers = layers
 
     @classmethod
     def random(cls, config: LlamaConfig, seed: int = 0) -> LlamaModel:
@@ -219,8 +234,9 @@ class LlamaModel(nn.Module):
         Appends the new K/V to each cache and returns per request the logits of every new token
         [q_r, vocab] ("all", for verification) or of its last one [1, vocab] ("last", prefill),
         or the last layer's output of every new token before the final norm [q_r, hidden]
-        ("hidden": what a tuned lens is fitted on). An `exit_map` (weight [hidden, hidden],
-        bias [hidden]) set on the model maps that output before the norm and head.
+        ("hidden": what a tuned lens is fitted on), after the outputs of `feature_layers` if
+        any are set. An `exit_map` (weight [hidden, hidden], bias [hidden]) set on the model
+        maps that output before the norm and head.
         """
         if logits not in _LOGITS:
             raise ValueError(f"logits must be one of {_LOGITS}, got {logits!r}")
@@ -230,18 +246,23 @@ class LlamaModel(nn.Module):
         batch = BatchAttention([t.shape[0] for t in tokens], caches, self.config.batched_attention)
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
+        taps = []
         for index, layer in enumerate(self.layers):
             x = decoder_layer(self.config, index, layer, x, cos, sin, batch)
+            if logits == "hidden" and index in self.feature_layers:
+                taps.append(x)
         batch.commit()
         if logits == "hidden":
-            return list(x.split(batch.q))
+            return list((torch.cat((*taps, x), dim=-1) if taps else x).split(batch.q))
         if logits == "last":
             x = x[batch.last_rows()]
         return list(self.logits_of(x).split(1 if logits == "last" else batch.q))
 
     def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logits [rows, vocab] of last-layer outputs [rows, hidden] (before the final norm),
-        through the `exit_map` if one is set: what `forward` does after its last layer."""
+        through the `exit_map` if one is set: what `forward` does after its last layer. Wider
+        rows (`feature_layers`) are read by their last `hidden` columns."""
+        hidden = hidden[..., -self.config.shape.hidden :]
         if self.exit_map is not None:
             weight, bias = self.exit_map
             hidden = torch.addmm(bias, hidden, weight)

@@ -83,6 +83,8 @@ def cached_features(target, conts, folder: Path) -> list[tuple[torch.Tensor, tor
     and every sequence: a resumed run (`train_head`'s checkpoint) skips this pass (64 min on
     the 2-core AVX2 VM)."""
     digest = hashlib.sha256(TARGET.encode())
+    if target.feature_layers:  # fused features: other columns (unfused runs keep their names)
+        digest.update(f"layers {list(target.feature_layers)}".encode())
     digest.update(target.embed[:, :64].float().numpy().tobytes())  # which weights, cheaply
     for c in conts:
         digest.update(np.asarray([len(c.prompt), *c.tokens], dtype=np.int64).tobytes())
@@ -120,6 +122,9 @@ def main(argv=None) -> int:
                          "the run then trains on that data instead of generating it again")
     ap.add_argument("--pack", type=Path,
                     help="write the generated continuations to this file (one compressed .npz)")
+    ap.add_argument("--fuse-layers", default="",
+                    help="comma-separated 0-based decoder layers whose outputs the head fuses "
+                         "with the last layer's (EAGLE-3 style, e.g. 1,14,26); default: none")
     ap.add_argument("--data-only", action="store_true",
                     help="stop once the continuations are generated (and cached under --work)")
     for f in dataclasses.fields(TrainSpec):
@@ -143,6 +148,11 @@ def main(argv=None) -> int:
             ap.error(str(error))
         say(f"unpacked {args.data} into {args.work}: {written} new files per folder")
     target, tok = load_smollm2(torch.float32)
+    try:
+        fuse = [int(i) for i in args.fuse_layers.split(",") if i.strip()]
+        target.set_feature_layers(fuse)
+    except ValueError as error:
+        ap.error(f"--fuse-layers {args.fuse_layers!r}: {error}")
     questions = load_prompts(DEFAULT_PROMPTS)
     train = [p for p in questions if in_split(p.key, "train")]
     prompts = [(p.key, tok.encode(chat_prompt(p.text))) for p in train]
@@ -194,8 +204,11 @@ def main(argv=None) -> int:
         f"vocabulary {len(vocab)} covers {cover['train_outputs']:.4f} of the training outputs, "
         f"{cover['eval_outputs']:.4f} of the held-out ones")
     data = cached_features(target, conts, args.work / "features")
-    say(f"features of {sum(len(t) for t, _, _ in data)} positions")
-    head = init_head(EagleHead(target, vocab), spec.seed, spec.layer_init, feature_rms(data))
+    say(f"features of {sum(len(t) for t, _, _ in data)} positions"
+        + (f" (layers {fuse} fused with the last)" if fuse else ""))
+    hidden = target.config.shape.hidden
+    head = init_head(EagleHead(target, vocab, fuse), spec.seed, spec.layer_init,
+                     feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
     # the loss covers each prompt's text once (with its first continuation), then the outputs
     first = {}

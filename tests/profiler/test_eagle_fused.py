@@ -1,0 +1,198 @@
+"""An EAGLE head that fuses lower layers' features with the last one's (EAGLE-3 style): the
+target hands out the right layers, the head starts exactly as the unfused one, its batched chains
+equal its live chains, it trains, round-trips through its file (which brings its layers along),
+and the live engine with it stays lossless and replays what `eagle_runs` records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.engine import LinearLatency  # noqa: E402
+from support.tiny_models import TINY, sharpened  # noqa: E402
+
+from policies import make_policy  # noqa: E402
+from profiler.eagle import EagleHead, head_state, load_head, save_head  # noqa: E402
+from profiler.eagle_chain import chain_passes  # noqa: E402
+from profiler.eagle_data import target_features  # noqa: E402
+from profiler.eagle_drafter import EagleDrafter  # noqa: E402
+from profiler.eagle_train import (  # noqa: E402
+    TrainSpec,
+    draft_vocabulary,
+    eagle_runs,
+    init_head,
+    train_head,
+)
+from profiler.live_engine import LiveEngine  # noqa: E402
+from profiler.model import LlamaModel, config_for  # noqa: E402
+from profiler.record import target_outputs  # noqa: E402
+from simulator import SchedulerConfig, StepCostModel  # noqa: E402
+from traces import Workload  # noqa: E402
+
+LAYERS = (0,)  # TINY has 2 decoder layers: the first one's output beside the last one's
+
+
+def new_target(layers=()) -> LlamaModel:
+    """A fresh target per use: a fused head sets which layers its target hands out."""
+    target = sharpened(LlamaModel.random(config_for(TINY), seed=0))
+    target.set_feature_layers(layers)
+    return target
+
+
+def test_the_target_hands_out_its_feature_layers_before_the_last():
+    plain, tapped = new_target(), new_target(LAYERS)
+    cut = new_target()
+    cut.layers = cut.layers[:1]  # the same first layer, and nothing after it
+    tokens = [torch.tensor([3, 14, 15, 92, 65, 35])]
+    wide = tapped(tokens, [tapped.new_cache()], logits="hidden")[0]
+    last = plain(tokens, [plain.new_cache()], logits="hidden")[0]
+    first = cut(tokens, [cut.new_cache()], logits="hidden")[0]
+    assert wide.shape == (6, 2 * TINY.hidden)
+    assert torch.equal(wide[:, TINY.hidden :], last)
+    assert torch.equal(wide[:, : TINY.hidden], first)
+    assert not torch.equal(first, last)
+    torch.testing.assert_close(tapped.logits_of(wide), plain.logits_of(last), rtol=0, atol=0)
+    logits = tapped(tokens, [tapped.new_cache()], logits="all")[0]
+    assert torch.equal(logits, plain(tokens, [plain.new_cache()], logits="all")[0])
+    for bad in ([1], [0, 0], [-1]):  # the last layer, a repeat, out of range
+        with pytest.raises(ValueError, match="feature layers must be distinct ascending"):
+            plain.set_feature_layers(bad)
+
+
+def test_a_fused_head_starts_where_the_unfused_one_does():
+    """Same seed: the same weights besides `fuse`, which passes the last block through, so the
+    first drafts are the unfused head's; training then finds the lower layer useful."""
+    plain, tapped = new_target(), new_target()
+    vocab = torch.arange(TINY.vocab)
+    unfused = init_head(EagleHead(plain, vocab), seed=4)
+    fused = init_head(EagleHead(tapped, vocab, LAYERS), seed=4)
+    assert tapped.feature_layers == LAYERS and plain.feature_layers == ()
+    for name, p in head_state(unfused).items():
+        assert torch.equal(p, head_state(fused)[name]), name
+    tokens = [5, 9, 2, 7, 7, 1, 30, 4]
+    wide, narrow = target_features(tapped, tokens), target_features(plain, tokens)
+    assert wide.shape[1] == fused.feature_width == 2 * TINY.hidden
+    ids = torch.tensor(tokens[1:])
+    torch.testing.assert_close(fused.entries(ids, wide[:-1]), unfused.entries(ids, narrow[:-1]))
+    with torch.no_grad():
+        fused.fuse.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(fused.entries(ids, wide[:-1]), unfused.entries(ids, narrow[:-1]))
+    with pytest.raises(ValueError, match="features of width 80"):
+        fused.entries(ids, torch.zeros(len(ids), 80))
+    with pytest.raises(ValueError, match="already hands out layers"):
+        other = new_target((0,))
+        other.feature_layers = (5,)  # as if another head had asked for other layers
+        EagleHead(other, vocab, LAYERS)
+
+
+def fused_random_head(target, seed=1) -> EagleHead:
+    head = init_head(EagleHead(target, torch.arange(TINY.vocab), LAYERS), seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # a layer and a fusion that do something
+        for p in (head.layer.o, head.layer.down, head.fuse):
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[0] ** -0.5)
+    return head
+
+
+def test_fused_batched_chains_equal_the_live_heads_chains():
+    target = new_target()
+    head = fused_random_head(target)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, TINY.vocab, 9).tolist()
+    tokens = torch.tensor(prompt + target_outputs(target, [prompt], 20)[0])
+    features = target_features(target, tokens.tolist())
+    checked = 0
+    for depth, rows, predicted in chain_passes(head, tokens, features, 4, first_base=3):
+        for j, base in enumerate(range(rows.start, rows.stop)):
+            cache = head.new_cache(64)
+            live, _ = head([tokens[1 : base + 2]], [features[: base + 1]], [cache])
+            for d in range(2, depth + 1):
+                live, _ = head([tokens[base + d : base + d + 1]], [live], [cache])
+            torch.testing.assert_close(predicted[j], live[0], rtol=1e-4, atol=1e-4)
+            checked += 1
+    assert checked > 60
+
+
+@pytest.fixture(scope="module")
+def fused_trained():
+    target = new_target()
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(3, 12))).tolist() for _ in range(40)]
+    outs = target_outputs(target, prompts, 40)
+    head = init_head(EagleHead(target, draft_vocabulary(outs, TINY.vocab), LAYERS), seed=0)
+    data = [(torch.tensor(p + o), target_features(target, p + o))
+            for p, o in zip(prompts[:32], outs[:32])]
+    assert data[0][1].shape[1] == 2 * TINY.hidden
+
+    def acceptance() -> float:
+        runs = [eagle_runs(head, target, p, o, 4)[0][1:] for p, o in zip(prompts[32:], outs[32:])]
+        return float(np.mean(np.concatenate(runs) >= 1))
+
+    before = acceptance()
+    fuse_before = head.fuse.detach().clone()
+    spec = TrainSpec(epochs=20, lr=3e-3, warmup_steps=5, sequences_per_step=4, depths=2)
+    curve = train_head(head, data, spec, log=lambda _: None)
+    return target, head, before, acceptance(), curve, fuse_before
+
+
+def test_a_fused_head_trains_and_learns_to_use_the_lower_layer(fused_trained):
+    _, head, before, after, curve, fuse_before = fused_trained
+    assert curve[-1]["loss"] < 0.85 * curve[0]["loss"]
+    assert after > before + 0.15, (before, after)
+    lower = head.fuse[: TINY.hidden]
+    assert float(lower.abs().max()) > 0.01 and float(fuse_before[: TINY.hidden].abs().max()) == 0
+
+
+def test_a_fused_head_round_trips_with_its_layers(fused_trained, tmp_path):
+    _, head, *_ = fused_trained
+    path = tmp_path / "fused.npz"
+    save_head(head, path, {"trained_on": "test"})
+    fresh = new_target()
+    loaded = load_head(fresh, path)
+    assert loaded.meta["fuse_layers"] == [0] and fresh.feature_layers == LAYERS
+    torch.testing.assert_close(loaded.fuse, head.fuse.half().float())
+    busy = new_target()
+    busy.feature_layers = (3,)
+    with pytest.raises(ValueError, match=r"fused.npz: the target already hands out layers \[3\]"):
+        load_head(busy, path)
+
+
+ARRIVALS = [0.0, 0.0, 0.0, 0.001, 0.002]
+OUTPUTS = [30, 1, 25, 12, 40]
+
+
+def one_by_one_greedy(target, prompt, n) -> list[int]:
+    cache = target.new_cache(len(prompt) + n)
+    logits = target([torch.tensor(prompt)], [cache], logits="last")[0][0]
+    out = []
+    while len(out) < n:
+        out.append(int(logits.argmax()))
+        logits = target([torch.tensor([out[-1]])], [cache], logits="last")[0][0]
+    return out
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_live_fused_eagle_is_lossless_and_accepts_what_eagle_runs_records(fused_trained,
+                                                                          chunked):
+    target, head, *_ = fused_trained
+    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,
+                            chunked_prefill=chunked, max_batched_tokens=9 if chunked else None)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
+    workload = Workload(arrival_s=np.asarray(ARRIVALS),
+                        prompt_tokens=np.asarray([len(p) for p in prompts]),
+                        output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
+                        source="test")
+    engine = LiveEngine(target, EagleDrafter(head), make_policy("fixed", {"k": 4}), sched,
+                        cost=StepCostModel(LinearLatency()))
+    res = engine.run(workload, prompts, realtime=False)
+    accepted = 0
+    for rid, steps in res.decode_log.groupby("request_id"):
+        assert list(res.outputs[rid]) == one_by_one_greedy(target, prompts[rid], OUTPUTS[rid])
+        run, _ = eagle_runs(head, target, prompts[rid], res.outputs[rid], sched.k_max)
+        expected = [min(4, int(run[g]), OUTPUTS[rid] - g - 1) for g in steps.position]
+        assert steps.accepted.tolist() == expected, f"request {rid}"
+        accepted += sum(expected)
+    assert accepted > 0
