@@ -147,9 +147,13 @@ def main(argv=None) -> int:
         except ValueError as error:
             ap.error(str(error))
         say(f"unpacked {args.data} into {args.work}: {written} new files per folder")
-    target, tok = load_smollm2(torch.float32)
     try:
         fuse = [int(i) for i in args.fuse_layers.split(",") if i.strip()]
+    except ValueError:
+        ap.error(f"--fuse-layers {args.fuse_layers!r}: give comma-separated layer numbers, "
+                 f"e.g. 1,14,26")
+    target, tok = load_smollm2(torch.float32)
+    try:
         target.set_feature_layers(fuse)
     except ValueError as error:
         ap.error(f"--fuse-layers {args.fuse_layers!r}: {error}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from pathlib import Path
@@ -140,3 +141,26 @@ def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_pa
         module.main(["--data", str(tmp_path / "none.npz"), "--work", str(tmp_path / "w")])
     assert stopped.value.code == 2
     assert "no packed continuations at" in capsys.readouterr().err
+
+
+def test_fused_features_are_kept_apart_from_unfused_ones(target, tmp_path, monkeypatch):
+    """A target handing out lower layers too (`--fuse-layers`) writes wider features under
+    another name: an unfused run never reads them, nor a fused run the unfused ones."""
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    narrow = module.cached_features(target, conts, tmp_path / "features")
+    tapped = copy.deepcopy(target)
+    tapped.set_feature_layers([0])
+    wide = module.cached_features(tapped, conts, tmp_path / "features")
+    assert len(list((tmp_path / "features").iterdir())) == 2
+    hidden = target.config.shape.hidden
+    for (_, f_narrow, _), (_, f_wide, _) in zip(narrow, wide):
+        assert f_wide.shape[1] == 2 * hidden and torch.equal(f_wide[:, hidden:], f_narrow)
+
+
+def test_train_eagle_refuses_fuse_layers_that_are_not_numbers(tmp_path, capsys):
+    module = train_eagle_script()
+    with pytest.raises(SystemExit) as stopped:
+        module.main(["--fuse-layers", "1,mid", "--work", str(tmp_path / "w")])
+    assert stopped.value.code == 2
+    assert "--fuse-layers '1,mid': give comma-separated layer numbers" in capsys.readouterr().err
