@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import TINY, sharpened  # noqa: E402
+from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler import eagle_train  # noqa: E402
@@ -239,16 +239,6 @@ def live_workload(prompts) -> Workload:
                     prompt_tokens=np.asarray([len(p) for p in prompts]),
                     output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
                     source="test")
-
-
-def one_by_one_greedy(target, prompt, n) -> list[int]:
-    cache = target.new_cache(len(prompt) + n)
-    logits = target([torch.tensor(prompt)], [cache], logits="last")[0][0]
-    out = []
-    while len(out) < n:
-        out.append(int(logits.argmax()))
-        logits = target([torch.tensor([out[-1]])], [cache], logits="last")[0][0]
-    return out
 
 
 CHUNKED = dataclasses.replace(SCHED, chunked_prefill=True, max_batched_tokens=9)

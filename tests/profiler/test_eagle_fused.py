@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import TINY, sharpened  # noqa: E402
+from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head  # noqa: E402
@@ -164,16 +164,6 @@ def test_a_fused_head_round_trips_with_its_layers(fused_trained, tmp_path):
 
 ARRIVALS = [0.0, 0.0, 0.0, 0.001, 0.002]
 OUTPUTS = [30, 1, 25, 12, 40]
-
-
-def one_by_one_greedy(target, prompt, n) -> list[int]:
-    cache = target.new_cache(len(prompt) + n)
-    logits = target([torch.tensor(prompt)], [cache], logits="last")[0][0]
-    out = []
-    while len(out) < n:
-        out.append(int(logits.argmax()))
-        logits = target([torch.tensor([out[-1]])], [cache], logits="last")[0][0]
-    return out
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])

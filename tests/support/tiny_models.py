@@ -21,3 +21,17 @@ def sharpened(model):
             if not name.endswith("norm"):
                 p.mul_((1.0 if name == "embed" else p.shape[0] ** -0.5) / 0.02)
     return model
+
+
+def one_by_one_greedy(target, prompt, n) -> list[int]:
+    """The reference a lossless engine must match: `n` greedy tokens after `prompt`, one target
+    pass per token (no batching, no speculation)."""
+    import torch
+
+    cache = target.new_cache(len(prompt) + n)
+    logits = target([torch.tensor(prompt)], [cache], logits="last")[0][0]
+    out = []
+    while len(out) < n:
+        out.append(int(logits.argmax()))
+        logits = target([torch.tensor([out[-1]])], [cache], logits="last")[0][0]
+    return out
