@@ -13,11 +13,14 @@ equals plain greedy decoding token for token.
     python benchmarks/eagle_live.py [--dtype bfloat16] [--threads 2] [--batches 1 4 16]
 
 Timing: keep the machine otherwise idle (2 torch threads slow down 5-50x under any other load).
-bf16 on CPUs without AVX512-BF16 kernels may need ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (set here
-unless already set); on an AVX2-only CPU bf16 is emulated (a target pass 473 ms vs 50-62 ms in
-fp32 on the 2-core EPYC VM): use --dtype float32 there, and expect no speed-up from any drafter
-if a pass over k+1 tokens costs much more than one over 1 token (the pass costs printed first
-and benchmarks/results/eagle-live-smollm2-fp32-avx2.txt show how to tell).
+oneDNN picks its kernels by ONEDNN_MAX_CPU_ISA (printed in the header; unset: the best the CPU
+has). On a CPU with AMX-BF16, leaving it unset lets oneDNN use AMX, which makes a verify pass over
+several tokens cheaper: `benchmarks/verify_cost.py` on the 2-core Sapphire Rapids VM (2026-11-25,
+bf16, batch 1) gave 1.08 / 1.09 / 1.10 / 1.10 / 1.12 x a 1-token pass for 2-6 new tokens with
+AMX, and 1.09 / 1.14 / 1.18 / 1.24 / 1.28 x with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16. On an AVX2-only CPU bf16 is emulated (a target pass 473 ms vs
+50-62 ms in fp32 on the 2-core EPYC VM): use --dtype float32 there, and expect no speed-up from
+any drafter if a pass over k+1 tokens costs much more than one over 1 token (the pass costs
+printed first and benchmarks/results/eagle-live-smollm2-fp32-avx2.txt show how to tell).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import sys
 
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
-os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -146,7 +148,9 @@ def main() -> None:
     plain = make_drafter("ngram", target)
     rows = []
     print(f"SmolLM2-135M-Instruct {args.dtype}, {args.threads} threads, {args.tokens} tokens per "
-          f"request, drafters {', '.join(args.drafters)}")
+          f"request, drafters {', '.join(args.drafters)}; torch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, ONEDNN_MAX_CPU_ISA "
+          f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}")
     heads = {head_file(name): d.head for name, d in drafters.items() if hasattr(d, "head")}
     for head in heads.values():
         cost = pass_costs(target, head)
