@@ -17,10 +17,11 @@ oneDNN picks its kernels by ONEDNN_MAX_CPU_ISA (printed in the header; unset: th
 has). On a CPU with AMX-BF16, leaving it unset lets oneDNN use AMX, which makes a verify pass over
 several tokens cheaper: `benchmarks/verify_cost.py` on the 2-core Sapphire Rapids VM (2026-11-25,
 bf16, batch 1) gave 1.08 / 1.09 / 1.10 / 1.10 / 1.12 x a 1-token pass for 2-6 new tokens with
-AMX, and 1.09 / 1.14 / 1.18 / 1.24 / 1.28 x with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16. On an AVX2-only CPU bf16 is emulated (a target pass 473 ms vs
-50-62 ms in fp32 on the 2-core EPYC VM): use --dtype float32 there, and expect no speed-up from
-any drafter if a pass over k+1 tokens costs much more than one over 1 token (the pass costs
-printed first and benchmarks/results/eagle-live-smollm2-fp32-avx2.txt show how to tell).
+AMX, and 1.09 / 1.14 / 1.18 / 1.24 / 1.28 x with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16.
+On an AVX2-only CPU bf16 is emulated (a target pass 473 ms vs 50-62 ms in fp32 on the 2-core
+EPYC VM): use --dtype float32 there, and expect no speed-up from any drafter if a pass over k+1
+tokens costs much more than one over 1 token (benchmarks/verify_cost.py and
+benchmarks/results/eagle-live-smollm2-fp32-avx2.txt show how to tell).
 """
 
 from __future__ import annotations
