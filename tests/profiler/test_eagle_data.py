@@ -143,7 +143,7 @@ def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_pa
     assert "no packed continuations at" in capsys.readouterr().err
 
 
-def test_fused_features_are_kept_apart_from_unfused_ones(target, tmp_path, monkeypatch):
+def test_fused_features_are_kept_apart_from_unfused_ones(target, tmp_path):
     """A target handing out lower layers too (`--fuse-layers`) writes wider features under
     another name: an unfused run never reads them, nor a fused run the unfused ones."""
     module = train_eagle_script()
