@@ -59,7 +59,7 @@ class EagleHead(nn.Module):
     final norm and the draft vocabulary's rows of its LM head (shared, not part of state)."""
 
     def __init__(self, target: LlamaModel, vocab_ids: torch.Tensor,
-                 fuse_layers: Sequence[int] = (), previous_token: bool = False) -> None:
+                 fuse_layers: Sequence[int] = ()) -> None:
         super().__init__()
         shape = target.config.shape
         if shape.qkv_bias:
@@ -72,9 +72,7 @@ class EagleHead(nn.Module):
         self.config = replace(target.config, shape=replace(
             shape, name=f"{shape.name}-EAGLE", layers=1, source=f"EAGLE head of {shape.name}"))
         dtype, device = target.config.dtype, target.config.device
-        self.previous_token = bool(previous_token)
-        parts = 3 if self.previous_token else 2
-        self.fc = nn.Parameter(torch.zeros(parts * shape.hidden, shape.hidden, dtype=dtype,
+        self.fc = nn.Parameter(torch.zeros(2 * shape.hidden, shape.hidden, dtype=dtype,
                                            device=device), requires_grad=False)
         self.fc_bias = nn.Parameter(torch.zeros(shape.hidden, dtype=dtype, device=device),
                                     requires_grad=False)
@@ -124,20 +122,12 @@ class EagleHead(nn.Module):
                                 else ""))
         return unit_rms(unit_rms_blocks(features.to(self.fuse), hidden) @ self.fuse)
 
-    def entries(self, tokens: torch.Tensor, features: torch.Tensor,
-                previous: torch.Tensor | None = None) -> torch.Tensor:
+    def entries(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc([embed(x_{i+1}); f_i]) for tokens [n] (the x_{i+1}) and features [n, hidden] (or
-        true fused ones, `slot`), each part scaled to unit RMS per row (`unit_rms`); a
-        `previous_token` head also reads embed(x_i), the token at the feature's own position
-        (`previous` [n]), as a third part."""
+        true fused ones, `slot`), each half scaled to unit RMS per row (`unit_rms`)."""
         embedded = unit_rms(self.target.embed.index_select(1, tokens).t())
-        parts = [embedded, self.slot(features.to(embedded))]
-        if self.previous_token:
-            if previous is None or previous.shape != tokens.shape:
-                raise ValueError("this head reads the token before each entry's token: pass "
-                                 "`previous` with one token id per entry")
-            parts.append(unit_rms(self.target.embed.index_select(1, previous).t()))
-        return torch.addmm(self.fc_bias, torch.cat(parts, dim=-1), self.fc)
+        x = torch.cat((embedded, self.slot(features.to(embedded))), dim=-1)
+        return torch.addmm(self.fc_bias, x, self.fc)
 
     def layer_forward(self, x: torch.Tensor, positions: torch.Tensor, end: int,
                       attention) -> torch.Tensor:
@@ -155,19 +145,15 @@ class EagleHead(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: list[torch.Tensor], features: list[torch.Tensor],
-                caches: list[KVCache], previous: list[torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed per request the entries (tokens[r], features[r]; previous[r] for a
-        `previous_token` head) after its cache; return the last new entry's predicted feature
-        [requests, hidden] and draft logits [requests, V_d]."""
+                caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed per request the entries (tokens[r], features[r]) after its cache; return the
+        last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]."""
         batch = BatchAttention([t.shape[0] for t in tokens], caches,
                                self.config.batched_attention)
-        before = previous if self.previous_token and previous is not None else [None] * len(tokens)
         if len({f.shape[-1] for f in features}) == 1:
-            x = self.entries(torch.cat(tokens), torch.cat(features),
-                             torch.cat(before) if before[0] is not None else None)
+            x = self.entries(torch.cat(tokens), torch.cat(features))
         else:  # true (fused) features for some requests, predicted ones for others
-            x = torch.cat([self.entries(t, f, b) for t, f, b in zip(tokens, features, before)])
+            x = torch.cat([self.entries(t, f) for t, f in zip(tokens, features)])
         out = self.layer_forward(x, batch.positions(), batch.max_length, batch)
         batch.commit()
         last = out[batch.last_rows()]
@@ -190,7 +176,7 @@ class HeadTiming:
         hidden = self.config.shape.hidden
         features = [torch.ones(t.shape[0], hidden, dtype=self.config.dtype,
                                device=self.config.device) for t in tokens]
-        return self.head(tokens, features, caches, tokens)
+        return self.head(tokens, features, caches)
 
 
 def unit_rms_blocks(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -214,7 +200,7 @@ def save_head(head: EagleHead, path: Path, meta: dict) -> None:
     arrays = {n: t.detach().to(torch.float16).cpu().numpy() for n, t in head_state(head).items()}
     arrays["vocab_ids"] = head.vocab_ids.cpu().numpy().astype(np.int32)
     meta = {**meta, "target": head.target.config.shape.name,
-            "fuse_layers": list(head.fuse_layers), "previous_token": head.previous_token}
+            "fuse_layers": list(head.fuse_layers)}
     with atomic_write(path) as handle:
         np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
 
@@ -237,7 +223,7 @@ def load_head(target: LlamaModel, path: Path | None = None) -> EagleHead:
         raise ValueError(f"{path}: a head for {meta.get('target')}, not for {name}")
     try:
         head = EagleHead(target, torch.as_tensor(arrays.pop("vocab_ids").astype(np.int64)),
-                         meta.get("fuse_layers", ()), bool(meta.get("previous_token", False)))
+                         meta.get("fuse_layers", ()))
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from error
     state = head_state(head)

@@ -85,7 +85,7 @@ def chain_passes(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
     n = tokens.shape[0]
     attention = ChainAttention(shape.heads, shape.kv_heads)
     positions = torch.arange(n, device=tokens.device)
-    x = head.entries(tokens[1:], features[:-1], tokens[:-1])
+    x = head.entries(tokens[1:], features[:-1])
     predicted = head.layer_forward(x, positions[:-1], n, attention)
     yield 1, slice(0, n - 1), predicted
     offset = 0  # the base row of predicted[0]
@@ -94,8 +94,7 @@ def chain_passes(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
         if rows.stop <= rows.start:
             return
         lo, hi = rows.start, rows.stop
-        inputs = head.entries(tokens[lo + depth : hi + depth], predicted[lo - offset : hi - offset],
-                              tokens[lo + depth - 1 : hi + depth - 1])
+        inputs = head.entries(tokens[lo + depth : hi + depth], predicted[lo - offset : hi - offset])
         attention.begin(depth, rows)
         predicted = head.layer_forward(inputs, positions[lo + depth - 1 : hi + depth - 1],
                                        n + depth, attention)

@@ -70,21 +70,19 @@ class EagleDrafter(Drafter):
         in the prefill iteration, where the simulator charges a draft model's prefill): entry
         P-1 waits for the first output token."""
         device = self.head.config.device
-        tokens, features, caches, previous = [], [], [], []
+        tokens, features, caches = [], [], []
         for rid, rows in zip(request_ids, hidden):
             seq = self._seqs[rid]
             prompt, seq.prompt = seq.prompt, None
             if prompt is not None and len(prompt) > 1:
                 n = len(prompt) - 1
-                ids = torch.tensor(prompt, dtype=torch.int64, device=device)
-                tokens.append(ids[1:])
-                previous.append(ids[:-1])
+                tokens.append(torch.tensor(prompt[1:], dtype=torch.int64, device=device))
                 features.append(rows[:n])
                 caches.append(seq.cache)
                 seq.trusted, rows = n, rows[n:]
             seq.pending.append(rows)
         if tokens:
-            self.head(tokens, features, caches, previous)
+            self.head(tokens, features, caches)
 
     def propose(
         self,
@@ -97,7 +95,7 @@ class EagleDrafter(Drafter):
         chains = [DraftChain() for _ in ks]
         probs: list[list[torch.Tensor]] = [[] for _ in ks]
         device = self.head.config.device
-        feeds: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        feeds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i, k in enumerate(ks):
             if k > 0:
                 feeds[i] = self._catch_up(self._seqs[request_ids[i]], histories[i], device)
@@ -106,8 +104,7 @@ class EagleDrafter(Drafter):
         while active:
             seqs = [self._seqs[request_ids[i]] for i in active]
             features, logits = self.head([feeds[i][0] for i in active],
-                                         [feeds[i][1] for i in active], [s.cache for s in seqs],
-                                         [feeds[i][2] for i in active])
+                                         [feeds[i][1] for i in active], [s.cache for s in seqs])
             best, top1, entropy, p = self._choose(logits, keep_probs)
             if self.lookup is not None:
                 best = [self._looked_up(histories[i], chains[i].tokens, best[j])
@@ -123,7 +120,7 @@ class EagleDrafter(Drafter):
                 if not stopped and len(chains[i]) < ks[i]:
                     still.append(i)
                     token = torch.tensor([best[j]], dtype=torch.int64, device=device)
-                    feeds[i] = (token, features[j : j + 1], feeds[i][0][-1:])
+                    feeds[i] = (token, features[j : j + 1])
             active, depth = still, depth + 1
         for chain, rows in zip(chains, probs):
             chain.probs = torch.stack(rows) if rows else None
@@ -136,20 +133,19 @@ class EagleDrafter(Drafter):
         return proposal[0] if proposal and matched >= self.lookup_min_match else head_token
 
     def _catch_up(self, seq: _HeadSeq, history: Sequence[int], device
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Roll the cache back to its trusted entries; the entries the new features make (their
-        tokens, features, and the tokens before theirs)."""
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Roll the cache back to its trusted entries; the entries the new features make."""
         seq.cache.truncate(seq.trusted)
         features = torch.cat(seq.pending) if len(seq.pending) != 1 else seq.pending[0]
         count = min(features.shape[0], len(history) - 1 - seq.trusted)
         if count < 1:
             raise RuntimeError("EAGLE drafter: no new target features since the last chain; "
                                "the engine must call observe_hidden after every target pass")
-        ids = torch.tensor(list(history[seq.trusted : seq.trusted + 1 + count]),
-                           dtype=torch.int64, device=device)
+        tokens = torch.tensor(list(history[seq.trusted + 1 : seq.trusted + 1 + count]),
+                              dtype=torch.int64, device=device)
         seq.pending = [features[count:]] if count < features.shape[0] else []
         seq.trusted += count
-        return ids[1:], features[:count], ids[:-1]
+        return tokens, features[:count]
 
     def _choose(self, logits: torch.Tensor, keep_probs: bool):
         """Per row: the drafted token id (in the target's vocabulary), top-1, entropy, and the

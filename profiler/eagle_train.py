@@ -120,7 +120,7 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
             else:
                 scale = 1e-3 if name in ("layer.o", "layer.down") else p.shape[0] ** -0.5
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
-        head.fc[hidden : 2 * hidden].copy_(torch.eye(hidden))
+        head.fc[hidden:].copy_(torch.eye(hidden))
     return head
 
 

@@ -125,9 +125,6 @@ def main(argv=None) -> int:
     ap.add_argument("--fuse-layers", default="",
                     help="comma-separated 0-based decoder layers whose outputs the head fuses "
                          "with the last layer's (EAGLE-3 style, e.g. 1,14,26); default: none")
-    ap.add_argument("--previous-token", action="store_true",
-                    help="the head also reads the embedding of the token at each feature's own "
-                         "position (one attention layer can then copy: profiler/eagle.py)")
     ap.add_argument("--data-only", action="store_true",
                     help="stop once the continuations are generated (and cached under --work)")
     for f in dataclasses.fields(TrainSpec):
@@ -214,8 +211,8 @@ def main(argv=None) -> int:
     say(f"features of {sum(len(t) for t, _, _ in data)} positions"
         + (f" (layers {fuse} fused with the last)" if fuse else ""))
     hidden = target.config.shape.hidden
-    head = init_head(EagleHead(target, vocab, fuse, args.previous_token), spec.seed,
-                     spec.layer_init, feature_rms(data, hidden))
+    head = init_head(EagleHead(target, vocab, fuse), spec.seed, spec.layer_init,
+                     feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
     # the loss covers each prompt's text once (with its first continuation), then the outputs
     first = {}
