@@ -131,6 +131,41 @@ def self_prompts(
     return out
 
 
+def document_prompts(
+    answers: Sequence[tuple[str, str]],
+    count: int,
+    *,
+    seed: int = 0,
+    passages: tuple[int, int] = (1, 3),
+) -> list[tuple[str, str]]:
+    """`count` user turns in the long-context forms of Spec-Bench's summarization and RAG
+    questions, built from target-written (question, answer) texts: alternately "Summarize: "
+    before 1-3 answers run together (an article), and 1-3 answers as passages, one per line,
+    followed by the question of one of them.
+
+    Why: self-written turns are short chat questions, so the head rarely sees the target read a
+    long prompt and copy from it, which is where it is weakest (summaries, RAG). The documents
+    are the target's own answers, so nothing comes from the evaluation split. Returns (key, text)
+    pairs, keys "sum<i>" and "rag<i>", fixed by `seed`."""
+    low, high = passages
+    if not 1 <= low <= high:
+        raise ValueError(f"passages must be (low, high) with 1 <= low <= high; got {passages}")
+    if count > 0 and len(answers) < high:
+        raise ValueError(f"document prompts take up to {high} answers each; only "
+                         f"{len(answers)} answers were given (write more self prompts)")
+    rng = np.random.default_rng([seed, 0x0D0C])
+    out = []
+    for i in range(count):
+        picks = rng.choice(len(answers), size=int(rng.integers(low, high + 1)), replace=False)
+        texts = [answers[j][1].strip() for j in picks]
+        if i % 2 == 0:
+            out.append((f"sum{i}", "Summarize: " + " ".join(texts)))
+        else:
+            question = answers[picks[int(rng.integers(len(picks)))]][0].strip()
+            out.append((f"rag{i}", "\n".join([*texts, question])))
+    return out
+
+
 def pack_continuations(work: Path, path: Path, meta: dict | None = None) -> dict[str, int]:
     """Every continuation cached in `work`'s folders (`continue_prompts`: one JSON list of token
     ids per sample) in one compressed .npz, with `meta` (how they were made); returns the files

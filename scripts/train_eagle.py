@@ -6,7 +6,9 @@ Stages (continuations are cached under --work, so a rerun resumes; --pack writes
 and --data unpacks such a file, so another run skips the generation): the target's continuations of
 the training split (even Spec-Bench question ids; greedy and sampled); --self-prompts user turns
 the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and its greedy answers
-to them; a draft vocabulary from all of that text; the target's features over prompt +
+to them; --doc-prompts long-context turns in Spec-Bench's summarize and RAG forms made of
+those answers (profiler/eagle_data.document_prompts) and the target's greedy answers to them;
+a draft vocabulary from all of that text; the target's features over prompt +
 continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
 first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
 they were made from. The features (--work/features) and a training checkpoint every 10 minutes
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from profiler.eagle import EagleHead, save_head
 from profiler.eagle_data import (
     continue_prompts,
+    document_prompts,
     pack_continuations,
     self_prompts,
     unpack_continuations,
@@ -117,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=16384, help="draft vocabulary size")
     ap.add_argument("--self-prompts", type=int, default=0,
                     help="user turns to sample from the target itself (kept: those that end)")
+    ap.add_argument("--doc-prompts", type=int, default=0,
+                    help="long-context user turns (summarize / RAG forms) built from the answers "
+                         "to the self-written turns, and answered greedily; needs --self-prompts")
     ap.add_argument("--data", type=Path,
                     help="a packed data file (--pack) to unpack into --work before generating: "
                          "the run then trains on that data instead of generating it again")
@@ -134,6 +140,9 @@ def main(argv=None) -> int:
         spec = TrainSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSpec)})
     except ValueError as error:
         ap.error(str(error))
+    if args.doc_prompts < 0 or (args.doc_prompts and not args.self_prompts):
+        ap.error(f"--doc-prompts {args.doc_prompts}: give a count >= 0, and --self-prompts too "
+                 f"(the documents are the target's answers to its self-written turns)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(spec.seed)
     started = time.perf_counter()
@@ -174,10 +183,26 @@ def main(argv=None) -> int:
                              progress=lambda d, n: say(f"self prompts {d}/{n}"))
         own = [(f"self{i}", [*pre_query, *body, *tail]) for i, body in enumerate(asked)]
         say(f"{len(asked)} of {args.self_prompts} self-written user turns kept")
-        conts += continue_prompts(target, own, [0.0], args.max_tokens,
-                                  args.work / "self-continuations", eos_id=tok.eos_id,
+        own_answers = continue_prompts(target, own, [0.0], args.max_tokens,
+                                       args.work / "self-continuations", eos_id=tok.eos_id,
+                                       seed=args.data_seed, batch=args.batch,
+                                       progress=lambda d, n: say(f"self continuations {d}/{n}"))
+        conts += own_answers
+    docs = []
+    if args.doc_prompts:
+        answered = [(tok.decode(body), tok.decode(list(c.output[:-1])))
+                    for body, c in zip(asked, own_answers)
+                    if c.output and c.output[-1] == tok.eos_id and len(c.output) > 32]
+        try:
+            texts = document_prompts(answered, args.doc_prompts, seed=args.data_seed)
+        except ValueError as error:
+            ap.error(f"--doc-prompts: {error}")
+        docs = [(key, tok.encode(chat_prompt(text))) for key, text in texts]
+        say(f"{len(docs)} document turns from {len(answered)} complete answers")
+        conts += continue_prompts(target, docs, [0.0], args.max_tokens,
+                                  args.work / "doc-continuations", eos_id=tok.eos_id,
                                   seed=args.data_seed, batch=args.batch,
-                                  progress=lambda d, n: say(f"self continuations {d}/{n}"))
+                                  progress=lambda d, n: say(f"doc continuations {d}/{n}"))
     conts.sort(key=lambda c: (c.prompt, c.key))
     evals = first_per_category([p for p in questions if in_split(p.key, "eval")], 3)
     eval_conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text))) for p in evals],
@@ -188,17 +213,20 @@ def main(argv=None) -> int:
         counts = pack_continuations(args.work, args.pack, meta={
             "target": TARGET,
             "prompts": "Spec-Bench questions with even ids (continuations), self-written user "
-                       "turns (self-prompts) and their answers (self-continuations); eval: "
+                       "turns (self-prompts) and their answers (self-continuations), "
+                       "summarize/RAG turns made of those answers and their answers "
+                       "(doc-continuations); eval: "
                        "greedy answers to the first 3 odd-id questions per category (held out)",
             "temperatures": temps, "max_tokens": args.max_tokens, "seed": args.data_seed,
-            "self_prompts": args.self_prompts, "batch": args.batch, "threads": args.threads,
+            "self_prompts": args.self_prompts, "doc_prompts": args.doc_prompts,
+            "batch": args.batch, "threads": args.threads,
             "torch": torch.__version__})
         say(f"packed {counts} files into {args.pack}")
     if args.data_only:
         say(f"data only: {len(conts)} continuations, {sum(len(c.output) for c in conts)} output "
             f"tokens cached under {args.work}")
         return 0
-    texts = [c.output for c in conts] + [p for _, p in prompts + own]  # outputs copy prompts
+    texts = [c.output for c in conts] + [p for _, p in prompts + own + docs]  # outputs copy prompts
     vocab = draft_vocabulary(texts, args.vocab, always=[tok.eos_id],
                              vocab=target.config.shape.vocab)
     chosen = set(vocab.tolist())
@@ -231,6 +259,8 @@ def main(argv=None) -> int:
             "data": {"prompts": f"Spec-Bench questions with even ids ({len(train)}), ChatML",
                      "self_prompts": {"sampled": args.self_prompts, "kept": len(own),
                                       "answers": "greedy"},
+                     "doc_prompts": {"count": len(docs), "forms": "summarize, rag",
+                                     "answers": "greedy"},
                      "temperatures": temps, "max_tokens": args.max_tokens,
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},

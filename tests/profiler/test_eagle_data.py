@@ -18,6 +18,7 @@ from support.tiny_models import TINY, sharpened  # noqa: E402
 from profiler.eagle_data import (  # noqa: E402
     PACK_FORMAT,
     continue_prompts,
+    document_prompts,
     pack_continuations,
     read_packed,
     unpack_continuations,
@@ -164,3 +165,48 @@ def test_train_eagle_refuses_fuse_layers_that_are_not_numbers(tmp_path, capsys):
         module.main(["--fuse-layers", "1,mid", "--work", str(tmp_path / "w")])
     assert stopped.value.code == 2
     assert "--fuse-layers '1,mid': give comma-separated layer numbers" in capsys.readouterr().err
+
+
+ANSWERS = [(f"question {i}?", f"answer number {i}.") for i in range(10)]
+
+
+def test_document_prompts_take_spec_bench_long_context_forms():
+    """Even turns summarize 1-3 answers run together; odd turns list 1-3 answers as passages,
+    one per line, then the question of one of those answers."""
+    turns = document_prompts(ANSWERS, 40, seed=3)
+    assert [k for k, _ in turns] == [f"{'sum' if i % 2 == 0 else 'rag'}{i}" for i in range(40)]
+    sizes = set()
+    for key, text in turns:
+        if key.startswith("sum"):
+            assert text.startswith("Summarize: answer number ") and "\n" not in text
+            sizes.add(text.count("answer number"))
+        else:
+            *passages, question = text.split("\n")
+            assert 1 <= len(passages) <= 3 and len(set(passages)) == len(passages)
+            assert all(p in {a for _, a in ANSWERS} for p in passages)
+            asked = {q: a for q, a in ANSWERS}[question]
+            assert asked in passages  # the question is one of its own passages' questions
+            sizes.add(len(passages))
+    assert sizes == {1, 2, 3}
+
+
+def test_document_prompts_are_fixed_by_the_seed():
+    assert document_prompts(ANSWERS, 12, seed=1) == document_prompts(ANSWERS, 12, seed=1)
+    assert document_prompts(ANSWERS, 12, seed=1) != document_prompts(ANSWERS, 12, seed=2)
+    assert document_prompts(ANSWERS, 5, seed=1) == document_prompts(ANSWERS, 12, seed=1)[:5]
+
+
+def test_document_prompts_refuse_too_few_answers_and_bad_ranges():
+    with pytest.raises(ValueError, match="only 2 answers were given"):
+        document_prompts(ANSWERS[:2], 4)
+    assert document_prompts(ANSWERS[:2], 0) == []
+    with pytest.raises(ValueError, match="1 <= low <= high"):
+        document_prompts(ANSWERS, 4, passages=(2, 1))
+
+
+def test_train_eagle_refuses_doc_prompts_without_self_prompts(tmp_path, capsys):
+    module = train_eagle_script()
+    with pytest.raises(SystemExit) as stopped:
+        module.main(["--doc-prompts", "10", "--work", str(tmp_path / "w")])
+    assert stopped.value.code == 2
+    assert "--doc-prompts 10: give a count >= 0, and --self-prompts too" in capsys.readouterr().err
