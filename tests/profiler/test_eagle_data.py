@@ -133,7 +133,54 @@ def test_train_eagle_keeps_the_features_of_its_data_for_a_resumed_run(target, tm
     for (t1, f1, p1), (t2, f2, p2) in zip(first, again):
         assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
     with pytest.raises(AssertionError, match="computed again"):  # other data: another file
-        module.cached_features(target, conts[1:], tmp_path / "features")
+        module.cached_features(target, [*conts[1:], *other_sequences(target, tmp_path / "z")],
+                               tmp_path / "features")
+
+
+def other_sequences(target, folder: Path):
+    return continue_prompts(target, [("z", [11, 12, 13, 14])], [0.0], 5, folder, eos_id=None)
+
+
+def counting_passes(module, monkeypatch) -> list[int]:
+    """Record how many sequences each `shared_prefix_features` call computes."""
+    calls, real = [], module.shared_prefix_features
+
+    def counted(target, conts):
+        calls.append(len(conts))
+        return real(target, conts)
+
+    monkeypatch.setattr(module, "shared_prefix_features", counted)
+    return calls
+
+
+def test_grown_data_computes_only_its_new_sequences(target, tmp_path, monkeypatch):
+    """Features of data that grew take the old sequences from the earlier file (after one
+    sequence, computed again, matches it bit for bit) and equal a from-scratch computation."""
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    new = other_sequences(target, tmp_path / "z")
+    grown = sorted([*conts, *new], key=lambda c: (c.prompt, c.key))
+    module.cached_features(target, conts, tmp_path / "features")
+    calls = counting_passes(module, monkeypatch)
+    reused = module.cached_features(target, grown, tmp_path / "features")
+    assert calls == [1, len(new)]  # the probe, then only the new sequences
+    scratch = module.shared_prefix_features(target, grown)
+    assert len(reused) == len(scratch) == len(grown)
+    for (t1, f1, p1), (t2, f2, p2) in zip(reused, scratch):
+        assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
+    assert len(list((tmp_path / "features").glob("features-*.pt"))) == 2
+
+
+def test_features_of_other_weights_are_not_reused(target, tmp_path, monkeypatch):
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    other = sharpened(LlamaModel.random(config_for(TINY), seed=1))
+    module.cached_features(other, conts[:-1], tmp_path / "features")
+    calls = counting_passes(module, monkeypatch)
+    mine = module.cached_features(target, conts, tmp_path / "features")
+    assert calls == [1, len(conts)]  # the probe failed: everything computed
+    for (_, f1, _), (_, f2, _) in zip(mine, module.shared_prefix_features(target, conts)):
+        assert torch.equal(f1, f2)
 
 
 def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
