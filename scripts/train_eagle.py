@@ -237,15 +237,14 @@ def main(argv=None) -> int:
         conts += own_answers
     docs = []
     if args.doc_prompts:
-        answered = [(tok.decode(body), tok.decode(list(c.output[:-1])))
-                    for body, c in zip(asked, own_answers)
-                    if c.output and c.output[-1] == tok.eos_id and len(c.output) > 32]
+        answered = [(tok.decode(body), tok.decode([t for t in c.output if t != tok.eos_id]))
+                    for body, c in zip(asked, own_answers) if len(c.output) > 32]
         try:
             texts = document_prompts(answered, args.doc_prompts, seed=args.data_seed)
         except ValueError as error:
             ap.error(f"--doc-prompts: {error}")
         docs = [(key, tok.encode(chat_prompt(text))) for key, text in texts]
-        say(f"{len(docs)} document turns from {len(answered)} complete answers")
+        say(f"{len(docs)} document turns from {len(answered)} answers")
         conts += continue_prompts(target, docs, [0.0], args.max_tokens,
                                   args.work / "doc-continuations", eos_id=tok.eos_id,
                                   seed=args.data_seed, batch=args.batch,
@@ -289,8 +288,9 @@ def main(argv=None) -> int:
     head = init_head(EagleHead(target, vocab, fuse), spec.seed, spec.layer_init,
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
-    # the loss covers each prompt's text once (with its first continuation), then the outputs
-    first = {}
+    # the loss covers each prompt's text once (with its first continuation), then the outputs;
+    # a document turn's text is answers the loss covers already, so it is context only
+    first: dict = {tuple(p): key for key, p in docs}
     items = []
     for c, (t, f, p) in zip(conts, data):
         items.append((t, f, p if c.prompt in first else 0))
