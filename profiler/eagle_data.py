@@ -11,6 +11,7 @@ generating again: on a CPU the generation is most of a run's time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,17 +137,20 @@ def document_prompts(
     count: int,
     *,
     seed: int = 0,
-    passages: tuple[int, int] = (1, 3),
+    passages: tuple[int, int] = (1, 2),
 ) -> list[tuple[str, str]]:
-    """`count` user turns in the long-context forms of Spec-Bench's summarization and RAG
-    questions, built from target-written (question, answer) texts: alternately "Summarize: "
-    before 1-3 answers run together (an article), and 1-3 answers as passages, one per line,
-    followed by the question of one of them.
+    """`count` distinct user turns in the long-context forms of Spec-Bench's summarization and
+    RAG questions, built from target-written (question, answer) texts: alternately "Summarize: "
+    before 1-2 answers run together (an article), and 1-2 answers as passages separated by
+    newlines, followed by the question of one of them on the last line.
 
     Why: self-written turns are short chat questions, so the head rarely sees the target read a
     long prompt and copy from it, which is where it is weakest (summaries, RAG). The documents
-    are the target's own answers, so nothing comes from the evaluation split. Returns (key, text)
-    pairs, keys "sum<i>" and "rag<i>", fixed by `seed`."""
+    are the target's own answers, so nothing comes from the evaluation split; two answers of up
+    to 256 tokens keep a document and its answer mostly inside the training window (512).
+    Returns (key, text) pairs, fixed by `seed`; a key ("sum<i>-<hash>", "rag<i>-<hash>") names
+    its text, so a cached answer is never paired with another document when the answers given
+    change (more self prompts, another seed)."""
     low, high = passages
     if not 1 <= low <= high:
         raise ValueError(f"passages must be (low, high) with 1 <= low <= high; got {passages}")
@@ -154,15 +158,26 @@ def document_prompts(
         raise ValueError(f"document prompts take up to {high} answers each; only "
                          f"{len(answers)} answers were given (write more self prompts)")
     rng = np.random.default_rng([seed, 0x0D0C])
-    out = []
-    for i in range(count):
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for _ in range(100 * count):
+        if len(out) == count:
+            break
+        i = len(out)
         picks = rng.choice(len(answers), size=int(rng.integers(low, high + 1)), replace=False)
         texts = [answers[j][1].strip() for j in picks]
         if i % 2 == 0:
-            out.append((f"sum{i}", "Summarize: " + " ".join(texts)))
+            form, text = "sum", "Summarize: " + " ".join(texts)
         else:
             question = answers[picks[int(rng.integers(len(picks)))]][0].strip()
-            out.append((f"rag{i}", "\n".join([*texts, question])))
+            form, text = "rag", "\n".join([*texts, question])
+        if text in seen:
+            continue
+        seen.add(text)
+        out.append((f"{form}{i}-{hashlib.sha256(text.encode()).hexdigest()[:12]}", text))
+    if len(out) < count:
+        raise ValueError(f"only {len(out)} distinct document prompts could be made of "
+                         f"{len(answers)} answers; {count} were asked for")
     return out
 
 

@@ -85,38 +85,49 @@ def shared_prefix_features(target, conts) -> Features:
     return out
 
 
-def _sequence_key(tokens, prompt_length: int) -> tuple[int, ...]:
-    return (int(prompt_length), *(int(t) for t in tokens))
+def _sequence_key(tokens, prompt_length: int) -> bytes:
+    """A short digest of one sequence (its prompt length and tokens)."""
+    row = np.asarray([int(prompt_length), *(int(t) for t in tokens)], dtype=np.int64)
+    return hashlib.blake2b(row.tobytes(), digest_size=16).digest()
 
 
-def reusable_features(target, wanted: set[tuple[int, ...]], folder: Path,
-                      skip: Path) -> dict[tuple[int, ...], tuple]:
-    """Entries of the other feature files in `folder` whose sequence is `wanted` (keys from
-    `_sequence_key`), so that data grown by new sequences computes only those. A file counts
-    only if one of its wanted sequences, computed again now, gives bit-identical features: a
-    file made from other weights, other layers or on another CPU is left alone."""
-    found: dict[tuple[int, ...], tuple] = {}
-    for path in sorted(folder.glob("features-*.pt")):
+def _load_features(path: Path) -> Features:
+    """A features file, memory-mapped: a multi-GB file costs page cache, not process memory."""
+    return torch.load(path, weights_only=True, mmap=True)
+
+
+def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> dict[bytes, tuple]:
+    """Entries of the other feature files in `folder` (newest first) whose sequence is `wanted`
+    (keys from `_sequence_key`), so that data grown by new sequences computes only those. A file
+    counts only if its longest wanted sequence, computed again now, gives bit-identical
+    features: a file made from other weights or layers, or on a CPU whose kernels round
+    differently, is left alone; so is a file that cannot be read."""
+    found: dict[bytes, tuple] = {}
+    files = sorted(folder.glob("features-*.pt"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for path in files:
         if path == skip or len(found) == len(wanted):
             continue
         try:
-            entries = torch.load(path, weights_only=True, mmap=True)
-        except (OSError, RuntimeError, EOFError) as error:
-            print(f"features: skipping {path.name}, unreadable ({error})", file=sys.stderr)
+            mine = {}
+            for tokens, features, prompt_length in _load_features(path):
+                key = _sequence_key(tokens.tolist(), prompt_length)
+                if key in wanted and key not in found:
+                    mine[key] = (tokens, features, int(prompt_length))
+        except Exception as error:  # any unreadable file is skipped, and said so
+            print(f"features: skipping {path.name}, not a readable features file ({error})",
+                  file=sys.stderr)
             continue
-        mine = {}
-        for tokens, features, prompt_length in entries:
-            key = _sequence_key(tokens.tolist(), prompt_length)
-            if key in wanted and key not in found:
-                mine[key] = (tokens, features, int(prompt_length))
         if not mine:
             continue
-        tokens, features, prompt_length = next(iter(mine.values()))
+        tokens, features, prompt_length = max(mine.values(), key=lambda e: len(e[0]))
         probe = Continuation("probe", tuple(tokens[:prompt_length].tolist()),
                              tuple(tokens[prompt_length:].tolist()))
         again = shared_prefix_features(target, [probe])[0][1]
         if again.shape == features.shape and torch.equal(again, features):
             found.update(mine)
+        else:
+            print(f"features: not reusing {path.name}: recomputing a sequence of it differs "
+                  f"(other weights, layers or CPU)", file=sys.stderr)
     return found
 
 
@@ -133,19 +144,31 @@ def cached_features(target, conts, folder: Path) -> Features:
         digest.update(np.asarray([len(c.prompt), *c.tokens], dtype=np.int64).tobytes())
     path = folder / f"features-{digest.hexdigest()[:16]}.pt"
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        return _load_features(path)
     keys = [_sequence_key(c.tokens, len(c.prompt)) for c in conts]
     known = reusable_features(target, set(keys), folder, path) if folder.is_dir() else {}
     fresh = iter(shared_prefix_features(target, [c for c, k in zip(conts, keys)
                                                  if k not in known]))
     data = [known[k] if k in known else next(fresh) for k in keys]
     if known:
-        print(f"features: {len(known)} of {len(conts)} sequences taken from earlier files",
-              file=sys.stderr)
+        print(f"features: {sum(k in known for k in keys)} of {len(conts)} sequences taken from "
+              f"earlier files", file=sys.stderr)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         torch.save(data, handle)
-    return data
+    return _load_features(path)  # as a resumed run sees them (and the earlier files let go)
+
+
+def training_items(conts, data: Features, context_only: set[tuple[int, ...]]) -> list[tuple]:
+    """(tokens, features, start) per sequence for `train_head`: the loss covers each prompt's
+    text once (with its first continuation), then only the outputs; a prompt in `context_only`
+    (a document turn: its text is answers the loss covers already) is never in the loss."""
+    seen = set(context_only)
+    items = []
+    for c, (tokens, features, prompt_length) in zip(conts, data, strict=True):
+        items.append((tokens, features, prompt_length if c.prompt in seen else 0))
+        seen.add(c.prompt)
+    return items
 
 
 def held_out(head, target, eval_set, k: int = 4) -> dict:
@@ -242,7 +265,8 @@ def main(argv=None) -> int:
         try:
             texts = document_prompts(answered, args.doc_prompts, seed=args.data_seed)
         except ValueError as error:
-            ap.error(f"--doc-prompts: {error}")
+            ap.error(f"--doc-prompts {args.doc_prompts} (documents: the answers over 32 tokens "
+                     f"to the self-written turns): {error}")
         docs = [(key, tok.encode(chat_prompt(text))) for key, text in texts]
         say(f"{len(docs)} document turns from {len(answered)} answers")
         conts += continue_prompts(target, docs, [0.0], args.max_tokens,
@@ -288,13 +312,7 @@ def main(argv=None) -> int:
     head = init_head(EagleHead(target, vocab, fuse), spec.seed, spec.layer_init,
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
-    # the loss covers each prompt's text once (with its first continuation), then the outputs;
-    # a document turn's text is answers the loss covers already, so it is context only
-    first: dict = {tuple(p): key for key, p in docs}
-    items = []
-    for c, (t, f, p) in zip(conts, data):
-        items.append((t, f, p if c.prompt in first else 0))
-        first.setdefault(c.prompt, c.key)
+    items = training_items(conts, data, {tuple(p) for _, p in docs})
     checkpoint = args.work / "checkpoints" / checkpoint_name(spec, head, items)
     try:
         curve = train_head(head, items, spec, log=say, checkpoint=checkpoint,

@@ -123,22 +123,19 @@ def test_train_eagle_keeps_the_features_of_its_data_for_a_resumed_run(target, tm
     conts, _ = generate(target, tmp_path / "run")
     first = module.cached_features(target, conts, tmp_path / "features")
     assert len(list((tmp_path / "features").iterdir())) == 1
-
-    def no_pass(*_):
-        raise AssertionError("the features were computed again")
-
-    monkeypatch.setattr(module, "shared_prefix_features", no_pass)
+    calls = counting_passes(module, monkeypatch)
     again = module.cached_features(target, conts, tmp_path / "features")
-    assert len(again) == len(first) == len(conts)
-    for (t1, f1, p1), (t2, f2, p2) in zip(first, again):
-        assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
-    with pytest.raises(AssertionError, match="computed again"):  # other data: another file
-        module.cached_features(target, [*conts[1:], *other_sequences(target, tmp_path / "z")],
-                               tmp_path / "features")
+    assert calls == []  # the same data: its own file, not even a probe
+    assert_same_features(first, again)
+    assert len(again) == len(conts)
+    module.cached_features(target, conts[1:], tmp_path / "features")  # other data: another file
+    assert calls == [1, 0]  # a probe, then nothing new to compute
+    assert len(list((tmp_path / "features").iterdir())) == 2
 
 
-def other_sequences(target, folder: Path):
-    return continue_prompts(target, [("z", [11, 12, 13, 14])], [0.0], 5, folder, eos_id=None)
+def new_sequences(target, folder: Path):
+    """Two continuations of a prompt that sorts between PROMPTS' ("c" < this < "a" < "b")."""
+    return continue_prompts(target, [("n", [6, 3])], [0.0, 1.0], 5, folder, eos_id=None, seed=2)
 
 
 def counting_passes(module, monkeypatch) -> list[int]:
@@ -153,25 +150,30 @@ def counting_passes(module, monkeypatch) -> list[int]:
     return calls
 
 
+def assert_same_features(a, b):
+    assert len(a) == len(b)
+    for (t1, f1, p1), (t2, f2, p2) in zip(a, b):
+        assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
+
+
 def test_grown_data_computes_only_its_new_sequences(target, tmp_path, monkeypatch):
-    """Features of data that grew take the old sequences from the earlier file (after one
-    sequence, computed again, matches it bit for bit) and equal a from-scratch computation."""
+    """Features of data that grew take the old sequences from the earlier file (after its
+    longest one, computed again, matches it bit for bit) and equal a from-scratch computation,
+    with the new sequences sorted in among the old."""
     module = train_eagle_script()
     conts, _ = generate(target, tmp_path / "run")
-    new = other_sequences(target, tmp_path / "z")
+    new = new_sequences(target, tmp_path / "new")
     grown = sorted([*conts, *new], key=lambda c: (c.prompt, c.key))
+    assert grown[:2] != [*new] and grown[-2:] != [*new]  # in the middle
     module.cached_features(target, conts, tmp_path / "features")
     calls = counting_passes(module, monkeypatch)
     reused = module.cached_features(target, grown, tmp_path / "features")
     assert calls == [1, len(new)]  # the probe, then only the new sequences
-    scratch = module.shared_prefix_features(target, grown)
-    assert len(reused) == len(scratch) == len(grown)
-    for (t1, f1, p1), (t2, f2, p2) in zip(reused, scratch):
-        assert torch.equal(t1, t2) and torch.equal(f1, f2) and p1 == p2
+    assert_same_features(reused, module.shared_prefix_features(target, grown))
     assert len(list((tmp_path / "features").glob("features-*.pt"))) == 2
 
 
-def test_features_of_other_weights_are_not_reused(target, tmp_path, monkeypatch):
+def test_features_of_other_weights_are_not_reused(target, tmp_path, monkeypatch, capsys):
     module = train_eagle_script()
     conts, _ = generate(target, tmp_path / "run")
     other = sharpened(LlamaModel.random(config_for(TINY), seed=1))
@@ -179,8 +181,47 @@ def test_features_of_other_weights_are_not_reused(target, tmp_path, monkeypatch)
     calls = counting_passes(module, monkeypatch)
     mine = module.cached_features(target, conts, tmp_path / "features")
     assert calls == [1, len(conts)]  # the probe failed: everything computed
-    for (_, f1, _), (_, f2, _) in zip(mine, module.shared_prefix_features(target, conts)):
-        assert torch.equal(f1, f2)
+    assert "recomputing a sequence of it differs" in capsys.readouterr().err
+    assert_same_features(mine, module.shared_prefix_features(target, conts))
+
+
+@pytest.mark.parametrize("content", [b"not a torch file", "truncated", "wrong shape"])
+def test_unreadable_feature_files_are_skipped_with_a_message(target, tmp_path, monkeypatch,
+                                                             capsys, content):
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    folder = tmp_path / "features"
+    module.cached_features(target, conts[:-1], folder)
+    good = next(folder.glob("features-*.pt"))
+    bad = folder / "features-bad.pt"
+    if content == "truncated":
+        bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif content == "wrong shape":
+        torch.save([(torch.tensor([1, 2]), torch.zeros(2, 3))], bad)  # pairs, not triples
+    else:
+        bad.write_bytes(content)
+    calls = counting_passes(module, monkeypatch)
+    mine = module.cached_features(target, conts, folder)
+    assert "skipping features-bad.pt, not a readable features file" in capsys.readouterr().err
+    assert calls == [1, 1]  # the good file still served: a probe, then the one new sequence
+    assert_same_features(mine, module.shared_prefix_features(target, conts))
+
+
+def test_training_items_put_each_prompt_in_the_loss_once_and_documents_never(target, tmp_path):
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path / "run")
+    conts = sorted(conts, key=lambda c: (c.prompt, c.key))
+    data = [(torch.tensor(c.tokens), None, len(c.prompt)) for c in conts]
+    document = conts[-1].prompt
+    items = module.training_items(conts, data, {document})
+    starts = [(c.prompt, start) for c, (_, _, start) in zip(conts, items)]
+    for i, (prompt, start) in enumerate(starts):
+        earlier = any(q == prompt for q, _ in starts[:i])
+        whole = not earlier and prompt != document
+        assert start == (0 if whole else len(prompt)), (i, prompt, start)
+    assert sum(start == 0 for _, start in starts) == len({c.prompt for c in conts}) - 1
+    with pytest.raises(ValueError):  # data of another length is refused, not cut short
+        module.training_items(conts, data[:-1], set())
 
 
 def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
@@ -218,10 +259,12 @@ ANSWERS = [(f"question {i}?", f"answer number {i}.") for i in range(10)]
 
 
 def test_document_prompts_take_spec_bench_long_context_forms():
-    """Even turns summarize 1-3 answers run together; odd turns list 1-3 answers as passages,
-    one per line, then the question of one of those answers."""
+    """Even turns summarize 1-2 answers run together; odd turns list 1-2 answers as passages,
+    one per line, then the question of one of those answers; no turn twice."""
     turns = document_prompts(ANSWERS, 40, seed=3)
-    assert [k for k, _ in turns] == [f"{'sum' if i % 2 == 0 else 'rag'}{i}" for i in range(40)]
+    assert [k.split("-")[0] for k, _ in turns] == [f"{'sum' if i % 2 == 0 else 'rag'}{i}"
+                                                  for i in range(40)]
+    assert len({text for _, text in turns}) == 40
     sizes = set()
     for key, text in turns:
         if key.startswith("sum"):
@@ -229,26 +272,37 @@ def test_document_prompts_take_spec_bench_long_context_forms():
             sizes.add(text.count("answer number"))
         else:
             *passages, question = text.split("\n")
-            assert 1 <= len(passages) <= 3 and len(set(passages)) == len(passages)
+            assert 1 <= len(passages) <= 2 and len(set(passages)) == len(passages)
             assert all(p in {a for _, a in ANSWERS} for p in passages)
             asked = {q: a for q, a in ANSWERS}[question]
             assert asked in passages  # the question is one of its own passages' questions
             sizes.add(len(passages))
-    assert sizes == {1, 2, 3}
+    assert sizes == {1, 2}
+    wide = document_prompts(ANSWERS, 40, seed=3, passages=(3, 3))
+    assert all(text.count("answer number") == 3 for _, text in wide)
 
 
-def test_document_prompts_are_fixed_by_the_seed():
+def test_document_prompts_are_fixed_by_the_seed_and_keyed_by_their_text():
+    """Keys name the text, so a cache of answers keyed by them never pairs an answer with
+    another document when the answers given change."""
     assert document_prompts(ANSWERS, 12, seed=1) == document_prompts(ANSWERS, 12, seed=1)
     assert document_prompts(ANSWERS, 12, seed=1) != document_prompts(ANSWERS, 12, seed=2)
     assert document_prompts(ANSWERS, 5, seed=1) == document_prompts(ANSWERS, 12, seed=1)[:5]
+    grown = [*ANSWERS, ("question 10?", "answer number 10.")]
+    before = dict(document_prompts(ANSWERS, 12, seed=1))
+    after = dict(document_prompts(grown, 12, seed=1))
+    assert before != after
+    assert all(before[key] == after[key] for key in before.keys() & after.keys())
 
 
 def test_document_prompts_refuse_too_few_answers_and_bad_ranges():
-    with pytest.raises(ValueError, match="only 2 answers were given"):
-        document_prompts(ANSWERS[:2], 4)
-    assert document_prompts(ANSWERS[:2], 0) == []
+    with pytest.raises(ValueError, match="only 1 answers were given"):
+        document_prompts(ANSWERS[:1], 4)
+    assert document_prompts(ANSWERS[:1], 0) == []
     with pytest.raises(ValueError, match="1 <= low <= high"):
         document_prompts(ANSWERS, 4, passages=(2, 1))
+    with pytest.raises(ValueError, match="only 8 distinct document prompts"):
+        document_prompts(ANSWERS[:2], 10)  # two answers make only 4 summaries (A, B, AB, BA)
 
 
 def test_train_eagle_refuses_doc_prompts_without_self_prompts(tmp_path, capsys):
