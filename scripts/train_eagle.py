@@ -105,7 +105,9 @@ def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> d
     found: dict[bytes, tuple] = {}
     files = sorted(folder.glob("features-*.pt"), key=lambda f: f.stat().st_mtime, reverse=True)
     for path in files:
-        if path == skip or len(found) == len(wanted):
+        if len(found) == len(wanted):
+            break
+        if path == skip:
             continue
         try:
             mine = {}

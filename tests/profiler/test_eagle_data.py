@@ -224,12 +224,17 @@ def test_training_items_put_each_prompt_in_the_loss_once_and_documents_never(tar
         module.training_items(conts, data[:-1], set())
 
 
-def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
-    module = train_eagle_script()
+def refusal(argv: list[str], tmp_path, capsys) -> str:
+    """What train_eagle.py says when it refuses `argv` (a usage error: exit code 2)."""
     with pytest.raises(SystemExit) as stopped:
-        module.main(["--data", str(tmp_path / "none.npz"), "--work", str(tmp_path / "w")])
+        train_eagle_script().main([*argv, "--work", str(tmp_path / "w")])
     assert stopped.value.code == 2
-    assert "no packed continuations at" in capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_train_eagle_refuses_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
+    assert "no packed continuations at" in refusal(["--data", str(tmp_path / "none.npz")],
+                                                   tmp_path, capsys)
 
 
 def test_fused_features_are_kept_apart_from_unfused_ones(target, tmp_path):
@@ -248,11 +253,8 @@ def test_fused_features_are_kept_apart_from_unfused_ones(target, tmp_path):
 
 
 def test_train_eagle_refuses_fuse_layers_that_are_not_numbers(tmp_path, capsys):
-    module = train_eagle_script()
-    with pytest.raises(SystemExit) as stopped:
-        module.main(["--fuse-layers", "1,mid", "--work", str(tmp_path / "w")])
-    assert stopped.value.code == 2
-    assert "--fuse-layers '1,mid': give comma-separated layer numbers" in capsys.readouterr().err
+    assert ("--fuse-layers '1,mid': give comma-separated layer numbers"
+            in refusal(["--fuse-layers", "1,mid"], tmp_path, capsys))
 
 
 ANSWERS = [(f"question {i}?", f"answer number {i}.") for i in range(10)]
@@ -272,7 +274,8 @@ def test_document_prompts_take_spec_bench_long_context_forms():
             sizes.add(text.count("answer number"))
         else:
             *passages, question = text.split("\n")
-            assert 1 <= len(passages) <= 2 and len(set(passages)) == len(passages)
+            assert len(passages) in (1, 2)
+            assert len(set(passages)) == len(passages)  # no answer twice in one turn
             assert all(p in {a for _, a in ANSWERS} for p in passages)
             asked = {q: a for q, a in ANSWERS}[question]
             assert asked in passages  # the question is one of its own passages' questions
@@ -306,8 +309,5 @@ def test_document_prompts_refuse_too_few_answers_and_bad_ranges():
 
 
 def test_train_eagle_refuses_doc_prompts_without_self_prompts(tmp_path, capsys):
-    module = train_eagle_script()
-    with pytest.raises(SystemExit) as stopped:
-        module.main(["--doc-prompts", "10", "--work", str(tmp_path / "w")])
-    assert stopped.value.code == 2
-    assert "--doc-prompts 10: give a count >= 0, and --self-prompts too" in capsys.readouterr().err
+    assert ("--doc-prompts 10: give a count >= 0, and --self-prompts too"
+            in refusal(["--doc-prompts", "10"], tmp_path, capsys))
