@@ -180,7 +180,7 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
 
 def train_head(head: EagleHead, data: Sequence[tuple],
                spec: TrainSpec, log: Callable[[str], None] = print,
-               evaluate: Callable[[], str] | None = None,
+               evaluate: Callable[[int], str] | None = None,
                checkpoint: Path | None = None, checkpoint_every_s: float = 600.0) -> list[dict]:
     """Train on (tokens, features[, start]) sequences (with a start, the loss covers the
     features from that position on: the prompt before it is context only); returns the curve
@@ -235,7 +235,7 @@ def train_head(head: EagleHead, data: Sequence[tuple],
                 saved = time.perf_counter()
         row = {k: v / at.sums["n"] for k, v in at.sums.items() if k != "n"}
         row.update(epoch=at.epoch + 1, seconds=round(time.perf_counter() - started, 1))
-        note = evaluate() if evaluate is not None else ""
+        note = evaluate(at.epoch + 1) if evaluate is not None else ""
         if note:
             row["evaluation"] = note
         at = _Position(curve=[*at.curve, row], epoch=at.epoch + 1, sequence=0, sums=Counter())
@@ -330,8 +330,9 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
     n_prompt, n_out = len(prompt), len(output)
     if features is None:
         features = target_features(target, tokens_list[:-1] if n_out > 0 else tokens_list)
+    features = features.to(head.config.device, head.config.dtype)  # the head's device (a GPU)
     tokens = torch.tensor(tokens_list, dtype=torch.int64, device=features.device)
-    tokens, features = tokens[:-1], features.to(head.config.dtype)  # x_{N-1} predicts nothing
+    tokens = tokens[:-1]  # x_{N-1} predicts nothing
     matches = np.zeros((n_out, max_run), dtype=bool)
     first = None
     still = np.ones(n_out, dtype=bool)

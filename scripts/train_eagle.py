@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from profiler.eagle import EagleHead, save_head
 from profiler.eagle_data import (
     Continuation,
+    batched_features,
     continue_prompts,
     document_prompts,
     pack_continuations,
@@ -203,6 +204,13 @@ def main(argv=None) -> int:
     ap.add_argument("--fuse-layers", default="",
                     help="comma-separated 0-based decoder layers whose outputs the head fuses "
                          "with the last layer's (EAGLE-3 style, e.g. 1,14,26); default: none")
+    ap.add_argument("--device", default="cpu",
+                    help="where the target and the head run: cpu (default; features and training "
+                         "checkpoints kept under --work, so a stopped run resumes) or cuda (whole "
+                         "sequences batched, features kept on the GPU, nothing kept: a GPU run "
+                         "takes minutes)")
+    ap.add_argument("--epoch-heads", type=Path,
+                    help="also write the head after every epoch to this folder (head-e<N>.npz)")
     ap.add_argument("--data-only", action="store_true",
                     help="stop once the continuations are generated (and cached under --work)")
     for f in dataclasses.fields(TrainSpec):
@@ -233,7 +241,14 @@ def main(argv=None) -> int:
     except ValueError:
         ap.error(f"--fuse-layers {args.fuse_layers!r}: give comma-separated layer numbers, "
                  f"e.g. 1,14,26")
-    target, tok = load_smollm2(torch.float32)
+    try:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device here")
+        torch.empty(0, device=device)
+    except RuntimeError as error:
+        ap.error(f"--device {args.device!r}: {error}")
+    target, tok = load_smollm2(torch.float32, device=device)
     try:
         target.set_feature_layers(fuse)
     except ValueError as error:
@@ -307,7 +322,10 @@ def main(argv=None) -> int:
     say(f"{len(conts)} continuations, {sum(len(c.output) for c in conts)} output tokens; draft "
         f"vocabulary {len(vocab)} covers {cover['train_outputs']:.4f} of the training outputs, "
         f"{cover['eval_outputs']:.4f} of the held-out ones")
-    data = cached_features(target, conts, args.work / "features")
+    if device.type == "cpu":
+        data = cached_features(target, conts, args.work / "features")
+    else:
+        data = batched_features(target, conts)
     say(f"features of {sum(len(t) for t, _, _ in data)} positions"
         + (f" (layers {fuse} fused with the last)" if fuse else ""))
     hidden = target.config.shape.hidden
@@ -315,10 +333,21 @@ def main(argv=None) -> int:
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
     items = training_items(conts, data, {tuple(p) for _, p in docs})
-    checkpoint = args.work / "checkpoints" / checkpoint_name(spec, head, items)
+    checkpoint = (args.work / "checkpoints" / checkpoint_name(spec, head, items)
+                  if device.type == "cpu" else None)
+
+    def evaluate(epoch: int) -> str:
+        """Held-out figures after an epoch (and its head, with --epoch-heads)."""
+        figures = held_out(head, target, eval_set)
+        if args.epoch_heads is not None:
+            path = args.epoch_heads / f"head-e{epoch}.npz"
+            save_head(head, path, {"target": TARGET, "epoch": epoch,
+                                   "train": dataclasses.asdict(spec),
+                                   "held_out_first3_per_category": figures})
+        return json.dumps(figures)
+
     try:
-        curve = train_head(head, items, spec, log=say, checkpoint=checkpoint,
-                           evaluate=lambda: json.dumps(held_out(head, target, eval_set)))
+        curve = train_head(head, items, spec, log=say, checkpoint=checkpoint, evaluate=evaluate)
     except ValueError as error:
         ap.error(str(error))
     final = held_out(head, target, eval_set)
@@ -335,6 +364,8 @@ def main(argv=None) -> int:
             "train": dataclasses.asdict(spec), "curve": curve,
             "held_out_first3_per_category": final,
             "threads": args.threads, "torch": torch.__version__,
+            "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                       else "cpu"),
             "wall_s": round(time.perf_counter() - started, 1)}
     save_head(head, args.out, meta)
     say(f"final held-out {final}; weights written to {args.out}")

@@ -17,6 +17,7 @@ from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from profiler.eagle_data import (  # noqa: E402
     PACK_FORMAT,
+    batched_features,
     continue_prompts,
     document_prompts,
     pack_continuations,
@@ -311,3 +312,25 @@ def test_document_prompts_refuse_too_few_answers_and_bad_ranges():
 def test_train_eagle_refuses_doc_prompts_without_self_prompts(tmp_path, capsys):
     assert ("--doc-prompts 10: give a count >= 0, and --self-prompts too"
             in refusal(["--doc-prompts", "10"], tmp_path, capsys))
+
+
+def test_batched_features_equal_the_one_sequence_passes(target, tmp_path):
+    """The GPU path's features (whole sequences, several per ragged pass, left on the device)
+    are the CPU path's up to rounding, with the same tokens and prompt lengths, in order."""
+    module = train_eagle_script()
+    conts, _ = generate(target, tmp_path)
+    one_by_one = module.shared_prefix_features(target, conts)
+    batched = batched_features(target, conts, batch=4)
+    assert len(batched) == len(one_by_one) == len(conts)
+    for (t1, f1, p1), (t2, f2, p2) in zip(batched, one_by_one):
+        assert torch.equal(t1, t2) and p1 == p2
+        assert f1.shape == f2.shape
+        torch.testing.assert_close(f1, f2, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        batched_features(target, conts, batch=0)
+
+
+def test_train_eagle_refuses_a_device_torch_cannot_use(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train_eagle_script().main(["--device", "nosuchdevice", "--work", str(tmp_path)])
+    assert "--device 'nosuchdevice'" in capsys.readouterr().err
