@@ -26,10 +26,14 @@ from profiler.eagle import EagleHead
 
 
 class ChainAttention:
-    """Attention for one sequence's chains; `begin(depth, rows)` before each depth's pass."""
+    """Attention for one sequence's chains; `begin(depth, rows)` before each depth's pass.
 
-    def __init__(self, heads: int, kv_heads: int) -> None:
+    With `segments` (the sequence index of every row), several sequences packed one after
+    another are one batch: a row attends only to rows of its own sequence."""
+
+    def __init__(self, heads: int, kv_heads: int, segments: torch.Tensor | None = None) -> None:
         self.group = heads // kv_heads
+        self.segments = segments
         self.depth, self.rows = 1, slice(None)
         self.true_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.own: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (first base row, k, v)
@@ -48,9 +52,14 @@ class ChainAttention:
         tokens, heads, head_dim = queries.shape
         keys, values = self.true_kv
         if self.depth == 1:
+            mask = None
+            if self.segments is not None:  # causal within each packed sequence
+                seg = self.segments[:tokens]
+                mask = (seg[:, None] == seg[None, :]).tril()
             out = F.scaled_dot_product_attention(
                 queries.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                values.transpose(0, 1)[None], is_causal=True, enable_gqa=True)[0]
+                values.transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
+                enable_gqa=True)[0]
             return out.transpose(0, 1).reshape(tokens, heads * head_dim)
         start = self.rows.start or 0
         bases = torch.arange(start, start + tokens, device=queries.device)
@@ -59,6 +68,8 @@ class ChainAttention:
         v_true = values.repeat_interleave(self.group, dim=1)
         scores = torch.einsum("thd,jhd->htj", queries, k_true) * scale  # [heads, t, M]
         past = torch.arange(keys.shape[0], device=queries.device)[None, :] > bases[:, None]
+        if self.segments is not None:  # and the true entries of other packed sequences
+            past = past | (self.segments[None, : keys.shape[0]] != self.segments[bases][:, None])
         scores = scores.masked_fill(past[None], float("-inf"))
         own_k, own_v = [], []
         for first, k, v in self.own:  # this chain's entries at depths 2..d (the last: itself)
@@ -74,19 +85,28 @@ class ChainAttention:
 
 
 def chain_passes(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, depths: int,
-                 first_base: int = 0):
+                 first_base: int = 0, segments: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None):
     """Yield (depth, base rows, predicted features [rows, hidden]) for depth 1..`depths`.
 
     tokens [N] and features [N, hidden] of one sequence. Depth 1 covers bases 0..N-2; depth d
     the bases first_base..N-1-d (those with a token x_{b+d} to feed; `first_base` skips chains
     nobody asks for). A base b's depth-d feature predicts f_{b+d}, whose draft is x_{b+d+1}.
+
+    Packed sequences (`eagle_train.PackedBatch`): `segments` [N] the sequence of each row and
+    `positions` [N] each row's position in its own sequence; each sequence must be followed by
+    `depths` rows of padding, so that a chain of its own never reads the next sequence's tokens.
     """
     shape = head.config.shape
     n = tokens.shape[0]
-    attention = ChainAttention(shape.heads, shape.kv_heads)
-    positions = torch.arange(n, device=tokens.device)
+    attention = ChainAttention(shape.heads, shape.kv_heads, segments)
+    if positions is None:
+        positions = torch.arange(n, device=tokens.device)
+        end = n
+    else:
+        end = int(positions.max()) + 1
     x = head.entries(tokens[1:], features[:-1])
-    predicted = head.layer_forward(x, positions[:-1], n, attention)
+    predicted = head.layer_forward(x, positions[:-1], end, attention)
     yield 1, slice(0, n - 1), predicted
     offset = 0  # the base row of predicted[0]
     for depth in range(2, depths + 1):
@@ -97,6 +117,6 @@ def chain_passes(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
         inputs = head.entries(tokens[lo + depth : hi + depth], predicted[lo - offset : hi - offset])
         attention.begin(depth, rows)
         predicted = head.layer_forward(inputs, positions[lo + depth - 1 : hi + depth - 1],
-                                       n + depth, attention)
+                                       end + depth, attention)
         offset = lo
         yield depth, rows, predicted

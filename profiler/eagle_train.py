@@ -178,10 +178,111 @@ def sequence_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor,
     return total / weights, stats
 
 
+def windowed(item: tuple, window: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(tokens, features, first base) of a (tokens, features[, start]) sequence cut to its last
+    `window` positions: the loss covers bases from the first base on."""
+    tokens, features, *prompt = item
+    cut = max(tokens.shape[0] - window, 0)
+    first_base = max(prompt[0] - cut - 1, 0) if prompt else 0
+    return tokens[cut:], features[cut:], first_base
+
+
+@dataclass
+class PackedBatch:
+    """Several sequences one after another, each followed by `pad` rows (token 0, feature 0),
+    so that one set of chain passes (`chain_passes` with segments) covers them all.
+
+    `segments`/`positions`: each row's sequence and position in it; `starts`, `lengths` and
+    `first_bases` per sequence (first bases relative to the sequence's start)."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    segments: torch.Tensor
+    positions: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    first_bases: torch.Tensor
+
+    @classmethod
+    def of(cls, sequences: Sequence[tuple[torch.Tensor, torch.Tensor, int]], pad: int
+           ) -> PackedBatch:
+        """Pack `windowed` sequences (all on one device)."""
+        device = sequences[0][0].device
+        tokens, features, segments, positions, starts = [], [], [], [], []
+        at = 0
+        for index, (t, f, _) in enumerate(sequences):
+            n = t.shape[0]
+            tokens += [t, t.new_zeros(pad)]
+            features += [f, f.new_zeros(pad, f.shape[1])]
+            segments.append(torch.full((n + pad,), index, dtype=torch.int64, device=device))
+            positions.append(torch.arange(n + pad, device=device))
+            starts.append(at)
+            at += n + pad
+
+        def ints(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(torch.cat(tokens), torch.cat(features), torch.cat(segments),
+                   torch.cat(positions), ints(starts), ints([t.shape[0] for t, _, _ in sequences]),
+                   ints([b for _, _, b in sequences]))
+
+
+def packed_loss(head: EagleHead, batch: PackedBatch, spec: TrainSpec,
+                generator: torch.Generator | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean over the packed sequences of `sequence_loss`, in one set of chain passes (on a
+    GPU, ~1/len(sequences) of the kernel launches), and per sequence its `sequence_loss` stats
+    and loss as tensors [sequences] (a depth a sequence is too short for: NaN, as it is absent
+    from `sequence_loss`'s stats). The same function up to rounding (tests/profiler/
+    test_eagle_packed.py); the noise, if any, is drawn in another order."""
+    hidden = head.config.shape.hidden
+    features, segments = batch.features, batch.segments
+    count = batch.lengths.shape[0]
+    p = target_probs(head, features[1:])  # p[i]: the target's at position i + 1
+    inputs = noisy(features, spec.feature_noise, generator, hidden)
+    local = batch.positions
+    first = batch.first_bases[segments]
+    length = batch.lengths[segments]
+    total = torch.zeros(count, dtype=torch.float32, device=features.device)
+    weights = torch.zeros_like(total)
+    stats: dict[str, torch.Tensor] = {}
+    for depth, rows, predicted in chain_passes(head, batch.tokens, inputs, spec.depths,
+                                               segments=segments, positions=local):
+        bases = torch.arange(rows.start, rows.stop, device=features.device)
+        valid = (local[bases] >= first[bases]) & (local[bases] + depth <= length[bases] - 1)
+        seg = segments[bases][valid]
+        predicted, bases = predicted[valid], bases[valid]
+        want, want_p = unit_rms(features[bases + depth, -hidden:]), p[bases + depth - 1]
+        reg_rows = F.smooth_l1_loss(predicted, want, reduction="none").mean(dim=-1)
+        logq = torch.log_softmax(head.draft_logits(predicted).float(), dim=-1)
+        cls_rows = -(want_p * logq).sum(dim=-1)
+        match_rows = (logq.argmax(-1) == want_p.argmax(-1)).float()
+        rows_per = torch.zeros_like(total).index_add_(0, seg, torch.ones_like(reg_rows))
+        present = rows_per > 0
+        reg, cls, match = (_segment_mean(v, seg, rows_per) for v in (reg_rows, cls_rows,
+                                                                     match_rows))
+        w = spec.depth_decay ** (depth - 1)
+        total = total + w * (reg + spec.cls_weight * cls)  # 0 where the depth is absent
+        weights = weights + present * w
+        for name, value in (("match", match), ("reg", reg), ("cls", cls)):
+            stats[f"{name}{depth}"] = torch.where(present, value.detach(), torch.nan)
+    per_sequence = total / weights
+    stats["loss"] = per_sequence.detach()
+    return per_sequence.mean(), stats
+
+
+def _segment_mean(values: torch.Tensor, segments: torch.Tensor, counts: torch.Tensor
+                  ) -> torch.Tensor:
+    """Per segment the mean of its rows' `values` (0 for a segment without rows)."""
+    sums = torch.zeros_like(counts).index_add(0, segments, values)
+    return sums / counts.clamp_min(1)
+
+
 def train_head(head: EagleHead, data: Sequence[tuple],
                spec: TrainSpec, log: Callable[[str], None] = print,
                evaluate: Callable[[int], str] | None = None,
-               checkpoint: Path | None = None, checkpoint_every_s: float = 600.0) -> list[dict]:
+               checkpoint: Path | None = None, checkpoint_every_s: float = 600.0,
+               packed: bool = False) -> list[dict]:
     """Train on (tokens, features[, start]) sequences (with a start, the loss covers the
     features from that position on: the prompt before it is context only); returns the curve
     (one row per epoch).
@@ -190,7 +291,10 @@ def train_head(head: EagleHead, data: Sequence[tuple],
     optimiser, both random streams, where it is in the epoch, the curve) is written there after
     every epoch and every `checkpoint_every_s` seconds, and a run that finds it resumes there
     with the same result as a run never stopped: a full-size CPU run outlasts a working session.
-    The file must come from the same head, data and spec (`checkpoint_name` names it by them)."""
+    The file must come from the same head, data and spec (`checkpoint_name` names it by them).
+
+    `packed`: each step's sequences go through one `packed_loss` instead of one `sequence_loss`
+    each: the same loss up to rounding in a fraction of the kernel launches (a GPU's bound)."""
     params = list(head_state(head).values())
     for p in params:
         p.requires_grad_(True)
@@ -217,11 +321,16 @@ def train_head(head: EagleHead, data: Sequence[tuple],
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
-            for index in group:
-                tokens, features, *prompt = data[index]
-                cut = max(tokens.shape[0] - spec.window, 0)
-                first_base = max(prompt[0] - cut - 1, 0) if prompt else 0
-                tokens, features = tokens[cut:], features[cut:]
+            if packed:
+                batch = PackedBatch.of([windowed(data[i], spec.window) for i in group],
+                                       spec.depths)
+                loss, stats = packed_loss(head, batch, spec, noise)
+                loss.backward()
+                names = list(stats)
+                sums = torch.stack([stats[k].nan_to_num(0.0).sum() for k in names]).tolist()
+                at.sums.update({**dict(zip(names, sums)), "n": len(group)})
+            for index in group if not packed else ():
+                tokens, features, first_base = windowed(data[index], spec.window)
                 loss, stats = sequence_loss(head, tokens, features, spec, first_base, noise)
                 (loss / len(group)).backward()
                 at.sums.update({**stats, "loss": float(loss.detach()), "n": 1})

@@ -23,7 +23,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.eagle import EagleHead, load_head, save_head
-from profiler.eagle_data import batched_features, continue_prompts, target_features
+from profiler.eagle_data import (
+    Continuation,
+    batched_features,
+    continue_prompts,
+    target_features,
+)
 from profiler.eagle_train import (
     TrainSpec,
     draft_vocabulary,
@@ -46,7 +51,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sequences", type=int, default=96, help="random prompts continued")
+    ap.add_argument("--sequences", type=int, default=128,
+                    help="training sequences (random tokens, 200-500 long)")
     ap.add_argument("--out", type=Path, help="write the trained check head here (head.npz)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -76,10 +82,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         sync()
         t = time.perf_counter()
-        conts = continue_prompts(gpu, prompts, [0.0], 64, Path(work), eos_id=None, batch=48)
+        made = continue_prompts(gpu, prompts[:8], [0.0], 16, Path(work), eos_id=None, batch=8)
         sync()
-        stage("generation (greedy, 64 tokens, batch 48)", time.perf_counter() - t,
-              f"{sum(len(c.output) for c in conts)} tokens")
+        stage("generation (greedy, 8 x 16 tokens)", time.perf_counter() - t,
+              f"{sum(len(c.output) for c in made)} tokens")
+    conts = made + [Continuation(key, tuple(prompt), tuple(
+        rng.integers(0, shape.vocab, int(rng.integers(100, 250))).tolist()))
+        for key, prompt in prompts[8:]]
     t = time.perf_counter()
     data = batched_features(gpu, conts, batch=32)
     sync()
@@ -100,12 +109,15 @@ def main(argv=None) -> int:
     error = relative_error(loss.detach(), loss_cpu.detach())
     stage("chain loss, depths 1-3", 0.0, f"rel err vs CPU {error:.1e}", error < 1e-3)
 
-    sync()
-    t = time.perf_counter()
-    train_head(head, data, spec, log=lambda text: None)
-    sync()
-    seconds = time.perf_counter() - t
-    stage("training, 1 epoch", seconds, f"{seconds / len(data) * 1e3:.1f} ms per sequence")
+    for packed in (False, True):
+        head = init_head(EagleHead(gpu, vocab, []), 0, "random", rms)
+        sync()
+        t = time.perf_counter()
+        train_head(head, data, spec, log=lambda text: None, packed=packed)
+        sync()
+        seconds = time.perf_counter() - t
+        stage(f"training, 1 epoch, {'packed' if packed else 'one sequence at a time'}", seconds,
+              f"{seconds / len(data) * 1e3:.1f} ms per sequence")
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(args.out or folder) / "head.npz"

@@ -207,8 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu",
                     help="where the target and the head run: cpu (default; features and training "
                          "checkpoints kept under --work, so a stopped run resumes) or cuda (whole "
-                         "sequences batched, features kept on the GPU, nothing kept: a GPU run "
-                         "takes minutes)")
+                         "sequences batched, features kept on the GPU, each step's sequences "
+                         "packed into one pass, nothing kept: a GPU run takes minutes)")
     ap.add_argument("--epoch-heads", type=Path,
                     help="also write the head after every epoch to this folder (head-e<N>.npz)")
     ap.add_argument("--data-only", action="store_true",
@@ -347,7 +347,8 @@ def main(argv=None) -> int:
         return json.dumps(figures)
 
     try:
-        curve = train_head(head, items, spec, log=say, checkpoint=checkpoint, evaluate=evaluate)
+        curve = train_head(head, items, spec, log=say, checkpoint=checkpoint, evaluate=evaluate,
+                           packed=device.type != "cpu")
     except ValueError as error:
         ap.error(str(error))
     final = held_out(head, target, eval_set)
@@ -361,7 +362,8 @@ def main(argv=None) -> int:
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},
             "draft_vocab": {"size": len(vocab), "coverage": cover},
-            "train": dataclasses.asdict(spec), "curve": curve,
+            "train": {**dataclasses.asdict(spec), "packed": device.type != "cpu"},
+            "curve": curve,
             "held_out_first3_per_category": final,
             "threads": args.threads, "torch": torch.__version__,
             "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
