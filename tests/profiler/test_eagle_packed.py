@@ -112,3 +112,19 @@ def test_packed_training_ends_where_unpacked_training_does(target, data):
     for key in ("loss", "match1", "cls2", "reg3"):
         assert curves[1][-1][key] == pytest.approx(curves[0][-1][key], rel=1e-4), key
     assert curves[0][-1]["loss"] < curves[0][0]["loss"]  # it trained (so the weights moved)
+
+
+def test_training_reports_each_finished_epoch_to_its_evaluation(target, data):
+    """`evaluate(epoch)` runs after every epoch with that epoch's number (train_eagle names the
+    --epoch-heads files by it), and its note lands in that epoch's row of the curve."""
+    seen = []
+
+    def evaluate(epoch: int) -> str:
+        seen.append(epoch)
+        return f"after {epoch}"
+
+    head = init_head(EagleHead(target, torch.arange(TINY.vocab)), 5)
+    spec = TrainSpec(epochs=3, warmup_steps=1, sequences_per_step=2, depths=2)
+    curve = train_head(head, data, spec, log=lambda _: None, evaluate=evaluate, packed=True)
+    assert seen == [1, 2, 3]
+    assert [row["evaluation"] for row in curve] == ["after 1", "after 2", "after 3"]
