@@ -192,14 +192,13 @@ class PackedBatch:
     """Several sequences one after another, each followed by `pad` rows (token 0, feature 0),
     so that one set of chain passes (`chain_passes` with segments) covers them all.
 
-    `segments`/`positions`: each row's sequence and position in it; `starts`, `lengths` and
+    `segments`/`positions`: each row's sequence and position in it; `lengths` and
     `first_bases` per sequence (first bases relative to the sequence's start)."""
 
     tokens: torch.Tensor
     features: torch.Tensor
     segments: torch.Tensor
     positions: torch.Tensor
-    starts: torch.Tensor
     lengths: torch.Tensor
     first_bases: torch.Tensor
 
@@ -208,22 +207,19 @@ class PackedBatch:
            ) -> PackedBatch:
         """Pack `windowed` sequences (all on one device)."""
         device = sequences[0][0].device
-        tokens, features, segments, positions, starts = [], [], [], [], []
-        at = 0
+        tokens, features, segments, positions = [], [], [], []
         for index, (t, f, _) in enumerate(sequences):
             n = t.shape[0]
             tokens += [t, t.new_zeros(pad)]
             features += [f, f.new_zeros(pad, f.shape[1])]
             segments.append(torch.full((n + pad,), index, dtype=torch.int64, device=device))
             positions.append(torch.arange(n + pad, device=device))
-            starts.append(at)
-            at += n + pad
 
         def ints(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         return cls(torch.cat(tokens), torch.cat(features), torch.cat(segments),
-                   torch.cat(positions), ints(starts), ints([t.shape[0] for t, _, _ in sequences]),
+                   torch.cat(positions), ints([t.shape[0] for t, _, _ in sequences]),
                    ints([b for _, _, b in sequences]))
 
 
@@ -329,11 +325,12 @@ def train_head(head: EagleHead, data: Sequence[tuple],
                 names = list(stats)
                 sums = torch.stack([stats[k].nan_to_num(0.0).sum() for k in names]).tolist()
                 at.sums.update({**dict(zip(names, sums)), "n": len(group)})
-            for index in group if not packed else ():
-                tokens, features, first_base = windowed(data[index], spec.window)
-                loss, stats = sequence_loss(head, tokens, features, spec, first_base, noise)
-                (loss / len(group)).backward()
-                at.sums.update({**stats, "loss": float(loss.detach()), "n": 1})
+            else:
+                for index in group:
+                    tokens, features, first_base = windowed(data[index], spec.window)
+                    loss, stats = sequence_loss(head, tokens, features, spec, first_base, noise)
+                    (loss / len(group)).backward()
+                    at.sums.update({**stats, "loss": float(loss.detach()), "n": 1})
             torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
             opt.step()
             step += 1

@@ -328,7 +328,8 @@ def main(argv=None) -> int:
     say(f"{len(conts)} continuations, {sum(len(c.output) for c in conts)} output tokens; draft "
         f"vocabulary {len(vocab)} covers {cover['train_outputs']:.4f} of the training outputs, "
         f"{cover['eval_outputs']:.4f} of the held-out ones")
-    if device.type == "cpu":
+    on_cpu = device.type == "cpu"
+    if on_cpu:
         data = cached_features(target, conts, args.work / "features")
     else:
         data = batched_features(target, conts)
@@ -339,10 +340,8 @@ def main(argv=None) -> int:
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
     items = training_items(conts, data, {tuple(p) for _, p in docs})
-    checkpoint = (args.work / "checkpoints" / checkpoint_name(spec, head, items)
-                  if device.type == "cpu" else None)
-
-    packed = device.type != "cpu"
+    checkpoint = args.work / "checkpoints" / checkpoint_name(spec, head, items) if on_cpu else None
+    packed = not on_cpu
     made = {"target": TARGET,
             "data": {"prompts": f"Spec-Bench questions with even ids ({len(train)}), ChatML",
                      "self_prompts": {"sampled": args.self_prompts, "kept": len(own),
@@ -358,9 +357,11 @@ def main(argv=None) -> int:
             "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                        else "cpu")}
 
+    last: dict = {}  # the latest epoch's held-out figures: the final head's
+
     def evaluate(epoch: int) -> str:
         """Held-out figures after an epoch (and its head, with --epoch-heads)."""
-        figures = held_out(head, target, eval_set)
+        figures = last["figures"] = held_out(head, target, eval_set)
         if args.epoch_heads is not None:
             save_head(head, args.epoch_heads / f"head-e{epoch}.npz",
                       {**made, "epoch": epoch, "held_out_first3_per_category": figures})
@@ -371,7 +372,7 @@ def main(argv=None) -> int:
                            packed=packed)
     except ValueError as error:
         ap.error(str(error))
-    final = held_out(head, target, eval_set)
+    final = last["figures"] if "figures" in last else held_out(head, target, eval_set)
     meta = {**made, "curve": curve, "held_out_first3_per_category": final,
             "wall_s": round(time.perf_counter() - started, 1)}
     save_head(head, args.out, meta)

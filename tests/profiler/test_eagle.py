@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
+from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler import eagle_train  # noqa: E402
@@ -41,16 +41,6 @@ from traces import Workload  # noqa: E402
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
     return sharpened(LlamaModel.random(config_for(TINY), seed=0))
-
-
-def random_head(target, seed=1, vocab=None) -> EagleHead:
-    ids = torch.arange(TINY.vocab) if vocab is None else vocab
-    head = init_head(EagleHead(target, ids), seed)
-    with torch.no_grad():  # a layer that does something (init leaves it near identity)
-        gen = torch.Generator().manual_seed(seed + 1)
-        for p in (head.layer.o, head.layer.down):
-            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[0] ** -0.5)
-    return head
 
 
 def live_chain_features(head, tokens, features, base, depth) -> torch.Tensor:

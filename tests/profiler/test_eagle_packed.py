@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.tiny_models import TINY, sharpened  # noqa: E402
+from support.tiny_models import TINY, random_head, sharpened  # noqa: E402
 
 from profiler.eagle import EagleHead, head_state  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
@@ -46,11 +46,7 @@ def data(target):
 
 
 def fresh_head(target) -> EagleHead:
-    head = init_head(EagleHead(target, torch.arange(TINY.vocab)), 3)
-    with torch.no_grad():  # a layer that does something (init leaves it near identity)
-        gen = torch.Generator().manual_seed(4)
-        for p in (head.layer.o, head.layer.down):
-            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[0] ** -0.5)
+    head = random_head(target, seed=3)
     for p in head_state(head).values():
         p.requires_grad_(True)
     return head

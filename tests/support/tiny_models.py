@@ -35,3 +35,20 @@ def one_by_one_greedy(target, prompt, n) -> list[int]:
         out.append(int(logits.argmax()))
         logits = target([torch.tensor([out[-1]])], [cache], logits="last")[0][0]
     return out
+
+
+def random_head(target, seed=1, vocab=None):
+    """An EAGLE head over `target` whose layer does something (init leaves it near identity):
+    the output and down projections drawn at full scale from `seed` + 1."""
+    import torch
+
+    from profiler.eagle import EagleHead
+    from profiler.eagle_train import init_head
+
+    ids = torch.arange(target.config.shape.vocab) if vocab is None else vocab
+    head = init_head(EagleHead(target, ids), seed)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed + 1)
+        for p in (head.layer.o, head.layer.down):
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[0] ** -0.5)
+    return head
