@@ -67,10 +67,10 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     waiting, kv = len(server.waiting), server.kv_used
     held = waiting + len(server.prefilling) + len(batch)
     cached = [st.context_tokens - 1 for st in batch]
-    fed, chunk_hidden = _mixed_pass(server, batch, chains, chunks)
+    fed, chunk_out = _mixed_pass(server, batch, chains, chunks)
     results = server._verify(batch, chains, fed) if batch else []
     outcomes = [server._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
-    done = _complete_prompts(server, chunks, chunk_hidden)
+    done = _complete_prompts(server, chunks, chunk_out)
     n_tokens = sum(n for _, n, _ in chunks)
     prompt_cached = sum(c for _, _, c in chunks)
     pairs = sum(n * c + n * (n + 1) // 2 for _, n, c in chunks)
@@ -91,10 +91,11 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
 
 
 def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[DraftChain],
-                chunks: list[Chunk]) -> tuple[FedPass | None, list[torch.Tensor]]:
+                chunks: list[Chunk]) -> tuple[FedPass | None, list[tuple]]:
     """The one target pass over the decode requests' verify tokens and the prompt chunks: the
     decode part as a verify pass's result (None without chunks: `_verify` runs its own pass),
-    and each chunk's last-layer features."""
+    and per chunk its last row's logits and (for a drafter that reads them) its features. The
+    logits come out of the pass itself, so the engine's pass time holds the LM head too."""
     if not chunks:
         return None, []
     target, device = server.engine.target, server.engine.device
@@ -103,28 +104,28 @@ def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[Draft
                for st, n, c in chunks]
     starts = [st.cache.length for st in batch]
     caches = [st.cache for st in batch] + [st.cache for st, _, _ in chunks]
-    hidden = target(tokens, caches, logits="hidden")
-    decode_hidden, chunk_hidden = hidden[: len(batch)], hidden[len(batch) :]
-    logits: list[torch.Tensor] = []
-    if batch:
-        sizes = [h.shape[0] for h in decode_hidden]
-        logits = list(target.logits_of(torch.cat(decode_hidden)).split(sizes))
     want = server.drafter.needs_hidden
-    return (starts, logits, list(decode_hidden) if want else None), list(chunk_hidden)
+    modes = ["all"] * len(batch) + ["last"] * len(chunks)
+    if want:
+        logits, hidden = target(tokens, caches, logits=modes, features=True)
+    else:
+        logits, hidden = target(tokens, caches, logits=modes), [None] * len(tokens)
+    fed = (starts, logits[: len(batch)], hidden[: len(batch)] if want else None)
+    return fed, list(zip(logits[len(batch) :], hidden[len(batch) :]))
 
 
 def _complete_prompts(server: LiveServer, chunks: list[Chunk],
-                      chunk_hidden: list[torch.Tensor]) -> list[LiveRequest]:
+                      chunk_out: list[tuple]) -> list[LiveRequest]:
     """Count the chunks; prompts that are now whole get their first token and their drafter
     state (inside the iteration: a draft model's prefill pass is part of its time)."""
     done, last_rows, prompt_hidden = [], [], []
-    for (st, n, _), rows in zip(chunks, chunk_hidden):
+    for (st, n, _), (last, rows) in zip(chunks, chunk_out):
         st.prefilled += n
         if server.drafter.needs_hidden:
             st.prompt_hidden.append(rows)
         if st.prefilled == st.prompt_tokens:
             done.append(st)
-            last_rows.append(rows[-1])
+            last_rows.append(last)
             prompt_hidden.append(torch.cat(st.prompt_hidden) if st.prompt_hidden else None)
             st.prompt_hidden = []
     if not done:
@@ -136,7 +137,7 @@ def _complete_prompts(server: LiveServer, chunks: list[Chunk],
     if server.script is not None:
         firsts = [server.script.first_token(rid) for rid in ids]
     else:
-        firsts = server._first_tokens(server.engine.target.logits_of(torch.stack(last_rows)))
+        firsts = server._first_tokens(torch.cat(last_rows))
     for st, token in zip(done, firsts):
         st.tokens.append(token)
         st.generated = 1

@@ -134,8 +134,7 @@ class LiveServer:
         ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
         drafter = self.drafter
         if drafter.needs_hidden:
-            hidden = target(prompts, caches, logits="hidden")
-            logits = [target.logits_of(torch.stack([h[-1] for h in hidden]))]
+            logits, hidden = target(prompts, caches, logits="last", features=True)
         else:
             logits = target(prompts, caches, logits="last")
         drafter.start(ids, [list(st.tokens) for st in admitted])

@@ -227,8 +227,9 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, tokens: list[torch.Tensor], caches: list[KVCache], logits: str = "all"
-    ) -> list[torch.Tensor]:
+        self, tokens: list[torch.Tensor], caches: list[KVCache],
+        logits: str | Sequence[str] = "all", features: bool = False,
+    ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Feed tokens[r] (int64, 1-D, >= 1 token) after caches[r]'s cached tokens, for every r.
 
         Appends the new K/V to each cache and returns per request the logits of every new token
@@ -237,9 +238,21 @@ class LlamaModel(nn.Module):
         ("hidden": what a tuned lens is fitted on), after the outputs of `feature_layers` if
         any are set. An `exit_map` (weight [hidden, hidden], bias [hidden]) set on the model
         maps that output before the norm and head.
+
+        `logits` may also name "all" or "last" per request (a mixed iteration verifies some
+        requests and prefills others). `features=True` returns (logits, the "hidden" rows)
+        from the same pass: an EAGLE drafter needs both, and computing the logits here keeps
+        the LM head inside the pass that the engine times and the profile charges.
         """
-        if logits not in _LOGITS:
-            raise ValueError(f"logits must be one of {_LOGITS}, got {logits!r}")
+        modes = [logits] * len(tokens) if isinstance(logits, str) else list(logits)
+        if len(modes) != len(tokens) or any(m not in _LOGITS for m in modes):
+            raise ValueError(f"logits must be one of {_LOGITS} or one of them per request, got "
+                             f"{logits!r} for {len(tokens)} requests")
+        if features and "hidden" in modes:
+            raise ValueError('features=True returns the "hidden" rows beside the logits: ask '
+                             'for "all" or "last" logits with it')
+        if "hidden" in modes and len(set(modes)) > 1:
+            raise ValueError('"hidden" cannot be mixed with other logits modes in one pass')
         if any(t.dim() != 1 for t in tokens):
             raise ValueError("each request's tokens must be a 1-D tensor")
         device = self.config.device
@@ -247,16 +260,26 @@ class LlamaModel(nn.Module):
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         taps = []
+        tapping = features or modes[0] == "hidden"
         for index, layer in enumerate(self.layers):
             x = decoder_layer(self.config, index, layer, x, cos, sin, batch)
-            if logits == "hidden" and index in self.feature_layers:
+            if tapping and index in self.feature_layers:
                 taps.append(x)
         batch.commit()
-        if logits == "hidden":
-            return list((torch.cat((*taps, x), dim=-1) if taps else x).split(batch.q))
-        if logits == "last":
-            x = x[batch.last_rows()]
-        return list(self.logits_of(x).split(1 if logits == "last" else batch.q))
+        hidden = list((torch.cat((*taps, x), dim=-1) if taps else x).split(batch.q)) \
+            if tapping else None
+        if modes[0] == "hidden":
+            return hidden
+        if all(m == "all" for m in modes):
+            out = list(self.logits_of(x).split(batch.q))
+        elif all(m == "last" for m in modes):
+            out = list(self.logits_of(x[batch.last_rows()]).split(1))
+        else:
+            sizes = [q if m == "all" else 1 for q, m in zip(batch.q, modes)]
+            rows = torch.cat([torch.arange(end - size, end, device=x.device)
+                              for end, size in zip(batch.bounds[1:], sizes)])
+            out = list(self.logits_of(x[rows]).split(sizes))
+        return (out, hidden) if features else out
 
     def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logits [rows, vocab] of last-layer outputs [rows, hidden] (before the final norm),

@@ -69,9 +69,8 @@ def _verify_pass(
     starts = [cache.length for cache in caches]
     if not want_hidden:
         return starts, target(tokens, list(caches), logits="all"), None
-    hidden = target(tokens, list(caches), logits="hidden")
-    sizes = [h.shape[0] for h in hidden]
-    return starts, list(target.logits_of(torch.cat(hidden)).split(sizes)), hidden
+    logits, hidden = target(tokens, list(caches), logits="all", features=True)
+    return starts, logits, hidden
 
 
 def verify_greedy(

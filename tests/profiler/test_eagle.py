@@ -289,6 +289,44 @@ def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompt
     assert accepted > 0 if k else accepted == 0
 
 
+@pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
+@pytest.mark.parametrize("kind", ["ngram", "eagle"])
+def test_live_engine_computes_logits_only_inside_its_timed_passes(target, trained, live_prompts,
+                                                                  sched, kind):
+    """The live engine's host time is an iteration's time outside the target and draft passes
+    it times (PassTimer hooks their forward), and the profile charges the LM head to the pass:
+    so the engine must not run the target's LM head outside a forward call. (EAGLE's verify and
+    prefill, and every chunked iteration, once did: the host-time fit then took the LM head in
+    and the simulator counted it twice.)"""
+    drafter = eagle_drafter(trained[0], False) if kind == "eagle" else NgramDrafter()
+    inside: list[bool] = []
+    depth = [0]
+
+    def enter(*_):
+        depth[0] += 1
+
+    def leave(*_):
+        depth[0] -= 1
+
+    original = target.logits_of
+
+    def spy(hidden):
+        inside.append(depth[0] > 0)
+        return original(hidden)
+
+    hooks = [target.register_forward_pre_hook(enter), target.register_forward_hook(leave)]
+    target.logits_of = spy
+    try:
+        engine = LiveEngine(target, drafter, make_policy("fixed", {"k": 3}), sched,
+                            cost=StepCostModel(LinearLatency()))
+        engine.run(live_workload(live_prompts), live_prompts, realtime=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        del target.logits_of
+    assert inside and all(inside), f"{inside.count(False)} of {len(inside)} LM-head calls outside"
+
+
 def test_head_round_trips_through_its_fp16_file(target, trained, tmp_path):
     head = trained[0]
     path = tmp_path / "head.npz"

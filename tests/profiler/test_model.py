@@ -158,6 +158,26 @@ def test_logits_last_is_the_last_row_of_all():
     torch.testing.assert_close(last, full[-1:], **TIGHT)
 
 
+def test_per_request_logits_and_features_come_from_one_pass():
+    """A mixed iteration's pass: "all" rows for verified requests, the "last" row for prompts,
+    and with features=True the "hidden" rows (fused layers' too) beside them, all equal to
+    what separate calls give."""
+    model = build()
+    model.set_feature_layers([0])
+    prefixes = [tokens(3, 1), tokens(0, 0), tokens(5, 2)]
+    feeds = [tokens(3, 11), tokens(6, 12), tokens(1, 13)]
+    modes = ["all", "last", "all"]
+    logits, hidden = model(feeds,
+                           [prefilled(model, p) for p in prefixes], logits=modes, features=True)
+    for prefix, feed, mode, got, rows in zip(prefixes, feeds, modes, logits, hidden):
+        (want,) = model([feed], [prefilled(model, prefix)], logits=mode)
+        (want_rows,) = model([feed], [prefilled(model, prefix)], logits="hidden")
+        assert got.shape == (len(feed) if mode == "all" else 1, TINY.vocab)
+        assert rows.shape == (len(feed), 2 * TINY.hidden)
+        torch.testing.assert_close(got, want, **TIGHT)
+        torch.testing.assert_close(rows, want_rows, **TIGHT)
+
+
 def check_ragged(model: LlamaModel, cached: list[int], new: list[int], seed: int) -> None:
     """A batch call gives each request the logits (and cache) it gets when run alone."""
     prefixes = [tokens(c, seed + r) for r, c in enumerate(cached)]
@@ -346,6 +366,12 @@ def test_forward_rejects_bad_calls():
     cache = model.new_cache()
     with pytest.raises(ValueError, match="logits"):
         model([tokens(2, 0)], [cache], logits="first")
+    with pytest.raises(ValueError, match="per request"):
+        model([tokens(2, 0)], [cache], logits=["all", "last"])
+    with pytest.raises(ValueError, match="features=True"):
+        model([tokens(2, 0)], [cache], logits="hidden", features=True)
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        model([tokens(2, 0), tokens(2, 1)], [cache, model.new_cache()], logits=["hidden", "all"])
     with pytest.raises(ValueError, match="one cache per request"):
         model([tokens(2, 0), tokens(2, 1)], [cache])
     with pytest.raises(ValueError, match=">= 1 new token"):
