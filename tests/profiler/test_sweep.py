@@ -1,0 +1,57 @@
+"""The sweep times a draft pass where the engine runs it: right after a target pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from support.tiny_models import TINY  # noqa: E402
+
+from profiler.grid import Grid  # noqa: E402
+from profiler.model import LlamaModel, config_for  # noqa: E402
+from profiler.sweep import DRAFT_TIMING, Models, Sweep  # noqa: E402
+from simulator.latency_table import new_meta  # noqa: E402
+
+GRID = Grid(batch_sizes=(1, 2), query_tokens=(1, 2), context_tokens=(4, 8), prompt_tokens=(4,),
+            prefill_batch_sizes=(1,))
+
+
+def models() -> Models:
+    draft_shape = dataclasses.replace(TINY, name="tiny-draft", layers=1)
+    return Models(LlamaModel.random(config_for(TINY), seed=0),
+                  LlamaModel.random(config_for(draft_shape), seed=1))
+
+
+def meta(m: Models) -> dict:
+    return new_meta("cpu: test", "none", torch.__version__, "float32", m.target.config.shape,
+                    m.draft.config.shape, GRID.as_dict(), 1, 0, notes="test")
+
+
+def test_every_timed_draft_pass_follows_a_target_pass(tmp_path):
+    m = models()
+    calls: list[str] = []
+    for role, model in (("target", m.target), ("draft", m.draft)):
+        model.register_forward_pre_hook(lambda *_, r=role: calls.append(r))
+    sweep = Sweep(m, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=1)
+    sweep.round()
+    drafts = [i for i, role in enumerate(calls) if role == "draft"]
+    timed = drafts[1::2]  # each draft job: one warm-up call, then the timed one
+    assert timed and len(timed) * 2 == len(drafts)
+    assert all(calls[i - 1] == "target" for i in timed)
+    saved = json.loads((tmp_path / "p" / "samples.json").read_text())
+    assert saved["meta"]["draft_timing"] == DRAFT_TIMING
+
+
+def test_a_sweep_timed_the_old_way_is_not_resumed(tmp_path):
+    m = models()
+    Sweep(m, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=0).round()
+    path = tmp_path / "p" / "samples.json"
+    saved = json.loads(path.read_text())
+    del saved["meta"]["draft_timing"]  # as written before draft passes followed a target pass
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="draft_timing"):
+        Sweep(m, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=0)
