@@ -103,29 +103,52 @@ def _load_features(path: Path) -> Features:
     return torch.load(path, weights_only=True, mmap=True)
 
 
-def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> dict[bytes, tuple]:
-    """Entries of the other feature files in `folder` (newest first) whose sequence is `wanted`
-    (keys from `_sequence_key`), so that data grown by new sequences computes only those. A file
-    counts only if its longest wanted sequence, computed again now, gives bit-identical
-    features: a file made from other weights or layers, or on a CPU whose kernels round
-    differently, is left alone; so is a file that cannot be read."""
-    found: dict[bytes, tuple] = {}
-    files = sorted(folder.glob("features-*.pt"), key=lambda f: f.stat().st_mtime, reverse=True)
-    for path in files:
-        if len(found) == len(wanted):
-            break
+#: sequences per features shard: fused features of the 8,000-turn data are 23.6 GB in fp32,
+#: more than the CPU VM's memory, so they are written a shard at a time (~0.7 GB each) and read
+#: back memory-mapped; a stopped run keeps its finished shards
+SHARD = 256
+
+
+def _shards(home: Path, n: int) -> list[Path]:
+    return [home / f"shard-{i:05d}.pt" for i in range((n + SHARD - 1) // SHARD)]
+
+
+def _feature_sources(folder: Path, skip: Path) -> list[tuple[Path, list[Path]]]:
+    """Earlier features in `folder`, newest first: one-file (.pt) sets and sharded folders (their
+    finished shards)."""
+    found = []
+    for path in folder.glob("features-*"):
         if path == skip:
             continue
-        try:
-            mine = {}
-            for tokens, features, prompt_length in _load_features(path):
-                key = _sequence_key(tokens.tolist(), prompt_length)
-                if key in wanted and key not in found:
-                    mine[key] = (tokens, features, int(prompt_length))
-        except Exception as error:  # any unreadable file is skipped, and said so
-            print(f"features: skipping {path.name}, not a readable features file ({error})",
-                  file=sys.stderr)
-            continue
+        parts = sorted(path.glob("shard-*.pt")) if path.is_dir() else [path]
+        if path.is_dir() or path.suffix == ".pt":
+            found.append((path, parts))
+    return sorted(found, key=lambda e: e[0].stat().st_mtime, reverse=True)
+
+
+def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> dict[bytes, tuple]:
+    """Entries of the other feature sets in `folder` (newest first) whose sequence is `wanted`
+    (keys from `_sequence_key`), so that data grown by new sequences computes only those. A set
+    counts only if its longest wanted sequence, computed again now, gives bit-identical
+    features: a set made from other weights or layers, or on a CPU whose kernels round
+    differently, is left alone; so is a file that cannot be read."""
+    found: dict[bytes, tuple] = {}
+    for path, parts in _feature_sources(folder, skip):
+        if len(found) == len(wanted):
+            break
+        mine = {}
+        for part in parts:
+            try:
+                entries = {}
+                for tokens, features, prompt_length in _load_features(part):
+                    key = _sequence_key(tokens.tolist(), prompt_length)
+                    if key in wanted and key not in found:
+                        entries[key] = (tokens, features, int(prompt_length))
+            except Exception as error:  # any unreadable file is skipped, and said so
+                print(f"features: skipping {part.name}, not a readable features file ({error})",
+                      file=sys.stderr)
+                continue
+            mine.update(entries)
         if not mine:
             continue
         tokens, features, prompt_length = max(mine.values(), key=lambda e: len(e[0]))
@@ -142,30 +165,37 @@ def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> d
 
 def cached_features(target, conts, folder: Path) -> Features:
     """`shared_prefix_features`, kept in `folder` under a name made from the target's weights
-    and every sequence: a resumed run (`train_head`'s checkpoint) skips this pass (64 min on
-    the 2-core AVX2 VM), and a run on grown data computes only its new sequences, taking the
-    others from earlier files (`reusable_features`)."""
+    and every sequence, `SHARD` sequences per file: a resumed run (`train_head`'s checkpoint)
+    skips this pass (64 min on the 2-core AVX2 VM), a run stopped inside it computes only the
+    shards it had not finished, and a run on grown data computes only its new sequences, taking
+    the others from earlier sets (`reusable_features`)."""
     digest = hashlib.sha256(TARGET.encode())
     if target.feature_layers:  # fused features: other columns (unfused runs keep their names)
         digest.update(f"layers {list(target.feature_layers)}".encode())
     digest.update(target.embed[:, :64].float().numpy().tobytes())  # which weights, cheaply
     for c in conts:
         digest.update(np.asarray([len(c.prompt), *c.tokens], dtype=np.int64).tobytes())
-    path = folder / f"features-{digest.hexdigest()[:16]}.pt"
-    if path.is_file():
-        return _load_features(path)
+    home = folder / f"features-{digest.hexdigest()[:16]}"
+    shards = _shards(home, len(conts))
+    if all(path.is_file() for path in shards):
+        return [entry for path in shards for entry in _load_features(path)]
     keys = [_sequence_key(c.tokens, len(c.prompt)) for c in conts]
-    known = reusable_features(target, set(keys), folder, path) if folder.is_dir() else {}
-    fresh = iter(shared_prefix_features(target, [c for c, k in zip(conts, keys)
-                                                 if k not in known]))
-    data = [known[k] if k in known else next(fresh) for k in keys]
+    known = reusable_features(target, set(keys), folder, home) if folder.is_dir() else {}
     if known:
         print(f"features: {sum(k in known for k in keys)} of {len(conts)} sequences taken from "
               f"earlier files", file=sys.stderr)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as handle:
-        torch.save(data, handle)
-    return _load_features(path)  # as a resumed run sees them (and the earlier files let go)
+    home.mkdir(parents=True, exist_ok=True)
+    for i, path in enumerate(shards):
+        if path.is_file():  # finished by a run that was stopped
+            continue
+        part, part_keys = conts[i * SHARD : (i + 1) * SHARD], keys[i * SHARD : (i + 1) * SHARD]
+        fresh = iter(shared_prefix_features(target, [c for c, k in zip(part, part_keys)
+                                                     if k not in known]))
+        data = [known[k] if k in known else next(fresh) for k in part_keys]
+        with atomic_write(path) as handle:
+            torch.save(data, handle)
+    # as a resumed run sees them (and the earlier sets let go)
+    return [entry for path in shards for entry in _load_features(path)]
 
 
 def training_items(conts, data: Features, context_only: set[tuple[int, ...]]) -> list[tuple]:

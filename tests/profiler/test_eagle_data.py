@@ -134,6 +134,41 @@ def test_train_eagle_keeps_the_features_of_its_data_for_a_resumed_run(target, tm
     assert len(list((tmp_path / "features").iterdir())) == 2
 
 
+class Stopped(Exception):
+    pass
+
+
+def test_features_are_written_in_shards_and_a_stopped_pass_resumes(target, tmp_path,
+                                                                    monkeypatch):
+    """Shards of SHARD sequences, each written when done: a pass stopped after its first shard
+    computes only the others when run again, and ends with the features of an unstopped pass."""
+    module = train_eagle_script()
+    monkeypatch.setattr(module, "SHARD", 2)
+    conts, _ = generate(target, tmp_path / "run")
+    assert len(conts) > 2 * module.SHARD
+    real = module.shared_prefix_features
+    calls: list[int] = []
+
+    def stop_after_one(target, part):
+        if calls:
+            raise Stopped  # as if killed while computing the second shard
+        calls.append(len(part))
+        return real(target, part)
+
+    monkeypatch.setattr(module, "shared_prefix_features", stop_after_one)
+    with pytest.raises(Stopped):
+        module.cached_features(target, conts, tmp_path / "features")
+    (home,) = (tmp_path / "features").iterdir()
+    assert [p.name for p in home.iterdir()] == ["shard-00000.pt"]
+    monkeypatch.setattr(module, "shared_prefix_features", real)
+    calls = counting_passes(module, monkeypatch)
+    resumed = module.cached_features(target, conts, tmp_path / "features")
+    shards = (len(conts) + 1) // 2
+    assert calls == [len(c) for c in [conts[i : i + 2] for i in range(2, len(conts), 2)]]
+    assert len(list(home.iterdir())) == shards
+    assert_same_features(resumed, real(target, conts))
+
+
 def new_sequences(target, folder: Path):
     """Two continuations of a prompt that sorts between PROMPTS' ("c" < this < "a" < "b")."""
     return continue_prompts(target, [("n", [6, 3])], [0.0, 1.0], 5, folder, eos_id=None, seed=2)
@@ -171,7 +206,7 @@ def test_grown_data_computes_only_its_new_sequences(target, tmp_path, monkeypatc
     reused = module.cached_features(target, grown, tmp_path / "features")
     assert calls == [1, len(new)]  # the probe, then only the new sequences
     assert_same_features(reused, module.shared_prefix_features(target, grown))
-    assert len(list((tmp_path / "features").glob("features-*.pt"))) == 2
+    assert len(list((tmp_path / "features").glob("features-*"))) == 2
 
 
 def test_features_of_other_weights_are_not_reused(target, tmp_path, monkeypatch, capsys):
@@ -193,7 +228,7 @@ def test_unreadable_feature_files_are_skipped_with_a_message(target, tmp_path, m
     conts, _ = generate(target, tmp_path / "run")
     folder = tmp_path / "features"
     module.cached_features(target, conts[:-1], folder)
-    good = next(folder.glob("features-*.pt"))
+    good = next(folder.glob("features-*/shard-*.pt"))
     bad = folder / "features-bad.pt"
     if content == "truncated":
         bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
