@@ -272,13 +272,10 @@ class LlamaModel(nn.Module):
             return hidden
         if all(m == "all" for m in modes):
             out = list(self.logits_of(x).split(batch.q))
-        elif all(m == "last" for m in modes):
-            out = list(self.logits_of(x[batch.last_rows()]).split(1))
-        else:
+        else:  # "last" rows only where asked: the LM head is most of a short pass's work
             sizes = [q if m == "all" else 1 for q, m in zip(batch.q, modes)]
-            rows = torch.cat([torch.arange(end - size, end, device=x.device)
-                              for end, size in zip(batch.bounds[1:], sizes)])
-            out = list(self.logits_of(x[rows]).split(sizes))
+            rows = [r for end, size in zip(batch.bounds[1:], sizes) for r in range(end - size, end)]
+            out = list(self.logits_of(x[torch.tensor(rows, device=x.device)]).split(sizes))
         return (out, hidden) if features else out
 
     def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:

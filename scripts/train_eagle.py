@@ -118,14 +118,14 @@ def _shards(home: Path, n: int) -> list[Path]:
 def _feature_sources(folder: Path, skip: Path) -> list[tuple[Path, list[Path]]]:
     """Earlier features in `folder`, newest first: one-file (.pt) sets and sharded folders (their
     finished shards)."""
-    found = []
-    for path in folder.glob("features-*"):
-        if path == skip:
-            continue
-        parts = sorted(path.glob("shard-*.pt")) if path.is_dir() else [path]
-        if path.is_dir() or path.suffix == ".pt":
-            found.append((path, parts))
+    found = [(path, sorted(path.glob("shard-*.pt")) if path.is_dir() else [path])
+             for path in folder.glob("features-*")
+             if path != skip and (path.is_dir() or path.suffix == ".pt")]
     return sorted(found, key=lambda e: e[0].stat().st_mtime, reverse=True)
+
+
+def _read_shards(shards: list[Path]) -> Features:
+    return [entry for path in shards for entry in _load_features(path)]
 
 
 def reusable_features(target, wanted: set[bytes], folder: Path, skip: Path) -> dict[bytes, tuple]:
@@ -180,7 +180,7 @@ def cached_features(target, conts, folder: Path) -> Features:
     home = folder / f"features-{digest.hexdigest()[:16]}"
     shards = _shards(home, len(conts))
     if all(path.is_file() for path in shards):
-        return [entry for path in shards for entry in _load_features(path)]
+        return _read_shards(shards)
     keys = [_sequence_key(c.tokens, len(c.prompt)) for c in conts]
     known = reusable_features(target, set(keys), folder, home) if folder.is_dir() else {}
     if known:
@@ -196,8 +196,7 @@ def cached_features(target, conts, folder: Path) -> Features:
         data = [known[k] if k in known else next(fresh) for k in part_keys]
         with atomic_write(path) as handle:
             torch.save(data, handle)
-    # as a resumed run sees them (and the earlier sets let go)
-    return [entry for path in shards for entry in _load_features(path)]
+    return _read_shards(shards)  # as a resumed run sees them (and the earlier sets let go)
 
 
 def training_items(conts, data: Features, context_only: set[tuple[int, ...]]) -> list[tuple]:
