@@ -28,12 +28,15 @@ class DraftChain:
 
     `probs` [len, vocab] holds the draft's distribution at each proposed position (model drafters,
     when the caller asked for it: KL and acceptance probability need it); None otherwise.
+    `fed`: tokens the chain's first draft pass fed per request, its catch-up on the history
+    (simulator/draft_feed.py says how many the simulator charges); 0 for model-free drafters.
     """
 
     tokens: list[int] = field(default_factory=list)
     top1: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
     probs: torch.Tensor | None = None
+    fed: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -46,6 +49,9 @@ class Drafter:
     model_free: bool = False
     #: The engine hands it the target's features of committed tokens (`observe_hidden`): EAGLE.
     needs_hidden: bool = False
+    #: What its first draft pass feeds (simulator/draft_feed.py): a draft model's cache keeps the
+    #: drafts it fed ("bonus"); EAGLE re-feeds everything committed since its last chain.
+    catch_up: str = "bonus"
 
     def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         """New requests were prefilled by the target (model drafters prefill them too)."""

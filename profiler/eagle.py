@@ -165,6 +165,9 @@ class HeadTiming:
     token enters with a feature of the right shape (values do not change a pass's time) and the
     draft logits come out for each request's last entry, as the drafter asks for them."""
 
+    #: the drafter re-feeds every token committed since its last chain (simulator/draft_feed.py)
+    catch_up = "committed"
+
     def __init__(self, head: EagleHead) -> None:
         self.head, self.config = head, head.config
 

@@ -46,6 +46,7 @@ class EagleDrafter(Drafter):
     """Chains from `head` (profiler/eagle.py); see the module doc."""
 
     needs_hidden = True
+    catch_up = "committed"
 
     def __init__(self, head: EagleHead, name: str = "eagle", cache_tokens: int = 256,
                  lookup: NgramDrafter | None = None, lookup_min_match: int = 2) -> None:
@@ -99,6 +100,7 @@ class EagleDrafter(Drafter):
         for i, k in enumerate(ks):
             if k > 0:
                 feeds[i] = self._catch_up(self._seqs[request_ids[i]], histories[i], device)
+                chains[i].fed = feeds[i][0].shape[0]
         active = list(feeds)
         depth = 0
         while active:

@@ -21,7 +21,8 @@ class Grid:
     batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata={
         "help": "requests per decode/verify/draft pass"})
     query_tokens: tuple[int, ...] = field(default=(1, 2, 3, 5, 9), metadata={
-        "help": "tokens per request in a decode (1) or verify (k+1) pass"})
+        "help": "tokens per request in a decode (1) or verify (k+1) pass, and in a draft "
+                "chain's first pass (its catch-up)"})
     context_tokens: tuple[int, ...] = field(default=(64, 256, 512, 1024), metadata={
         "help": "tokens already cached per request"})
     prompt_tokens: tuple[int, ...] = field(default=(16, 64, 256, 512), metadata={
@@ -69,6 +70,6 @@ def points(grid: Grid, with_draft: bool) -> list[Point]:
     if with_draft:
         out += [Point("draft", "prefill", b, p, 0)
                 for b in grid.prefill_batch_sizes for p in grid.prompt_tokens]
-        out += [Point("draft", "draft", b, 1, c)
-                for b in grid.batch_sizes for c in grid.context_tokens]
+        out += [Point("draft", "draft" if q == 1 else "catchup", b, q, c)
+                for b in grid.batch_sizes for q in grid.query_tokens for c in grid.context_tokens]
     return out

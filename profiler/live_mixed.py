@@ -74,8 +74,9 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     n_tokens = sum(n for _, n, _ in chunks)
     prompt_cached = sum(c for _, _, c in chunks)
     pairs = sum(n * c + n * (n + 1) // 2 for _, n, c in chunks)
+    feeds = [chain.fed for chain in chains]
     end = server._end(start, lambda: server.engine.cost.iteration_s(
-        drafted, cached, len(chunks), n_tokens, prompt_cached, pairs))
+        drafted, cached, len(chunks), n_tokens, prompt_cached, pairs, feeds))
     server.step_index += 1
     if server.observes and batch:  # after the end, at the end's time, as in the simulator
         server.policy.observe(server._context(batch), outcomes)

@@ -162,10 +162,12 @@ class LiveServer:
         ks = self._choose(batch)
         waiting, held, kv = len(self.waiting), len(self.waiting) + len(batch), self.kv_used
         cached = [st.context_tokens - 1 for st in batch]  # before the step, as the simulator's
-        results = self._speculate(batch, ks)
+        chains = self._draft(batch, ks)
+        results = self._verify(batch, chains)
         outcomes = [self._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
         drafted = [res.drafted for res in results]
-        end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached))
+        feeds = [chain.fed for chain in chains]
+        end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached, feeds=feeds))
         self.step_index += 1
         if self.observes:  # after the end, at the end's time, as in the simulator
             self.policy.observe(self._context(batch), outcomes)
@@ -174,11 +176,8 @@ class LiveServer:
         self.steps.add(*row, accepted, emitted, waiting, held, kv)
         self._finish_done(end)
 
-    def _speculate(self, batch: list[LiveRequest], ks: list[int]) -> list[Verified]:
-        """Draft chains (cut by the policy's stop rule), then one verify pass."""
-        return self._verify(batch, self._draft(batch, ks))
-
     def _draft(self, batch: list[LiveRequest], ks: list[int]) -> list[DraftChain]:
+        """Draft chains (cut by the policy's stop rule); `_verify` checks them in one pass."""
         keep_probs = bool(self.signals & PROB_SIGNALS) and not self.drafter.model_free
         ids, histories = [st.request_id for st in batch], [st.tokens for st in batch]
         return self.drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)

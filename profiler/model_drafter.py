@@ -75,6 +75,8 @@ class ModelDrafter(Drafter):
         probs: list[list[torch.Tensor]] = [[] for _ in ks]
         active = [i for i, k in enumerate(ks) if k > 0]
         feeds = {i: self._seqs[request_ids[i]].sync(histories[i]) for i in active}
+        for i in active:
+            chains[i].fed = len(feeds[i])
         depth = 0
         while active:
             seqs = [self._seqs[request_ids[i]] for i in active]

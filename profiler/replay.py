@@ -36,6 +36,7 @@ from profiler.kv_cache import KVCache
 from profiler.model import LlamaModel
 from profiler.speculate import FedPass, Verified, _verify_pass
 from simulator.acceptance import replay_for
+from simulator.draft_feed import FIRST_FEED, next_feed
 from traces import SpeculationTrace, Workload
 
 __all__ = ["ReplayDrafter", "ReplayScript", "verify_replay"]
@@ -133,6 +134,7 @@ class ReplayDrafter(Drafter):
             self.model = getattr(inner, "model", None)
             self.timing_model = getattr(inner, "timing_model", self.model)
         self._prompt: dict[int, int] = {}
+        self._fed: dict[int, tuple[int, int | None, int]] = {}  # feed, history, chain: last step
 
     def start(self, request_ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         for rid, prompt in zip(request_ids, prompts):
@@ -153,8 +155,23 @@ class ReplayDrafter(Drafter):
                    for row, (rid, g, k) in enumerate(zip(request_ids, positions, ks))]
         if self.inner is not None and any(lengths):  # the passes a real chain of these costs
             self.inner.propose(request_ids, histories, lengths)
-        return [self.script.chain(rid, g, n)
-                for rid, g, n in zip(request_ids, positions, lengths)]
+        chains = [self.script.chain(rid, g, n)
+                  for rid, g, n in zip(request_ids, positions, lengths)]
+        if self.inner is not None:
+            for rid, history, chain in zip(request_ids, histories, chains):
+                chain.fed = self._feed(rid, len(history), len(chain))
+        return chains
+
+    def _feed(self, request_id: int, history: int, drafted: int) -> int:
+        """What the replayed chain's first pass feeds by the inner drafter's catch-up rule, as
+        the simulator charges it (the inner model drafts its own tokens, whose agreement with
+        the history is not the trace's; EAGLE's catch-up never depends on it)."""
+        feed, before, chain = self._fed.get(request_id, (FIRST_FEED, None, 0))
+        if before is not None:
+            emitted = history - before
+            feed = next_feed(self.inner.catch_up, feed, chain, emitted - 1, emitted)
+        self._fed[request_id] = (feed, history, drafted)
+        return feed if drafted else 0
 
     def observe_hidden(self, request_ids: Sequence[int], hidden: Sequence[torch.Tensor]) -> None:
         if self.inner is not None:
@@ -162,6 +179,7 @@ class ReplayDrafter(Drafter):
 
     def finish(self, request_id: int) -> None:
         self._prompt.pop(request_id, None)
+        self._fed.pop(request_id, None)
         if self.inner is not None:
             self.inner.finish(request_id)
 

@@ -15,7 +15,10 @@ out of the CPU's caches (or the GPU's L2). Timed back to back instead, a small d
 run from cache: on the 2-core CPU VM the shipped EAGLE head (fp32, batch 5) took 3.9 ms per pass
 in such a profile and 9.2 ms inside the live engine, and the simulator under-predicted EAGLE
 steps by ~10%. (A target pass reads far more than any cache holds, so its own timing does not
-depend on what ran before it.)
+depend on what ran before it.) The draft is timed at one token per request and at every longer
+query of the grid (`catchup`: the chain's first pass, which feeds what the target committed
+since the last chain); the meta's `draft_catch_up` says which tokens those are for this draft
+(the model's `catch_up`, "bonus" unless it says otherwise: simulator/draft_feed.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from traces import atomic_write
 
 #: meta keys that must match for a rerun to resume an existing sweep
 RESUME_KEYS = ("device", "dtype", "target", "draft", "grid", "repeats", "warmup", "torch_version",
-               "draft_timing")
+               "draft_timing", "draft_catch_up")
 #: how draft passes are timed (see the module doc); the meta says so, so that a sweep timed the
 #: old way (back to back: draft passes from cache) is never resumed into this one
 DRAFT_TIMING = "each draft pass right after an untimed target pass, as in the engine"
@@ -139,8 +142,9 @@ class Sweep:
 
     def __init__(self, models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,
                  warmup: int, ragged: int = 0, seed: int = 0) -> None:
-        if models.draft is not None:
-            meta = {**meta, "draft_timing": DRAFT_TIMING}
+        if models.draft is not None:  # catch_up: what the draft feeds first (draft_feed.py)
+            meta = {**meta, "draft_timing": DRAFT_TIMING,
+                    "draft_catch_up": getattr(models.draft, "catch_up", "bonus")}
         self.models, self.device, self.meta, self.out, self.warmup = (
             models, device, meta, out, warmup)  # fmt: skip
         self.grid_items = grid_passes(grid, models.draft is not None)

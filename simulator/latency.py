@@ -40,6 +40,8 @@ class LatencyModel(ABC):
 
     #: where the numbers come from, e.g. "roofline: Llama-3.1-8B on H100-SXM, bf16"
     source: str = "unspecified"
+    #: what the draft model feeds in a chain's first pass (simulator/draft_feed.py)
+    draft_catch_up: str = "bonus"
 
     def pass_s(
         self,

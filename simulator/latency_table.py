@@ -7,7 +7,9 @@ both files and names the file and the problem in one line.
 
 CSV columns (rows counted from 1 after the header in error messages):
   role                   target | draft
-  phase                  prefill | decode | verify (target); prefill | draft (draft)
+  phase                  prefill | decode | verify (target); prefill | draft | catchup (draft:
+                         one token per request, or several at c > 0 as a chain's first pass
+                         feeds them, simulator/draft_feed.py)
   num_seqs               requests in the pass, >= 1
   query_tokens_per_seq   tokens each request feeds, >= 1
   cached_tokens_per_seq  tokens each request already has in the KV cache, >= 0
@@ -26,15 +28,16 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.catalog import ModelShape
+from simulator.draft_feed import check_catch_up
 from simulator.errors import ConfigError
 from traces import atomic_write
 
 SCHEMA_VERSION = 1
 ROLE_PHASES: dict[str, tuple[str, ...]] = {
     "target": ("prefill", "decode", "verify"),
-    "draft": ("prefill", "draft"),
+    "draft": ("prefill", "draft", "catchup"),
 }
-PHASES = ("prefill", "decode", "verify", "draft")
+PHASES = ("prefill", "decode", "verify", "draft", "catchup")
 KEY_COLUMNS = ("role", "phase", "num_seqs", "query_tokens_per_seq", "cached_tokens_per_seq")
 TIME_COLUMNS = ("median_s", "p10_s", "p90_s")
 COLUMNS = (*KEY_COLUMNS, *TIME_COLUMNS, "repeats")
@@ -54,6 +57,9 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "warmup": (int,),
     "notes": (str,),
 }
+#: Optional: what the timed draft model feeds in a chain's first pass (simulator/draft_feed.py);
+#: "bonus" when absent (a draft model that keeps its drafts cached).
+DRAFT_CATCH_UP_KEY = "draft_catch_up"
 
 
 def new_meta(
@@ -185,6 +191,11 @@ def _check_meta(meta: object, where: str) -> None:
         raise ConfigError(f"{where}: 'created' is not an ISO date: {meta['created']!r}") from None
     if meta["repeats"] < 1 or meta["warmup"] < 0:
         raise ConfigError(f"{where}: need repeats >= 1 and warmup >= 0")
+    if DRAFT_CATCH_UP_KEY in meta:
+        try:
+            check_catch_up(meta[DRAFT_CATCH_UP_KEY], where)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     for role in ("target", "draft"):
         if meta[role] is not None:
             try:

@@ -7,7 +7,9 @@ so grid points come back exactly and ragged batches inherit their neighbours' co
 
 Which grid a pass uses: query == num_seqs is a decode (target) or draft step (draft); cached == 0
 with more query tokens than requests is a prefill; any other target pass is a verify (mixed
-prefill + decode batches included).
+prefill + decode batches included), any other draft pass a catch-up (a chain's first pass, which
+feeds what the target committed since the last chain: simulator/draft_feed.py). A table without
+catch-up rows (profiled before they were swept) charges those passes the fitted form alone.
 
 Outside a grid's box the ratio at the nearest point of the box is kept (`extrapolation="clamp"`,
 the default) rather than dropped (`"fit"`): it keeps the prediction continuous across the box's
@@ -36,11 +38,12 @@ from simulator.fit import (
     uniform_aggregates,
 )
 from simulator.latency import ArrayLike, LatencyModel, Role
-from simulator.latency_table import ROLE_PHASES, LatencyTable
+from simulator.latency_table import DRAFT_CATCH_UP_KEY, ROLE_PHASES, LatencyTable
 
 Extrapolation = Literal["clamp", "fit"]
 _SCALARS = (int, float, np.integer, np.floating)
 _STEP_PHASE = {"target": "decode", "draft": "draft"}  # the phase of one token per request
+_MULTI_PHASE = {"target": "verify", "draft": "catchup"}  # several tokens per request at c > 0
 
 
 @dataclass
@@ -93,6 +96,7 @@ class ProfiledLatency(LatencyModel):
                        for role in ROLE_PHASES if (rows["role"] == role).any()}
         self._scalar_coef = {r: tuple(float(x) for x in m.coef) for r, m in self._roles.items()}
         self.source = _source(table.meta, "draft" in self._roles)
+        self.draft_catch_up = table.meta.get(DRAFT_CATCH_UP_KEY, "bonus")
 
     @property
     def has_draft_model(self) -> bool:
@@ -120,9 +124,8 @@ class ProfiledLatency(LatencyModel):
         qbar, cbar = q / per, c / per
         step = live & (q == b)
         prefill = live & (c == 0) & (q > b)
-        masks = {_STEP_PHASE[role]: step, "prefill": prefill}
-        if role == "target":
-            masks["verify"] = live & ~step & ~prefill
+        masks = {_STEP_PHASE[role]: step, "prefill": prefill,
+                 _MULTI_PHASE[role]: live & ~step & ~prefill}
         for phase, mask in masks.items():
             grid = model.grids.get(phase)
             if grid is None or not mask.any():
@@ -145,8 +148,8 @@ class ProfiledLatency(LatencyModel):
         elif c == 0 and q > b:
             phase = "prefill"
         else:
-            phase = "verify" if role == "target" else None
-        grid = model.grids.get(phase) if phase else None
+            phase = _MULTI_PHASE[role]
+        grid = model.grids.get(phase)
         if grid is not None:
             t *= math.exp(grid.interpolate_scalar(b, q / b, c / b, self._clamp))
         return float(t)
@@ -175,6 +178,7 @@ class ProfiledLatency(LatencyModel):
             "per_draft_token_s": self._per_draft,
             "pass_scale": self.pass_scale,
             "extrapolation": self.extrapolation,
+            "draft_catch_up": self.draft_catch_up,
             "roles": {role: m.report for role, m in self._roles.items()},
         }
 

@@ -22,6 +22,7 @@ import simpy
 from policies import DraftOutcome, Policy, StepContext, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
+from simulator.draft_feed import FIRST_FEED, next_feed
 from simulator.errors import ConfigError
 from simulator.records import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
@@ -52,6 +53,7 @@ class Replica:
         self.kv_capacity = kv_capacity_tokens
         self.cost = cost
         self.policy_cost = policy_cost if policy_cost is not None else cost  # what policies see
+        self.catch_up = cost.latency.draft_catch_up
         self.policy = policy
         self.acceptance = acceptance
         self.steps = steps
@@ -162,6 +164,7 @@ class Replica:
         duration = self.cost.iteration_s(
             ks, cached, len(chunks), chunk_tokens, sum(c for _, _, c in chunks),
             sum(n * c + n * (n + 1) // 2 for _, n, c in chunks),  # causal pairs of each chunk
+            [st.draft_feed for st in decode],
         )
         yield self.env.timeout(duration)
         self.step_index += 1
@@ -256,6 +259,7 @@ class Replica:
             st.generated = g + emit
             st.steps += 1
             st.drafted += k
+            st.draft_feed = next_feed(self.catch_up, st.draft_feed, k, emit - 1, emit)
             st.accepted += emit - 1
             total_acc += emit - 1
             total_emit += emit
@@ -286,7 +290,9 @@ class Replica:
         gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
         prompt = np.fromiter((st.prompt_tokens for st in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
-        durations = np.atleast_1d(self.cost.iteration_s(k_arr, prompt[:, None] + gen[:, :-1] - 1))
+        feeds = self._feeds(batch, k_arr, gen)
+        durations = np.atleast_1d(self.cost.iteration_s(
+            k_arr, prompt[:, None] + gen[:, :-1] - 1, feeds=feeds[:, :-1]))
         ends = np.cumsum(durations)
         # run through the first iteration that ends at or after the next arrival: the arrival
         # waits for that boundary anyway, and nothing a router reads (the replica's load)
@@ -314,12 +320,27 @@ class Replica:
             st.drafted += ks[i] * n
             st.accepted += after - before - n
             st.chain_at += n
+            st.draft_feed = int(feeds[i, n])
         self._finish_done()
+
+    def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
+        """Each request's first-pass draft feed before each step of the segment, and after its
+        last (requests x steps + 1); `gen`: tokens generated before each step."""
+        feeds = np.empty(gen.shape, dtype=np.int64)
+        feeds[:, 0] = [st.draft_feed for st in batch]
+        emitted = np.diff(gen, axis=1)
+        drafted = np.broadcast_to(ks[:, None], emitted.shape)
+        after = next_feed(self.catch_up, 0, drafted, emitted - 1, emitted)
+        feeds[:, 1:] = after
+        idle = ks == 0  # no chain: the committed tokens pile up for the next one
+        feeds[idle, 1:] = feeds[idle, :1] + (gen[idle, 1:] - gen[idle, :1])
+        return feeds
 
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _first_token(self, st: RequestState) -> None:
         st.generated = 1
+        st.draft_feed = FIRST_FEED
         self.requests.first_token_s[st.index] = self.env.now
         self.running.append(st)
 

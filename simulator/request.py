@@ -14,6 +14,7 @@ class RequestState:
         "chain",
         "chain_at",
         "chain_k",
+        "draft_feed",
         "drafted",
         "generated",
         "index",
@@ -36,6 +37,7 @@ class RequestState:
         self.prefilled = 0
         self.steps = 0
         self.drafted = 0
+        self.draft_feed = 0  # tokens the next chain's first draft pass feeds (draft_feed.py)
         self.accepted = 0
         self.run: np.ndarray | None = None
         self.reserve = 0

@@ -5,8 +5,10 @@ A speculative iteration with per-request k_r costs (DESIGN.md "Latency models"):
   one target verify pass over sum_r (k_r + 1) tokens (plus any prompt chunks in the batch),
   and the per-iteration overhead.
 A draft pass feeds one token per request (a chain drafter keeps its own KV cache, so only the
-newest token is new to it); when a batch also prefills prompts, the draft model prefills them in
-its first pass. Model-free drafters cost nothing to draft.
+newest token is new to it), except the chain's first: there each request feeds its catch-up on
+what the target committed since its last chain (`feeds`, simulator/draft_feed.py; one token when
+not given). When a batch also prefills prompts, the draft model prefills them in its first pass.
+Model-free drafters cost nothing to draft.
 
 Requests with different k are costed as a ragged batch: draft pass j only for the requests still
 drafting, the verify pass over exactly sum(k_r + 1) tokens. Engines that pad every request to
@@ -41,12 +43,15 @@ class StepCostModel:
         prefill_tokens: int = 0,
         prefill_cached: int = 0,
         prefill_pairs: int = 0,
+        feeds: Sequence[int] | np.ndarray | None = None,
     ):
         """Seconds of one iteration (float), or of each column of `cached` if it is 2-D.
 
         ks      (R,) draft tokens per decode request
         cached  (R,) or (R, S): tokens in each decode request's KV cache before the verify pass
         prefill_*: aggregates of the prompt chunks processed in the same iteration
+        feeds   None, or like `cached`: tokens each request feeds in its chain's first draft
+                pass (its catch-up; 1 when None); ignored where k = 0
         """
         lat = self.latency
         if np.ndim(cached) == 2:
@@ -63,19 +68,22 @@ class StepCostModel:
                            cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, query - n_decode)
         if lat.has_draft_model:
+            first = _catch_up(ks, cached, feeds) if feeds is not None else (0, 0, 0)
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
-                                                prefill_tokens, prefill_cached, prefill_pairs)
+                                                prefill_tokens, prefill_cached, prefill_pairs,
+                                                first)
         return total
 
     def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
-                       prefill_cached, prefill_pairs):
+                       prefill_cached, prefill_pairs, first):
         """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j, which
-        holds c_r + j - 1 cached tokens before it (so c_r + j causal pairs)."""
+        holds c_r + j - 1 cached tokens before it (so c_r + j causal pairs). `first`: what the
+        catch-up adds to pass 1's (tokens, cached, pairs)."""
         passes = max(max(distinct, default=0), 1 if prefill_seqs else 0)
         if passes == 0:
             return 0.0
         if sums and np.ndim(sums[0]):
-            return self._draft_chain_per_step(distinct, counts, sums, passes)
+            return self._draft_chain_per_step(distinct, counts, sums, passes, first)
         forward = self.latency.forward_s
         by_k = dict(zip(distinct, zip(counts, sums)))
         total, n_j, c_j = 0.0, 0, 0
@@ -83,13 +91,15 @@ class StepCostModel:
             if j in by_k:  # requests drafting exactly j join every pass up to j
                 n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
             seqs, tokens, cached, pairs = n_j, n_j, c_j + n_j * (j - 1), c_j + n_j * j
+            if j == 1:
+                tokens, cached, pairs = tokens + first[0], cached + first[1], pairs + first[2]
             if j == 1 and prefill_seqs:  # the draft model prefills this batch's prompt chunks
                 seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
                 cached, pairs = cached + prefill_cached, pairs + prefill_pairs
             total += forward("draft", seqs, tokens, cached, pairs)
         return total
 
-    def _draft_chain_per_step(self, distinct, counts, sums, passes):
+    def _draft_chain_per_step(self, distinct, counts, sums, passes, first):
         """The same chain for many steps of one batch (no prompt chunks), vectorised."""
         steps = len(sums[0])
         seqs = np.zeros((passes, 1), dtype=np.int64)
@@ -100,7 +110,11 @@ class StepCostModel:
         j = np.arange(1, passes + 1).reshape(-1, 1)
         pairs = cached + seqs * j
         cached += seqs * (j - 1)
-        return self.latency.forward_s("draft", seqs, seqs, cached, pairs).sum(axis=0)
+        tokens = np.broadcast_to(seqs, cached.shape).copy()
+        tokens[0] += first[0]
+        cached[0] += first[1]
+        pairs[0] += first[2]
+        return self.latency.forward_s("draft", seqs, tokens, cached, pairs).sum(axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
         """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.
@@ -120,6 +134,25 @@ class StepCostModel:
         if lat.has_draft_model:
             total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)
+
+
+def _catch_up(ks, cached, feeds) -> tuple:
+    """What feeding f_r tokens instead of one in the first draft pass adds to its (tokens,
+    cached, pairs), summed over the requests that draft: a request that holds c_r + 1 - f_r
+    cached entries before it feeds f_r (it ends the pass at c_r + 1 either way)."""
+    k = np.asarray(ks, dtype=np.int64)
+    c = np.asarray(cached, dtype=np.int64)
+    f = np.asarray(feeds, dtype=np.int64)
+    if f.shape != c.shape:
+        raise ValueError(f"feeds must have the shape of cached {c.shape}, got {f.shape}")
+    drafting = (k > 0).reshape((-1,) + (1,) * (c.ndim - 1))
+    extra = np.where(drafting, f - 1, 0)
+    # f (c + 1 - f) + f (f + 1) / 2 causal pairs instead of c + 1
+    pairs = np.where(drafting, f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1), 0)
+    tokens, pair_sum = extra.sum(axis=0), pairs.sum(axis=0)
+    if c.ndim == 1:
+        return int(tokens), -int(tokens), int(pair_sum)
+    return tokens, -tokens, pair_sum
 
 
 def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:

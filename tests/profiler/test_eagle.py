@@ -5,16 +5,19 @@ simulator, and the weights round-trip through their fp16 file with clear errors.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import LinearLatency  # noqa: E402
+from support.engine import LinearLatency, trace_from_runs  # noqa: E402
 from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened  # noqa: E402
 
-from policies import make_policy  # noqa: E402
+from policies import Policy, make_policy  # noqa: E402
 from profiler import eagle_train  # noqa: E402
 from profiler.drafters import NgramDrafter  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
@@ -34,7 +37,7 @@ from profiler.eagle_train import (  # noqa: E402
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.record import record_outputs, target_outputs  # noqa: E402
-from simulator import SchedulerConfig, StepCostModel  # noqa: E402
+from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
 from traces import Workload  # noqa: E402
 
 
@@ -287,6 +290,42 @@ def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompt
         assert steps.accepted.tolist() == expected, f"request {rid}"
         accepted += sum(expected)
     assert accepted > 0 if k else accepted == 0
+
+
+@dataclass
+class _Cycling(Policy):
+    """k by step and request, with runs of k = 0 between chains: the head's catch-up grows."""
+
+    name: ClassVar[str] = "cycling-test"
+
+    def choose(self, ctx):
+        return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
+
+
+class _Refeeding(LinearLatency):
+    draft_catch_up = "committed"  # what a profile of the head says (HeadTiming.catch_up)
+
+
+@pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
+@pytest.mark.parametrize("policy", [_Cycling(), make_policy("fixed", {"k": 4})],
+                         ids=["cycling", "fixed"])
+def test_eagle_scheduler_mirrors_the_simulator_step_for_step(target, trained, live_prompts,
+                                                             sched, policy):
+    """On the simulator's clock and with the head's teacher-forced runs, every iteration
+    matches: the simulator charges each chain's first head pass what the live head fed there
+    (every token committed since its last chain, simulator/draft_feed.py), the fast path too."""
+    head = trained[0]
+    cost = StepCostModel(_Refeeding())
+    wl = live_workload(live_prompts)
+    res = LiveEngine(target, EagleDrafter(head), policy, sched, cost=cost).run(
+        wl, live_prompts, virtual_time=True)
+    runs = [eagle_runs(head, target, p, out, sched.k_max)[0]
+            for p, out in zip(live_prompts, res.outputs)]
+    sim = simulate(wl, cost.latency, trace_from_runs(runs), policy, sched.kv_capacity_tokens,
+                   sched)
+    pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
+    pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)
+    assert (res.steps.accepted > 0).any()
 
 
 @pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])

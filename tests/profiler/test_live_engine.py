@@ -374,20 +374,35 @@ def test_fixed_k_replays_exactly_in_the_simulator(target, prompts, drafter_name,
         assert sim.requests[column].tolist() == res.requests[column].tolist()
 
 
+@dataclass
+class _Cycling(Policy):
+    """k by step and request, with runs of k = 0 between chains: the draft's catch-up grows."""
+
+    name: ClassVar[str] = "cycling-test"
+
+    def choose(self, ctx):
+        return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
+
+
+def _policy(name: str, params: dict) -> Policy:
+    return _Cycling() if name == "cycling" else make_policy(name, params)
+
+
 @pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("gammatune", {}),
-                                                ("goodput", {})])
+                                                ("goodput", {}), ("cycling", {})])
 def test_scheduler_mirrors_the_simulator_step_for_step(target, prompts, policy, params):
     """On the simulator's clock (iteration times from the same cost model) and with acceptance
     replayed from a trace of the same drafter, the simulator must make every decision the live
-    engine made: the same iterations, batches, k, admissions, at the same times."""
+    engine made: the same iterations, batches, k, admissions, at the same times; and charge
+    each chain's first draft pass what the draft model fed there (simulator/draft_feed.py)."""
     runs = teacher_forced_runs(target, prompts, "early-exit:1")
     sched = dataclasses.replace(SCHED, max_num_seqs=3, max_batched_tokens=40)
     cost = StepCostModel(LinearLatency())
     wl = workload(prompts, arrivals=[0.0, 0.0, 0.001, 0.02, 0.021, 0.05, 0.3, 0.31])
-    live = engine(target, drafter_for("early-exit:1", target), make_policy(policy, params), sched,
+    live = engine(target, drafter_for("early-exit:1", target), _policy(policy, params), sched,
                   cost=cost)
     res = live.run(wl, prompts, virtual_time=True)
-    sim = simulate(wl, cost.latency, trace_from_runs(runs), make_policy(policy, params),
+    sim = simulate(wl, cost.latency, trace_from_runs(runs), _policy(policy, params),
                    sched.kv_capacity_tokens, sched)
     assert len(res.steps) > 20 and (res.steps.waiting > 0).any()
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
@@ -413,16 +428,16 @@ def test_chunked_prefill_is_lossless(target, prompts, reference, drafter_name, p
 
 
 @pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("gammatune", {}),
-                                                ("goodput", {})])
+                                                ("goodput", {}), ("cycling", {})])
 def test_chunked_scheduler_mirrors_the_simulator_step_for_step(target, prompts, policy, params):
     runs = teacher_forced_runs(target, prompts, "early-exit:1")
     sched = dataclasses.replace(CHUNKED, max_num_seqs=3)
     cost = StepCostModel(LinearLatency())
     wl = workload(prompts, arrivals=[0.0, 0.0, 0.001, 0.02, 0.021, 0.05, 0.3, 0.31])
-    live = engine(target, drafter_for("early-exit:1", target), make_policy(policy, params), sched,
+    live = engine(target, drafter_for("early-exit:1", target), _policy(policy, params), sched,
                   cost=cost)
     res = live.run(wl, prompts, virtual_time=True)
-    sim = simulate(wl, cost.latency, trace_from_runs(runs), make_policy(policy, params),
+    sim = simulate(wl, cost.latency, trace_from_runs(runs), _policy(policy, params),
                    sched.kv_capacity_tokens, sched)
     assert (res.steps.prefill_seqs > 0).sum() > len(prompts)  # prompts spread over iterations
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)

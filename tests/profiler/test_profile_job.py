@@ -24,11 +24,13 @@ def test_quick_profile_reports_its_errors_and_simulate_uses_it(tmp_path, capsys)
     s = json.loads(capsys.readouterr().out)
     for key in KEYS:
         assert s[key] is not None, key
-    assert s["rows"] == 57 and s["ragged_batches"] == 30 and s["device"].startswith("cpu:")
+    # QUICK_GRID: target 6 prefill + 36 decode/verify; draft 6 prefill + 9 draft + 27 catchup
+    assert s["rows"] == 84 and s["ragged_batches"] == 30 and s["device"].startswith("cpu:")
     assert set(s["roofline_vs_measured"]) == {"target/prefill", "target/decode",
-                                              "target/verify", "draft/prefill", "draft/draft"}
+                                              "target/verify", "draft/prefill", "draft/draft",
+                                              "draft/catchup"}
     assert (out / "latency.csv").exists() and (out / "latency.meta.json").exists()
-    assert json.loads((out / "summary.json").read_text())["rows"] == 57
+    assert json.loads((out / "summary.json").read_text())["rows"] == 84
     # the simulator runs on the profile it just wrote
     assert main(["simulate", "--profile", str(out), "--requests", "30", "--format", "json"]) == 0
     sim = json.loads(capsys.readouterr().out)

@@ -55,3 +55,41 @@ def test_a_sweep_timed_the_old_way_is_not_resumed(tmp_path):
     path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="draft_timing"):
         Sweep(m, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=0)
+
+
+def test_the_draft_is_timed_at_its_catch_up_and_the_profile_says_what_it_feeds(tmp_path):
+    """Draft rows at one token per request (`draft`) and at every longer query (`catchup`: a
+    chain's first pass); the meta names the draft's catch-up rule, which the latency model
+    takes (a draft LlamaModel keeps its drafts: "bonus"; an EAGLE head: "committed"), and a
+    sweep with another rule is not resumed."""
+    from profiler.eagle import EagleHead, HeadTiming
+    from profiler.eagle_drafter import EagleDrafter
+    from simulator.profiled import ProfiledLatency
+
+    m = models()
+    sweep = Sweep(m, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=0)
+    sweep.round()
+    table, _ = sweep.results()
+    rows = table.rows[table.rows.role == "draft"]
+    catchup = rows[rows.phase == "catchup"]
+    assert sorted(set(catchup.query_tokens_per_seq)) == [2]
+    assert len(catchup) == len(GRID.batch_sizes) * len(GRID.context_tokens)
+    assert (rows[rows.phase == "draft"].query_tokens_per_seq == 1).all()
+    latency = ProfiledLatency(table)
+    assert latency.draft_catch_up == "bonus"
+    assert latency.describe()["roles"]["draft"]["phases"]["catchup"]["points"] == len(catchup)
+    # a catch-up pass at a grid point comes back as measured, not from the fitted form alone
+    point = catchup.iloc[0]
+    b, q, c = (int(point[col]) for col in ("num_seqs", "query_tokens_per_seq",
+                                           "cached_tokens_per_seq"))
+    predicted = latency.forward_s("draft", b, b * q, b * c, b * (q * c + q * (q + 1) // 2))
+    assert predicted == pytest.approx(point.median_s, rel=1e-9)
+
+    head = HeadTiming(EagleHead(m.target, torch.arange(TINY.vocab)))
+    assert head.catch_up == EagleDrafter.catch_up == "committed"  # the profile's, the drafter's
+    eagle = Models(m.target, head)
+    with pytest.raises(ValueError, match="draft_catch_up"):
+        Sweep(eagle, GRID, torch.device("cpu"), meta(m), tmp_path / "p", warmup=0)
+    sweep = Sweep(eagle, GRID, torch.device("cpu"), meta(m), tmp_path / "eagle", warmup=0)
+    sweep.round()
+    assert ProfiledLatency(sweep.results()[0]).draft_catch_up == "committed"

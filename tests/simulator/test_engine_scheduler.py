@@ -210,3 +210,35 @@ def test_fast_path_matches_step_by_step_even_on_exact_boundaries(seed, policy, p
     pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=False,
                                   rtol=1e-12)
     pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps, check_exact=False, rtol=1e-12)
+
+
+@dataclass
+class _ByParity(Policy):
+    """Stateless per batch and mixed: odd request ids draft 4 tokens, even ones none."""
+
+    name: ClassVar[str] = "parity-test"
+    stateless_per_batch: ClassVar[bool] = True
+
+    def choose(self, ctx):
+        return [4 if r.request_id % 2 else 0 for r in ctx.requests]
+
+
+class _RefeedLatency(LinearLatency):
+    draft_catch_up = "committed"  # an EAGLE head's (simulator/draft_feed.py)
+
+
+@pytest.mark.parametrize("policy", [_ByParity(), make_policy("fixed", {"k": 3})])
+def test_fast_path_carries_the_draft_catch_up_across_segments(policy):
+    """Both catch-up rules give the fast path's records step by step's, and re-feeding the
+    committed tokens costs more than feeding the bonus token, for the same tokens."""
+    wl, trace = _random_case(3, n=150)
+    runs = {}
+    for latency in (LinearLatency(), _RefeedLatency()):
+        fast, slow = (simulate(wl, latency, trace, policy, 60_000, SchedulerConfig(max_num_seqs=8),
+                               fast_path=f) for f in (True, False))
+        pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=False, rtol=1e-9)
+        pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=False, rtol=1e-9)
+        runs[latency.draft_catch_up] = fast
+    bonus, committed = runs["bonus"], runs["committed"]
+    assert committed.steps["emitted"].sum() == bonus.steps["emitted"].sum()
+    assert committed.steps["duration_s"].sum() > bonus.steps["duration_s"].sum()

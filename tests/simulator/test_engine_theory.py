@@ -15,7 +15,10 @@ BIG_KV = 10_000_000
 
 
 def test_zero_load_e2e_is_the_latency_models_own_sum():
-    """One request alone: E2E = prefill + every step, summed by hand from the latency model."""
+    """One request alone: E2E = prefill + every step, summed by hand from the latency model.
+
+    The draft model's first pass feeds the bonus token, and the last draft too after a chain
+    was accepted whole (simulator/draft_feed.py): 2 tokens after g=7's run of 3 = k."""
     lat = LinearLatency()
     prompt, out, k = 37, 12, 3
     run = np.array([0, 2, 0, 5, 1, 0, 0, 3, 1, 0, 4, 2])
@@ -23,11 +26,14 @@ def test_zero_load_e2e_is_the_latency_models_own_sum():
                    make_policy("fixed", {"k": k}), BIG_KV, fast_path=False)
     cost = StepCostModel(lat)
     expected = cost.prefill_s([prompt])
-    g, steps = 1, 0
+    g, steps, feed, feeds = 1, 0, 1, []
     while g < out:
-        expected += cost.step_s([k], [prompt + g])
+        expected += cost.iteration_s([k], [prompt + g - 1], feeds=[feed])
+        feeds.append(feed)
+        feed = 2 if run[g] >= k else 1
         g = min(g + min(k, run[g]) + 1, out)
         steps += 1
+    assert feeds == [1, 1, 1, 1, 2]  # steps at g = 1, 4, 6, 7, 11: only g=7's chain is whole
     row = res.requests.iloc[0]
     assert row["finish_s"] - row["arrival_s"] == pytest.approx(expected, rel=1e-12)
     assert row["first_token_s"] == pytest.approx(cost.prefill_s([prompt]), rel=1e-12)

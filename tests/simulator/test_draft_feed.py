@@ -1,0 +1,76 @@
+"""The draft catch-up: the rule per drafter kind, and what the step cost charges for it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.engine import LinearLatency
+
+from simulator import StepCostModel
+from simulator.draft_feed import check_catch_up, next_feed
+
+
+@pytest.mark.parametrize("catch_up,feed,drafted,accepted,emitted,expected", [
+    ("bonus", 1, 3, 1, 2, 1),       # a rejection: the bonus token only
+    ("bonus", 1, 3, 3, 4, 2),       # the whole chain: the last draft (never fed) and the bonus
+    ("bonus", 1, 1, 1, 2, 2),       # a chain of one fed no draft
+    ("bonus", 2, 0, 0, 1, 3),       # k = 0: the committed token waits for the next chain
+    ("committed", 1, 3, 1, 2, 2),   # EAGLE re-feeds the accepted drafts and the bonus
+    ("committed", 1, 3, 3, 4, 4),
+    ("committed", 3, 0, 0, 1, 4),
+])
+def test_next_feed(catch_up, feed, drafted, accepted, emitted, expected):
+    assert next_feed(catch_up, feed, drafted, accepted, emitted) == expected
+    arrays = next_feed(catch_up, np.array([feed, 1]), np.array([drafted, 2]),
+                       np.array([accepted, 0]), np.array([emitted, 1]))
+    assert arrays[0] == expected
+
+
+def test_an_unknown_catch_up_is_refused_with_where_it_came_from():
+    with pytest.raises(ValueError, match=r"run\.json: draft_catch_up must be one of bonus, "
+                                         r"committed, got 'all'"):
+        check_catch_up("all", "run.json")
+
+
+class _Recording(LinearLatency):
+    """Records every draft pass's aggregates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[tuple] = []
+
+    def forward_s(self, role, num_seqs, query_tokens, cached_tokens, attn_pairs):
+        if role == "draft" and np.ndim(num_seqs) == 0:
+            self.passes.append((num_seqs, query_tokens, cached_tokens, attn_pairs))
+        return super().forward_s(role, num_seqs, query_tokens, cached_tokens, attn_pairs)
+
+
+def test_the_first_draft_pass_feeds_each_requests_catch_up():
+    """k = (2, 0, 1), cached (100, 50, 30), feeds (3, 9, 1): pass 1 feeds 3 + 1 tokens over
+    (100 + 1 - 3) + 30 cached entries; pass 2 one token for the first request; the idle
+    request's feed is not charged."""
+    lat = _Recording()
+    StepCostModel(lat).iteration_s([2, 0, 1], [100, 50, 30], feeds=[3, 9, 1])
+    pairs_1 = (3 * 98 + 3 * 4 // 2) + (30 + 1)
+    assert sorted(lat.passes, key=lambda p: p[0]) == [(1, 1, 101, 102), (2, 4, 128, pairs_1)]
+    lat.passes.clear()
+    StepCostModel(lat).iteration_s([2, 0, 1], [100, 50, 30])
+    assert sorted(lat.passes, key=lambda p: p[0]) == [(1, 1, 101, 102), (2, 2, 130, 132)]
+
+
+def test_many_steps_at_once_cost_what_each_step_costs_alone():
+    rng = np.random.default_rng(4)
+    ks = np.array([3, 0, 1, 3, 2])
+    cached = rng.integers(20, 400, (5, 7))
+    feeds = rng.integers(1, 5, (5, 7))
+    cost = StepCostModel(LinearLatency())
+    at_once = cost.iteration_s(ks, cached, feeds=feeds)
+    alone = [cost.iteration_s(ks.tolist(), cached[:, s].tolist(), feeds=feeds[:, s].tolist())
+             for s in range(7)]
+    np.testing.assert_allclose(at_once, alone, rtol=1e-12)
+    assert np.all(at_once > cost.iteration_s(ks, cached))  # feeds > 1 somewhere in every step
+
+
+def test_feeds_must_match_the_batch():
+    with pytest.raises(ValueError, match="feeds must have the shape of cached"):
+        StepCostModel(LinearLatency()).iteration_s([1, 1], [10, 10], feeds=[1])
