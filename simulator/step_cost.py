@@ -140,19 +140,27 @@ def _catch_up(ks, cached, feeds) -> tuple:
     """What feeding f_r tokens instead of one in the first draft pass adds to its (tokens,
     cached, pairs), summed over the requests that draft: a request that holds c_r + 1 - f_r
     cached entries before it feeds f_r (it ends the pass at c_r + 1 either way)."""
+    if np.ndim(cached) == 1:  # one iteration (the engine's per-step path): plain Python
+        if len(feeds) != len(cached):
+            raise ValueError(f"feeds must have the shape of cached ({len(cached)},), got "
+                             f"({len(feeds)},)")
+        tokens = pairs = 0
+        for k, c, f in zip(ks, cached, feeds):
+            if k > 0 and f != 1:
+                tokens += f - 1
+                pairs += f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1)
+        return int(tokens), -int(tokens), int(pairs)
     k = np.asarray(ks, dtype=np.int64)
     c = np.asarray(cached, dtype=np.int64)
     f = np.asarray(feeds, dtype=np.int64)
     if f.shape != c.shape:
         raise ValueError(f"feeds must have the shape of cached {c.shape}, got {f.shape}")
-    drafting = (k > 0).reshape((-1,) + (1,) * (c.ndim - 1))
+    drafting = (k > 0)[:, None]
     extra = np.where(drafting, f - 1, 0)
     # f (c + 1 - f) + f (f + 1) / 2 causal pairs instead of c + 1
     pairs = np.where(drafting, f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1), 0)
-    tokens, pair_sum = extra.sum(axis=0), pairs.sum(axis=0)
-    if c.ndim == 1:
-        return int(tokens), -int(tokens), int(pair_sum)
-    return tokens, -tokens, pair_sum
+    tokens = extra.sum(axis=0)
+    return tokens, -tokens, pairs.sum(axis=0)
 
 
 def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:

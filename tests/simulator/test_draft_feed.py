@@ -18,6 +18,8 @@ from simulator.draft_feed import check_catch_up, next_feed
     ("committed", 1, 3, 1, 2, 2),   # EAGLE re-feeds the accepted drafts and the bonus
     ("committed", 1, 3, 3, 4, 4),
     ("committed", 3, 0, 0, 1, 4),
+    ("one", 3, 0, 0, 1, 1),         # the ablation: one token per request, always
+    ("one", 1, 3, 3, 4, 1),
 ])
 def test_next_feed(catch_up, feed, drafted, accepted, emitted, expected):
     assert next_feed(catch_up, feed, drafted, accepted, emitted) == expected
@@ -28,7 +30,7 @@ def test_next_feed(catch_up, feed, drafted, accepted, emitted, expected):
 
 def test_an_unknown_catch_up_is_refused_with_where_it_came_from():
     with pytest.raises(ValueError, match=r"run\.json: draft_catch_up must be one of bonus, "
-                                         r"committed, got 'all'"):
+                                         r"committed, one, got 'all'"):
         check_catch_up("all", "run.json")
 
 

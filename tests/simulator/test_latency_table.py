@@ -147,7 +147,7 @@ def meta_with(key: str, value) -> dict:
         (meta_with("device", ""), "'device' is empty"),
         (meta_with("target", {"name": "x"}), "'target' is not a model shape"),
         (meta_with("draft", "llama-68m"), "'draft' must be dict or null"),
-        (meta_with("draft_catch_up", "all"), "draft_catch_up must be one of bonus, committed"),
+        (meta_with("draft_catch_up", "all"), "draft_catch_up must be one of bonus, committed, one"),
         ("{not json", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
     ],
