@@ -169,7 +169,7 @@ class ReplayDrafter(Drafter):
         feed, before, chain = self._fed.get(request_id, (FIRST_FEED, None, 0))
         if before is not None:
             emitted = history - before
-            feed = next_feed(self.inner.catch_up, feed, chain, emitted - 1, emitted)
+            feed = next_feed(self.inner.catch_up, feed, chain, emitted)
         self._fed[request_id] = (feed, history, drafted)
         return feed if drafted else 0
 

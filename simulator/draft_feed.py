@@ -13,16 +13,17 @@ target just committed, and how much that is depends on the drafter (`catch_up`):
                features: the accepted drafts and the bonus token (profiler/eagle_drafter.py).
 
 Either way a step that drafts nothing (k = 0) leaves its committed token for the next chain, and
-right after the prefill the first chain feeds the first output token. A third rule, "one", charges
-one token per request whatever was committed: what the simulator did before it modelled the
-catch-up, kept to measure what modelling it changes (benchmarks/validate_catch_up.py). On the 2-core CPU the
-EAGLE head's first pass at batch 5 took 12.2 ms against 9.2 ms for its one-token passes; a
-simulator that charged it one token per request came out 2-5% fast on drafting runs.
+right after the prefill the first chain feeds the first output token. A third rule, "one",
+charges one token per request whatever was committed: what the simulator did before it modelled
+the catch-up, kept to measure what that is worth (benchmarks/validate_catch_up.py).
+
+On the 2-core CPU the EAGLE head's first pass at batch 5 took 12.2 ms against 9.2 ms for its
+one-token passes. Charged one token per request, the same live EAGLE runs under fixed k=4,
+kld_variance and gammatune simulated 0.3-0.9 points faster than with the catch-up
+(benchmarks/results/validate-cpu-smollm2-eagle-catchup-ablation.txt).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 CATCH_UPS = ("bonus", "committed", "one")
 #: before a request's first chain: the first output token, committed by its prefill
@@ -37,16 +38,24 @@ def check_catch_up(value: object, where: str) -> str:
     return str(value)
 
 
-def next_feed(catch_up: str, feed, drafted, accepted, emitted):
-    """Tokens the next chain's first pass feeds, after a step that drafted `drafted` tokens,
-    accepted `accepted` of them and committed `emitted`; `feed` is what it would have fed at
-    this step. Elementwise on numpy arrays too."""
+def next_feed(catch_up: str, feed: int, drafted: int, emitted: int) -> int:
+    """Tokens the next chain's first pass feeds, after a step that drafted `drafted` tokens and
+    committed `emitted` (its accepted drafts and the bonus token); `feed` is what it would have
+    fed at this step. Plain Python: the engine calls it per request and step."""
+    if catch_up == "one":
+        return 1
+    if drafted == 0:
+        return feed + emitted
+    return chain_feed(catch_up, drafted, emitted)
+
+
+def chain_feed(catch_up: str, drafted, emitted):
+    """`next_feed` after a step that drafted (drafted > 0); elementwise on numpy arrays too (the
+    fast path's many steps at once). "bonus": a draft model fed drafted - 1 of its drafts, so it
+    feeds the bonus token, and the last draft too when all were accepted (emitted = drafted + 1).
+    """
+    if catch_up == "committed":
+        return emitted
     if catch_up == "one":
         return emitted * 0 + 1
-    if catch_up == "committed":
-        after_chain = emitted
-    else:
-        after_chain = emitted - np.minimum(accepted, np.maximum(drafted - 1, 0))
-    if np.ndim(drafted) == 0:
-        return int(after_chain) if drafted > 0 else int(feed + emitted)
-    return np.where(np.asarray(drafted) > 0, after_chain, feed + emitted)
+    return (emitted > drafted) + 1

@@ -22,7 +22,7 @@ import simpy
 from policies import DraftOutcome, Policy, StepContext, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
-from simulator.draft_feed import FIRST_FEED, next_feed
+from simulator.draft_feed import FIRST_FEED, chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.records import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
@@ -54,6 +54,7 @@ class Replica:
         self.cost = cost
         self.policy_cost = policy_cost if policy_cost is not None else cost  # what policies see
         self.catch_up = cost.latency.draft_catch_up
+        self.feeds = cost.latency.has_draft_model  # a model-free drafter catches up for free
         self.policy = policy
         self.acceptance = acceptance
         self.steps = steps
@@ -164,7 +165,7 @@ class Replica:
         duration = self.cost.iteration_s(
             ks, cached, len(chunks), chunk_tokens, sum(c for _, _, c in chunks),
             sum(n * c + n * (n + 1) // 2 for _, n, c in chunks),  # causal pairs of each chunk
-            [st.draft_feed for st in decode],
+            [st.draft_feed for st in decode] if self.feeds else None,
         )
         yield self.env.timeout(duration)
         self.step_index += 1
@@ -259,7 +260,8 @@ class Replica:
             st.generated = g + emit
             st.steps += 1
             st.drafted += k
-            st.draft_feed = next_feed(self.catch_up, st.draft_feed, k, emit - 1, emit)
+            if self.feeds:
+                st.draft_feed = next_feed(self.catch_up, st.draft_feed, k, emit)
             st.accepted += emit - 1
             total_acc += emit - 1
             total_emit += emit
@@ -290,9 +292,10 @@ class Replica:
         gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
         prompt = np.fromiter((st.prompt_tokens for st in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
-        feeds = self._feeds(batch, k_arr, gen)
+        feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
         durations = np.atleast_1d(self.cost.iteration_s(
-            k_arr, prompt[:, None] + gen[:, :-1] - 1, feeds=feeds[:, :-1]))
+            k_arr, prompt[:, None] + gen[:, :-1] - 1,
+            feeds=feeds[:, :-1] if feeds is not None else None))
         ends = np.cumsum(durations)
         # run through the first iteration that ends at or after the next arrival: the arrival
         # waits for that boundary anyway, and nothing a router reads (the replica's load)
@@ -320,20 +323,20 @@ class Replica:
             st.drafted += ks[i] * n
             st.accepted += after - before - n
             st.chain_at += n
-            st.draft_feed = int(feeds[i, n])
+            if feeds is not None:
+                st.draft_feed = int(feeds[i, n])
         self._finish_done()
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
         """Each request's first-pass draft feed before each step of the segment, and after its
         last (requests x steps + 1); `gen`: tokens generated before each step."""
+        start = np.fromiter((st.draft_feed for st in batch), np.int64, len(batch))
         feeds = np.empty(gen.shape, dtype=np.int64)
-        feeds[:, 0] = [st.draft_feed for st in batch]
-        emitted = np.diff(gen, axis=1)
-        drafted = np.broadcast_to(ks[:, None], emitted.shape)
-        after = next_feed(self.catch_up, 0, drafted, emitted - 1, emitted)
-        feeds[:, 1:] = after
+        feeds[:, 0] = start
+        feeds[:, 1:] = chain_feed(self.catch_up, ks[:, None], gen[:, 1:] - gen[:, :-1])
         idle = ks == 0  # no chain: the committed tokens pile up for the next one
-        feeds[idle, 1:] = feeds[idle, :1] + (gen[idle, 1:] - gen[idle, :1])
+        if idle.any() and self.catch_up != "one":
+            feeds[idle] = start[idle, None] + (gen[idle] - gen[idle, :1])
         return feeds
 
     # -- bookkeeping -------------------------------------------------------------------------

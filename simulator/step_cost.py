@@ -54,7 +54,8 @@ class StepCostModel:
                 pass (its catch-up; 1 when None); ignored where k = 0
         """
         lat = self.latency
-        if np.ndim(cached) == 2:
+        many = np.ndim(cached) == 2
+        if many:
             distinct, counts, sums = _buckets_per_step(np.asarray(ks, dtype=np.int64), cached)
         else:
             distinct, counts, sums = _buckets(ks, cached)
@@ -68,7 +69,9 @@ class StepCostModel:
                            cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, query - n_decode)
         if lat.has_draft_model:
-            first = _catch_up(ks, cached, feeds) if feeds is not None else (0, 0, 0)
+            first = None if feeds is None else (
+                _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
+                else _catch_up(ks, cached, feeds))
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
                                                 prefill_tokens, prefill_cached, prefill_pairs,
                                                 first)
@@ -78,7 +81,7 @@ class StepCostModel:
                        prefill_cached, prefill_pairs, first):
         """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j, which
         holds c_r + j - 1 cached tokens before it (so c_r + j causal pairs). `first`: what the
-        catch-up adds to pass 1's (tokens, cached, pairs)."""
+        catch-up adds to pass 1's (tokens, cached, pairs), or None."""
         passes = max(max(distinct, default=0), 1 if prefill_seqs else 0)
         if passes == 0:
             return 0.0
@@ -91,7 +94,7 @@ class StepCostModel:
             if j in by_k:  # requests drafting exactly j join every pass up to j
                 n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
             seqs, tokens, cached, pairs = n_j, n_j, c_j + n_j * (j - 1), c_j + n_j * j
-            if j == 1:
+            if j == 1 and first is not None:
                 tokens, cached, pairs = tokens + first[0], cached + first[1], pairs + first[2]
             if j == 1 and prefill_seqs:  # the draft model prefills this batch's prompt chunks
                 seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
@@ -110,10 +113,12 @@ class StepCostModel:
         j = np.arange(1, passes + 1).reshape(-1, 1)
         pairs = cached + seqs * j
         cached += seqs * (j - 1)
-        tokens = np.broadcast_to(seqs, cached.shape).copy()
-        tokens[0] += first[0]
-        cached[0] += first[1]
-        pairs[0] += first[2]
+        tokens = seqs
+        if first is not None:  # the catch-up: pass 1 feeds more tokens over fewer cached
+            tokens = np.repeat(seqs, steps, axis=1)
+            tokens[0] += first[0]
+            cached[0] += first[1]
+            pairs[0] += first[2]
         return self.latency.forward_s("draft", seqs, tokens, cached, pairs).sum(axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
@@ -136,31 +141,34 @@ class StepCostModel:
         return float(total)
 
 
-def _catch_up(ks, cached, feeds) -> tuple:
+def _catch_up(ks, cached, feeds) -> tuple[int, int, int]:
     """What feeding f_r tokens instead of one in the first draft pass adds to its (tokens,
     cached, pairs), summed over the requests that draft: a request that holds c_r + 1 - f_r
-    cached entries before it feeds f_r (it ends the pass at c_r + 1 either way)."""
-    if np.ndim(cached) == 1:  # one iteration (the engine's per-step path): plain Python
-        if len(feeds) != len(cached):
-            raise ValueError(f"feeds must have the shape of cached ({len(cached)},), got "
-                             f"({len(feeds)},)")
-        tokens = pairs = 0
-        for k, c, f in zip(ks, cached, feeds):
-            if k > 0 and f != 1:
-                tokens += f - 1
-                pairs += f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1)
-        return int(tokens), -int(tokens), int(pairs)
-    k = np.asarray(ks, dtype=np.int64)
-    c = np.asarray(cached, dtype=np.int64)
-    f = np.asarray(feeds, dtype=np.int64)
-    if f.shape != c.shape:
-        raise ValueError(f"feeds must have the shape of cached {c.shape}, got {f.shape}")
-    drafting = (k > 0)[:, None]
-    extra = np.where(drafting, f - 1, 0)
-    # f (c + 1 - f) + f (f + 1) / 2 causal pairs instead of c + 1
-    pairs = np.where(drafting, f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1), 0)
+    cached entries before it feeds f_r (it ends the pass at c_r + 1 either way). Plain Python:
+    the engine calls it every iteration."""
+    if len(feeds) != len(cached):
+        raise ValueError(f"feeds must have the shape of cached ({len(cached)},), got "
+                         f"({len(feeds)},)")
+    tokens = pairs = 0
+    for k, c, f in zip(ks, cached, feeds):
+        if k > 0 and f != 1:
+            tokens += f - 1
+            pairs += f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1)  # instead of c + 1
+    return int(tokens), -int(tokens), int(pairs)
+
+
+def _catch_up_steps(ks, cached, feeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same per step for (requests x steps) `cached` and `feeds` (numpy arrays)."""
+    if feeds.shape != cached.shape:
+        raise ValueError(f"feeds must have the shape of cached {cached.shape}, got "
+                         f"{feeds.shape}")
+    drafting = ks > 0
+    if not drafting.all():
+        cached, feeds = cached[drafting], feeds[drafting]
+    extra = feeds - 1  # g more tokens: g (c + 1) - g (g + 1) / 2 more causal pairs
     tokens = extra.sum(axis=0)
-    return tokens, -tokens, pairs.sum(axis=0)
+    pairs = (extra * (cached + 1) - extra * (extra + 1) // 2).sum(axis=0)
+    return tokens, -tokens, pairs
 
 
 def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:
