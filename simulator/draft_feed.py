@@ -15,7 +15,7 @@ target just committed, and how much that is depends on the drafter (`catch_up`):
 Either way a step that drafts nothing (k = 0) leaves its committed token for the next chain, and
 right after the prefill the first chain feeds the first output token. A third rule, "one",
 charges one token per request whatever was committed: what the simulator did before it modelled
-the catch-up, kept to measure what that is worth (benchmarks/validate_catch_up.py).
+the catch-up, kept to measure what that is worth (benchmarks/validate_ablation.py).
 
 On the 2-core CPU the EAGLE head's first pass at batch 5 took 12.2 ms against 9.2 ms for its
 one-token passes. Charged one token per request, the same live EAGLE runs under fixed k=4,

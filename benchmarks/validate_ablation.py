@@ -1,16 +1,19 @@
-"""What modelling the draft catch-up changes, on the same live runs: re-simulate a validate run
-with the chain's first draft pass charged its catch-up (simulator/draft_feed.py) and with one
-token per request (rule "one", the simulator before), against the same measurements.
+"""What each modelled piece changes, on the same live runs: re-simulate a validate run with the
+simulator as it is (`model`: the chain's first draft pass charged its catch-up,
+simulator/draft_feed.py, and each later pass the profile's chain factor, step_cost.py), without
+the chain factors (`no-chain`), and with neither (`one`: one token per request in the first pass,
+every pass priced as a chain's first: the simulator before 2026-11-26), against the same
+measurements.
 
 A whole `spectune validate` on a shared 2-core VM moves by several percent between runs (its
-drift scale spread 0.93-1.13 on 2026-11-26), more than the catch-up is worth; the paired
+drift scale spread 0.93-1.13 on 2026-11-26), more than these pieces are worth; the paired
 comparison holds the live runs fixed, so only the model differs. Everything else is as validate
 simulated it: the saved profile (samples.json; goodput reads the rounds it had read live), each
 policy's host-time fit and each run's drift scale from validate.json, and the speculation trace
-teacher-forced on the target's greedy outputs (the live run is lossless in fp32; the first
-column checks that this reproduces validate's own simulation).
+teacher-forced on the target's greedy outputs (the live run is lossless in fp32; the column
+`same` checks that the `model` variant reproduces validate's own simulation).
 
-    python benchmarks/validate_catch_up.py runs/validate-eagle-catchup [--threads 2]
+    python benchmarks/validate_ablation.py runs/validate-eagle-chain [--threads 2]
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
     os.path.abspath(__file__))]
 
 import argparse  # noqa: E402
-import copy  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 from policies import make_policy  # noqa: E402
 from profiler.record import target_outputs  # noqa: E402
 from simulator import StepCostModel, simulate  # noqa: E402
+from simulator.latency_table import DRAFT_CHAIN_KEY  # noqa: E402
 from spectune.validate import (  # noqa: E402
     ValidateSpec,
     _probe,
@@ -44,6 +47,7 @@ from spectune.validate_calibration import HostFit  # noqa: E402
 from spectune.validate_report import metrics  # noqa: E402
 
 METRICS = ("e2e_mean_s", "tpot_mean_s", "e2e_p99_s", "ttft_mean_s")
+VARIANTS = ("model", "no-chain", "one")
 
 
 def _run_folder(out: Path, label: str, rate: float) -> Path:
@@ -65,13 +69,16 @@ def main() -> None:
     table = probe.table()
     torch.set_num_threads(args.threads)  # what follows is not timed
     print(f"# {args.out}: {meta['profile']}; draft_catch_up "
-          f"{table.meta.get('draft_catch_up', 'bonus')}")
+          f"{table.meta.get('draft_catch_up', 'bonus')}; draft_chain "
+          f"{table.meta.get(DRAFT_CHAIN_KEY, 'not measured')}")
     traces = {}
     for rate, (_, prompts) in workloads.items():
         outputs = target_outputs(setup.target, prompts, spec.n_output)
         traces[rate] = record_trace(setup.target, setup.drafter, prompts, outputs, spec.k_max,
                                     True, spec.temperature)
     hosts = {label: HostFit(**h) for label, h in meta["host"].items()}
+    unchained = type(table)(table.rows, {k: v for k, v in table.meta.items()
+                                         if k != DRAFT_CHAIN_KEY})
     policies = {label: (name, params) for label, name, params in spec.policy_specs}
     table_rows = []
     for run in meta["runs"]:
@@ -86,10 +93,10 @@ def main() -> None:
         measured = metrics(pd.read_csv(folder / "live_requests.csv"),
                            pd.read_csv(folder / "live_steps.csv"))
         row = {"policy": label, "rate": rate}
-        for rule in ("model", "one"):
-            latency = hosts[label].latency(table, setup.drafter, scale)
+        for rule in VARIANTS:
+            latency = hosts[label].latency(table if rule == "model" else unchained,
+                                           setup.drafter, scale)
             if rule == "one":
-                latency = copy.copy(latency)
                 latency.draft_catch_up = "one"
             sim = simulate(workloads[rate][0], latency, traces[rate], make_policy(name, params),
                            setup.scheduler.kv_capacity_tokens, setup.scheduler,
@@ -100,18 +107,19 @@ def main() -> None:
             if rule == "model":
                 mine = rows[(rows.policy == label) & (rows.rate == rate)]
                 validate = dict(zip(mine.metric, mine.simulated))
-                row["same_as_validate"] = bool(all(np.isclose(got[m], validate[m], rtol=1e-6)
-                                                   for m in METRICS))
+                row["same"] = bool(all(np.isclose(got[m], validate[m], rtol=1e-6)
+                                       for m in METRICS))
         table_rows.append(row)
     df = pd.DataFrame(table_rows)
-    print("error %, simulated vs measured: with the catch-up modelled / one token per request")
+    print(f"error %, simulated vs measured: {' / '.join(VARIANTS)}")
     for m in METRICS:
-        df[m] = [f"{a:+6.1f} / {b:+6.1f}" for a, b in zip(df[f"model:{m}"], df[f"one:{m}"])]
-    print(df[["policy", "rate", "same_as_validate", *METRICS]].to_string(index=False))
+        df[m] = [" / ".join(f"{x:+5.1f}" for x in values)
+                 for values in zip(*(df[f"{rule}:{m}"] for rule in VARIANTS))]
+    print(df[["policy", "rate", "same", *METRICS]].to_string(index=False))
     drafting = df[~df.policy.str.fullmatch("fixed:k=0")]
-    for rule in ("model", "one"):
+    for rule in VARIANTS:
         e2e, tpot = drafting[f"{rule}:e2e_mean_s"], drafting[f"{rule}:tpot_mean_s"]
-        print(f"{rule:>5}: drafting runs' mean E2E error {e2e.mean():+.2f}% (mean |err| "
+        print(f"{rule:>8}: drafting runs' mean E2E error {e2e.mean():+.2f}% (mean |err| "
               f"{e2e.abs().mean():.2f}%), mean TPOT error {tpot.mean():+.2f}% "
               f"(mean |err| {tpot.abs().mean():.2f}%)")
 
