@@ -43,13 +43,10 @@ from traces import atomic_write
 
 #: meta keys that must match for a rerun to resume an existing sweep
 RESUME_KEYS = ("device", "dtype", "target", "draft", "grid", "repeats", "warmup", "torch_version",
-               "draft_timing", "draft_catch_up", "draft_chain_timing")
+               "draft_timing", "draft_catch_up")
 #: how draft passes are timed (see the module doc); the meta says so, so that a sweep timed the
 #: old way (back to back: draft passes from cache) is never resumed into this one
 DRAFT_TIMING = "each draft pass right after an untimed target pass, as in the engine"
-#: how the chain positions are timed (see `Sweep.chain_positions`)
-DRAFT_CHAIN_TIMING = ("per batch size, the passes of one chain right after an untimed target "
-                      "pass, at the grid's middle context")
 
 
 @dataclass
@@ -106,39 +103,20 @@ def _timed(model: LlamaModel, pool: CachePool, p: Pass, device: torch.device,
     tokens = [torch.randint(vocab, (q,), generator=generator, device=device) for q in p.queries]
     caches = pool.set_lengths(list(p.cached))
     mode = "last" if p.last_logits else "all"
-    elapsed = _clock(device, lambda: model(tokens, caches, logits=mode))
-    if not elapsed > 0:
-        raise RuntimeError(f"a {p.role} pass took no measurable time: {p}")
-    return elapsed
-
-
-def _clock(device: torch.device, call: Callable[[], object]) -> float:
-    """Seconds `call` takes on `device` (CUDA events on a GPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        call()
+        model(tokens, caches, logits=mode)
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
     t0 = time.perf_counter()
-    call()
-    return time.perf_counter() - t0
-
-
-def _timed_chain(model, pool: CachePool, batch: int, cached: int, positions: int,
-                 device: torch.device, generator: torch.Generator) -> list[float]:
-    """Seconds of each 1-token pass of one chain of `positions` over `batch` requests that
-    start at `cached` tokens (each pass grows the caches by one, as a chain does)."""
-    vocab = model.config.shape.vocab
-    caches = pool.set_lengths([cached] * batch)
-    out = []
-    for _ in range(positions):
-        tokens = [torch.randint(vocab, (1,), generator=generator, device=device)
-                  for _ in range(batch)]
-        out.append(_clock(device, lambda t=tokens: model(t, caches, logits="last")))
-    return out
+    model(tokens, caches, logits=mode)
+    elapsed = time.perf_counter() - t0
+    if not elapsed > 0:
+        raise RuntimeError(f"a {p.role} pass took no measurable time: {p}")
+    return elapsed
 
 
 def grid_passes(grid: Grid, with_draft: bool) -> list[tuple[Point, Pass]]:
@@ -164,24 +142,15 @@ class Sweep:
 
     def __init__(self, models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,
                  warmup: int, ragged: int = 0, seed: int = 0) -> None:
-        # chains: per batch size, the passes of one chain at the middle context (pass j's time
-        # over pass 1's is the profile's `draft_chain`; sim: step_cost.py)
-        contexts = sorted(grid.context_tokens)
-        self.chain_context = contexts[len(contexts) // 2]
-        self.chain_positions = max(2, max(grid.query_tokens) - 1)  # k_max of the grid's verify
-        self.chains = list(grid.batch_sizes) if models.draft is not None else []
         if models.draft is not None:  # catch_up: what the draft feeds first (draft_feed.py)
             meta = {**meta, "draft_timing": DRAFT_TIMING,
-                    "draft_catch_up": getattr(models.draft, "catch_up", "bonus"),
-                    "draft_chain_timing": f"{DRAFT_CHAIN_TIMING}: {self.chain_positions} "
-                                          f"passes from {self.chain_context} cached tokens"}
+                    "draft_catch_up": getattr(models.draft, "catch_up", "bonus")}
         self.models, self.device, self.meta, self.out, self.warmup = (
             models, device, meta, out, warmup)  # fmt: skip
         self.grid_items = grid_passes(grid, models.draft is not None)
         self.ragged_passes = random_ragged(grid, ragged, np.random.default_rng(seed))
         self.jobs = [p for _, p in self.grid_items] + self.ragged_passes
-        self.samples = _resume(out, meta,
-                               len(self.jobs) + len(self.chains) * self.chain_positions)
+        self.samples = _resume(out, meta, len(self.jobs))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         longest = max(grid.context_tokens)
         room = max(max(grid.query_tokens), max(grid.prompt_tokens)) + 1
@@ -209,37 +178,13 @@ class Sweep:
                 _timed(self.models.target, self.pools["target"], self.before_draft, self.device,
                        self.generator)
             self.samples[i].append(_timed(model, pool, job, self.device, self.generator))
-        for n, batch in enumerate(self.chains):
-            first = len(self.jobs) + n * self.chain_positions
-            if len(self.samples[first]) > r:
-                continue
-            _timed(self.models.target, self.pools["target"], self.before_draft, self.device,
-                   self.generator)
-            times = _timed_chain(self.models.draft, self.pools["draft"], batch,
-                                 self.chain_context, self.chain_positions, self.device,
-                                 self.generator)
-            for j, t in enumerate(times):
-                self.samples[first + j].append(t)
         _save(self.out, self.meta, self.samples)
         self.results()[0].save(self.out / "latency")
 
     def results(self, rounds: slice | None = None) -> tuple[LatencyTable, pd.DataFrame]:
         """The table (median per point over `rounds`, default all) and the ragged batches."""
         samples = self.samples if rounds is None else [s[rounds] for s in self.samples]
-        meta = self.meta
-        if self.chains and all(samples[len(self.jobs):]):
-            meta = {**meta, "draft_chain": self._chain(samples[len(self.jobs):])}
-        return _results(self.grid_items, self.ragged_passes, samples[: len(self.jobs)], meta)
-
-    def _chain(self, samples: list[list[float]]) -> dict:
-        """Per batch size, the median time of each chain pass over that of the first."""
-        j = self.chain_positions
-        ratios = []
-        for n in range(len(self.chains)):
-            medians = [statistics.median(s) for s in samples[n * j : (n + 1) * j]]
-            ratios.append([round(m / medians[0], 4) for m in medians])
-        return {"batch_sizes": list(self.chains), "cached_tokens": self.chain_context,
-                "pass_ratio": ratios}
+        return _results(self.grid_items, self.ragged_passes, samples, self.meta)
 
 
 def run_sweep(models: Models, grid: Grid, device: torch.device, meta: dict, out: Path,

@@ -79,12 +79,6 @@ class LatencyModel(ABC):
         Must cost 0 where num_seqs or query_tokens is 0.
         """
 
-    def draft_chain_factor(self, num_seqs: int, position: int) -> float:
-        """A chain's draft pass `position` (1 = the first, right after the target pass) over
-        `num_seqs` requests costs this times `forward_s`'s answer: 1 unless measured
-        (the profile's `draft_chain`)."""
-        return 1.0
-
     @abstractmethod
     def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
         """Seconds of per-iteration work outside the forward passes (scheduling, sampling,

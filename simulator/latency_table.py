@@ -60,10 +60,6 @@ META_TYPES: dict[str, tuple[type, ...]] = {
 #: Optional: what the timed draft model feeds in a chain's first pass (simulator/draft_feed.py);
 #: "bonus" when absent (a draft model that keeps its drafts cached).
 DRAFT_CATCH_UP_KEY = "draft_catch_up"
-#: Optional, measured by the sweep: how a draft pass's time changes along a chain after a target
-#: pass, {"batch_sizes": [b...], "cached_tokens": c, "pass_ratio": [[t_j / t_1 for j = 1..J]
-#: per batch size]} (the grid times every draft pass as a chain's first).
-DRAFT_CHAIN_KEY = "draft_chain"
 
 
 def new_meta(
@@ -195,8 +191,6 @@ def _check_meta(meta: object, where: str) -> None:
         raise ConfigError(f"{where}: 'created' is not an ISO date: {meta['created']!r}") from None
     if meta["repeats"] < 1 or meta["warmup"] < 0:
         raise ConfigError(f"{where}: need repeats >= 1 and warmup >= 0")
-    if DRAFT_CHAIN_KEY in meta:
-        _check_chain(meta[DRAFT_CHAIN_KEY], where)
     if DRAFT_CATCH_UP_KEY in meta:
         try:
             check_catch_up(meta[DRAFT_CATCH_UP_KEY], where)
@@ -210,27 +204,6 @@ def _check_meta(meta: object, where: str) -> None:
                 raise ConfigError(f"{where}: {role!r} is not a model shape ({e})") from None
             except ConfigError as e:
                 raise ConfigError(f"{where}: {role!r}: {e}") from None
-
-
-def _check_chain(chain: object, where: str) -> None:
-    """The `draft_chain` block's shape: ascending batch sizes, one ratio row each, all > 0."""
-    problem = None
-    if not isinstance(chain, dict) or not {"batch_sizes", "pass_ratio"} <= set(chain):
-        problem = "must hold batch_sizes and pass_ratio"
-    else:
-        sizes, ratios = chain["batch_sizes"], chain["pass_ratio"]
-        if (not isinstance(sizes, list) or not sizes
-                or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes)
-                or sizes != sorted(set(sizes))):
-            problem = "batch_sizes must be ascending integers >= 1"
-        elif (not isinstance(ratios, list) or len(ratios) != len(sizes)
-              or any(not isinstance(row, list) or not row for row in ratios)
-              or len({len(row) for row in ratios}) != 1
-              or any(not isinstance(x, (int, float)) or isinstance(x, bool)
-                     or not (0 < x < math.inf) for row in ratios for x in row)):
-            problem = "pass_ratio must hold one equally long row of numbers > 0 per batch size"
-    if problem:
-        raise ConfigError(f"{where}: {DRAFT_CHAIN_KEY!r} {problem}")
 
 
 def _check_rows(rows: object, where: str) -> pd.DataFrame:

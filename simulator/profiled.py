@@ -21,7 +21,6 @@ split two to one in its favour. `test_clamped_extrapolation_beats_the_fit_alone`
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -39,12 +38,7 @@ from simulator.fit import (
     uniform_aggregates,
 )
 from simulator.latency import ArrayLike, LatencyModel, Role
-from simulator.latency_table import (
-    DRAFT_CATCH_UP_KEY,
-    DRAFT_CHAIN_KEY,
-    ROLE_PHASES,
-    LatencyTable,
-)
+from simulator.latency_table import DRAFT_CATCH_UP_KEY, ROLE_PHASES, LatencyTable
 
 Extrapolation = Literal["clamp", "fit"]
 _SCALARS = (int, float, np.integer, np.floating)
@@ -103,9 +97,6 @@ class ProfiledLatency(LatencyModel):
         self._scalar_coef = {r: tuple(float(x) for x in m.coef) for r, m in self._roles.items()}
         self.source = _source(table.meta, "draft" in self._roles)
         self.draft_catch_up = table.meta.get(DRAFT_CATCH_UP_KEY, "bonus")
-        chain = table.meta.get(DRAFT_CHAIN_KEY) if self.has_draft_model else None
-        self._chain = None if chain is None else (
-            [math.log(b) for b in chain["batch_sizes"]], chain["pass_ratio"])
 
     @property
     def has_draft_model(self) -> bool:
@@ -163,23 +154,6 @@ class ProfiledLatency(LatencyModel):
             t *= math.exp(grid.interpolate_scalar(b, q / b, c / b, self._clamp))
         return float(t)
 
-    def draft_chain_factor(self, num_seqs: int, position: int) -> float:
-        """The profile's measured ratio of a chain's pass `position` to its first, interpolated
-        in log(batch) between the batch sizes timed and held at the ends (and past the last
-        position timed); 1 for a profile without it."""
-        if self._chain is None or position <= 1 or num_seqs <= 0:
-            return 1.0
-        logs, ratios = self._chain
-        j = min(position, len(ratios[0])) - 1
-        x = math.log(num_seqs)
-        if x <= logs[0]:
-            return float(ratios[0][j])
-        if x >= logs[-1]:
-            return float(ratios[-1][j])
-        i = bisect.bisect_right(logs, x) - 1
-        w = (x - logs[i]) / (logs[i + 1] - logs[i])
-        return float(ratios[i][j] * (1 - w) + ratios[i + 1][j] * w)
-
     def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
         """Host time of an iteration that runs anything (0 when idle); see the class doc."""
         if isinstance(num_seqs, _SCALARS) and isinstance(drafted_tokens, _SCALARS):
@@ -205,7 +179,6 @@ class ProfiledLatency(LatencyModel):
             "pass_scale": self.pass_scale,
             "extrapolation": self.extrapolation,
             "draft_catch_up": self.draft_catch_up,
-            "draft_chain": self.table.meta.get(DRAFT_CHAIN_KEY) if self._chain else None,
             "roles": {role: m.report for role, m in self._roles.items()},
         }
 

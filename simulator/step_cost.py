@@ -10,11 +10,6 @@ what the target committed since its last chain (`feeds`, simulator/draft_feed.py
 not given). When a batch also prefills prompts, the draft model prefills them in its first pass.
 Model-free drafters cost nothing to draft.
 
-Pass j of a chain costs the latency model's `draft_chain_factor(requests, j)` times its pass
-time: a small draft's later passes run faster as its weights come back into the caches the
-target pass emptied (benchmarks/results/draft-chain-position-cpu-smollm2.txt); 1 unless the
-profile measured it.
-
 Requests with different k are costed as a ragged batch: draft pass j only for the requests still
 drafting, the verify pass over exactly sum(k_r + 1) tokens. Engines that pad every request to
 the batch's largest k (fixed CUDA-graph shapes) pay more than this for per-request policies.
@@ -92,7 +87,7 @@ class StepCostModel:
             return 0.0
         if sums and np.ndim(sums[0]):
             return self._draft_chain_per_step(distinct, counts, sums, passes, first)
-        forward, chain = self.latency.forward_s, self.latency.draft_chain_factor
+        forward = self.latency.forward_s
         by_k = dict(zip(distinct, zip(counts, sums)))
         total, n_j, c_j = 0.0, 0, 0
         for j in range(passes, 0, -1):
@@ -104,7 +99,7 @@ class StepCostModel:
             if j == 1 and prefill_seqs:  # the draft model prefills this batch's prompt chunks
                 seqs, tokens = seqs + prefill_seqs, tokens + prefill_tokens
                 cached, pairs = cached + prefill_cached, pairs + prefill_pairs
-            total += forward("draft", seqs, tokens, cached, pairs) * chain(n_j, j)
+            total += forward("draft", seqs, tokens, cached, pairs)
         return total
 
     def _draft_chain_per_step(self, distinct, counts, sums, passes, first):
@@ -124,12 +119,7 @@ class StepCostModel:
             tokens[0] += first[0]
             cached[0] += first[1]
             pairs[0] += first[2]
-        times = self.latency.forward_s("draft", seqs, tokens, cached, pairs)
-        chain = self.latency.draft_chain_factor
-        factors = [chain(int(seqs[j, 0]), j + 1) for j in range(passes)]
-        if any(f != 1.0 for f in factors):
-            times = times * np.asarray(factors)[:, None]
-        return times.sum(axis=0)
+        return self.latency.forward_s("draft", seqs, tokens, cached, pairs).sum(axis=0)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
         """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.

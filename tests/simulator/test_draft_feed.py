@@ -76,24 +76,3 @@ def test_many_steps_at_once_cost_what_each_step_costs_alone():
 def test_feeds_must_match_the_batch():
     with pytest.raises(ValueError, match="feeds must have the shape of cached"):
         StepCostModel(LinearLatency()).iteration_s([1, 1], [10, 10], feeds=[1])
-
-
-class _Warming(_Recording):
-    """Pass j of a chain costs 1 / j of its pass time."""
-
-    def draft_chain_factor(self, num_seqs, position):
-        return 1.0 / position
-
-
-def test_each_chain_pass_costs_the_latency_models_chain_factor():
-    ks, cached = [3, 1, 2], [40, 90, 70]
-    warm, flat = _Warming(), _Recording()
-    warm_s = StepCostModel(warm).iteration_s(ks, cached)
-    flat_s = StepCostModel(flat).iteration_s(ks, cached)
-    passes = sorted(flat.passes, key=lambda p: -p[0])  # 3 requests, 2, then 1
-    drafts = [flat.forward_s("draft", *p) for p in passes]
-    assert flat_s - warm_s == pytest.approx(sum(t - t / j for j, t in enumerate(drafts, 1)))
-    steps = np.array([[40, 41], [90, 93], [70, 70]])
-    at_once = StepCostModel(_Warming()).iteration_s(np.array(ks), steps)
-    alone = [StepCostModel(_Warming()).iteration_s(ks, steps[:, s].tolist()) for s in range(2)]
-    np.testing.assert_allclose(at_once, alone, rtol=1e-12)

@@ -384,17 +384,3 @@ def test_the_shipped_cpu_profile_meets_its_error_targets():
     assert heldout["n"] >= 5 and on_ragged["n"] >= 30
     assert heldout["median_abs_pct"] <= 5 and heldout["p90_abs_pct"] <= 10
     assert on_ragged["median_abs_pct"] <= 5 and on_ragged["p90_abs_pct"] <= 10
-
-
-def test_draft_chain_factor_interpolates_in_log_batch_and_holds_at_the_ends():
-    table = make_table()
-    chain = {"batch_sizes": [1, 4, 16], "cached_tokens": 128,
-             "pass_ratio": [[1.0, 0.9, 0.7], [1.0, 0.95, 0.8], [1.0, 1.0, 0.9]]}
-    model = ProfiledLatency(LatencyTable(table.rows, {**table.meta, "draft_chain": chain}))
-    assert model.draft_chain_factor(1, 1) == 1.0 == model.draft_chain_factor(7, 1)
-    assert model.draft_chain_factor(1, 2) == pytest.approx(0.9)
-    assert model.draft_chain_factor(2, 3) == pytest.approx(0.75)  # halfway from 1 to 4 in log
-    assert model.draft_chain_factor(64, 3) == pytest.approx(0.9)  # past the last batch size
-    assert model.draft_chain_factor(4, 9) == pytest.approx(0.8)  # past the last position timed
-    assert model.describe()["draft_chain"] == chain
-    assert ProfiledLatency(table).draft_chain_factor(4, 3) == 1.0  # not measured: 1
