@@ -1,9 +1,9 @@
-"""What each modelled piece changes, on the same live runs: re-simulate a validate run with the
+"""What a modelled piece changes, on the same live runs: re-simulate a validate run with the
 simulator as it is (`model`: the chain's first draft pass charged its catch-up,
-simulator/draft_feed.py, and each later pass the profile's chain factor, step_cost.py), without
-the chain factors (`no-chain`), and with neither (`one`: one token per request in the first pass,
-every pass priced as a chain's first: the simulator before 2026-11-26), against the same
-measurements.
+simulator/draft_feed.py) and without it (`one`: one token per request in the first pass, the
+simulator before 2026-11-26), against the same measurements. (A third variant measured the
+profile's chain factors, commit 8466e13, before they were reverted for making drafting runs
+worse: benchmarks/results/validate-cpu-smollm2-eagle-chain-ablation.txt.)
 
 A whole `spectune validate` on a shared 2-core VM moves by several percent between runs (its
 drift scale spread 0.93-1.13 on 2026-11-26), more than these pieces are worth; the paired
@@ -13,7 +13,7 @@ policy's host-time fit and each run's drift scale from validate.json, and the sp
 teacher-forced on the target's greedy outputs (the live run is lossless in fp32; the column
 `same` checks that the `model` variant reproduces validate's own simulation).
 
-    python benchmarks/validate_ablation.py runs/validate-eagle-chain [--threads 2]
+    python benchmarks/validate_ablation.py runs/validate-eagle [--threads 2]
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import torch  # noqa: E402
 from policies import make_policy  # noqa: E402
 from profiler.record import target_outputs  # noqa: E402
 from simulator import StepCostModel, simulate  # noqa: E402
-from simulator.latency_table import DRAFT_CHAIN_KEY  # noqa: E402
 from spectune.validate import (  # noqa: E402
     ValidateSpec,
     _probe,
@@ -47,7 +46,7 @@ from spectune.validate_calibration import HostFit  # noqa: E402
 from spectune.validate_report import metrics  # noqa: E402
 
 METRICS = ("e2e_mean_s", "tpot_mean_s", "e2e_p99_s", "ttft_mean_s")
-VARIANTS = ("model", "no-chain", "one")
+VARIANTS = ("model", "one")
 
 
 def _run_folder(out: Path, label: str, rate: float) -> Path:
@@ -69,16 +68,13 @@ def main() -> None:
     table = probe.table()
     torch.set_num_threads(args.threads)  # what follows is not timed
     print(f"# {args.out}: {meta['profile']}; draft_catch_up "
-          f"{table.meta.get('draft_catch_up', 'bonus')}; draft_chain "
-          f"{table.meta.get(DRAFT_CHAIN_KEY, 'not measured')}")
+          f"{table.meta.get('draft_catch_up', 'bonus')}")
     traces = {}
     for rate, (_, prompts) in workloads.items():
         outputs = target_outputs(setup.target, prompts, spec.n_output)
         traces[rate] = record_trace(setup.target, setup.drafter, prompts, outputs, spec.k_max,
                                     True, spec.temperature)
     hosts = {label: HostFit(**h) for label, h in meta["host"].items()}
-    unchained = type(table)(table.rows, {k: v for k, v in table.meta.items()
-                                         if k != DRAFT_CHAIN_KEY})
     policies = {label: (name, params) for label, name, params in spec.policy_specs}
     table_rows = []
     for run in meta["runs"]:
@@ -94,8 +90,7 @@ def main() -> None:
                            pd.read_csv(folder / "live_steps.csv"))
         row = {"policy": label, "rate": rate}
         for rule in VARIANTS:
-            latency = hosts[label].latency(table if rule == "model" else unchained,
-                                           setup.drafter, scale)
+            latency = hosts[label].latency(table, setup.drafter, scale)
             if rule == "one":
                 latency.draft_catch_up = "one"
             sim = simulate(workloads[rate][0], latency, traces[rate], make_policy(name, params),
