@@ -151,9 +151,9 @@ def _catch_up(ks, cached, feeds) -> tuple[int, int, int]:
                          f"({len(feeds)},)")
     tokens = pairs = 0
     for k, c, f in zip(ks, cached, feeds):
-        if k > 0 and f != 1:
+        if k > 0 and f != 1:  # g = f - 1 more tokens: g (c + 1) - g (g + 1) / 2 more pairs
             tokens += f - 1
-            pairs += f * (c + 1 - f) + f * (f + 1) // 2 - (c + 1)  # instead of c + 1
+            pairs += (f - 1) * (c + 1) - (f - 1) * f // 2
     return int(tokens), -int(tokens), int(pairs)
 
 

@@ -5,8 +5,6 @@ simulator, and the weights round-trip through their fp16 file with clear errors.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -14,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import LinearLatency, trace_from_runs  # noqa: E402
+from support.engine import CyclingPolicy, LinearLatency, trace_from_runs  # noqa: E402
 from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened  # noqa: E402
 
 from policies import Policy, make_policy  # noqa: E402
@@ -292,22 +290,12 @@ def test_live_eagle_is_lossless_and_replays_exactly(target, trained, live_prompt
     assert accepted > 0 if k else accepted == 0
 
 
-@dataclass
-class _Cycling(Policy):
-    """k by step and request, with runs of k = 0 between chains: the head's catch-up grows."""
-
-    name: ClassVar[str] = "cycling-test"
-
-    def choose(self, ctx):
-        return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
-
-
 class _Refeeding(LinearLatency):
     draft_catch_up = "committed"  # what a profile of the head says (HeadTiming.catch_up)
 
 
 @pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
-@pytest.mark.parametrize("policy", [_Cycling(), make_policy("fixed", {"k": 4})],
+@pytest.mark.parametrize("policy", [CyclingPolicy(), make_policy("fixed", {"k": 4})],
                          ids=["cycling", "fixed"])
 def test_eagle_scheduler_mirrors_the_simulator_step_for_step(target, trained, live_prompts,
                                                              sched, policy):
@@ -389,7 +377,6 @@ def test_recorded_eagle_runs_and_signals_are_the_live_engines(target, trained, l
     per-position record of the same outputs has the live step's acceptance, and the signals of
     each chain's first draft. (Deeper drafts come from predicted features: their live signals
     depend on where the chain started, which a per-position trace cannot hold.)"""
-    from policies import Policy
 
     seen = []
 

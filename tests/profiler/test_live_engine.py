@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import LinearLatency, trace_from_runs  # noqa: E402
+from support.engine import CyclingPolicy, LinearLatency, trace_from_runs  # noqa: E402
 from support.tiny_models import sharpened  # noqa: E402
 
 from policies import Policy, make_policy, policy_names  # noqa: E402
@@ -374,18 +374,8 @@ def test_fixed_k_replays_exactly_in_the_simulator(target, prompts, drafter_name,
         assert sim.requests[column].tolist() == res.requests[column].tolist()
 
 
-@dataclass
-class _Cycling(Policy):
-    """k by step and request, with runs of k = 0 between chains: the draft's catch-up grows."""
-
-    name: ClassVar[str] = "cycling-test"
-
-    def choose(self, ctx):
-        return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
-
-
 def _policy(name: str, params: dict) -> Policy:
-    return _Cycling() if name == "cycling" else make_policy(name, params)
+    return CyclingPolicy() if name == "cycling" else make_policy(name, params)
 
 
 @pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 3}), ("gammatune", {}),

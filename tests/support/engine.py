@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
+from policies import Policy
 from simulator.latency import LatencyModel
 from traces import RequestSpeculation, SpeculationTrace, Workload
 
@@ -46,3 +50,13 @@ def workload(arrivals, prompts, outputs) -> Workload:
 def trace_from_runs(runs) -> SpeculationTrace:
     reqs = tuple(RequestSpeculation(run=np.asarray(r, dtype=np.int32)) for r in runs)
     return SpeculationTrace(requests=reqs, meta={"source": "test", "parametric": False})
+
+
+@dataclass
+class CyclingPolicy(Policy):
+    """k by step and request, with runs of k = 0 between chains: a draft's catch-up grows."""
+
+    name: ClassVar[str] = "cycling-test"
+
+    def choose(self, ctx):
+        return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
