@@ -20,6 +20,7 @@ from policies import DraftOutcome, Policy, StepContext
 from profiler.draft_base import DraftChain, Drafter, StopRule
 from profiler.live_mixed import mixed_iteration
 from profiler.live_request import EngineClock, LiveRequest
+from profiler.model import greedy_tokens
 from profiler.pass_timer import PassTimer
 from profiler.replay import ReplayScript, verify_replay
 from profiler.speculate import (
@@ -209,7 +210,7 @@ class LiveServer:
     def _first_tokens(self, logits: torch.Tensor) -> list[int]:
         """The token each prefill emits: argmax, or a sample at the engine's temperature."""
         if self.engine.temperature <= 0:
-            return logits.argmax(dim=-1).tolist()
+            return greedy_tokens(logits).tolist()
         p = torch.softmax(logits.double() / self.engine.temperature, dim=-1)
         return torch.multinomial(p, 1, generator=self.generator).flatten().tolist()
 

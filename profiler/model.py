@@ -144,6 +144,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row of `logits` [..., vocab], first index on ties as `argmax` gives it.
+
+    `max(dim).indices` is the same reduction (both return the first maximal index; the tests
+    check it on tie-heavy rows), but on CPU bf16 `argmax` is not vectorised: 80 rows of
+    SmolLM2's 49,152 logits take 6.6 ms against 1.4 ms, a batch-16 verify step's worth of host
+    time. Every greedy choice over target logits goes through here, so plain decoding, the
+    live engine and the recorder always agree on ties."""
+    return logits.max(dim=-1).indices
+
+
 def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight (+ bias), with the bias fused into the product when there is one."""
     return x @ weight if bias is None else torch.addmm(bias, x, weight)

@@ -21,7 +21,7 @@ from torch import nn
 
 from profiler.draft_base import DraftChain, Drafter, StopRule
 from profiler.kv_cache import KVCache
-from profiler.model import LlamaModel
+from profiler.model import LlamaModel, greedy_tokens
 
 
 @dataclass
@@ -110,7 +110,7 @@ class ModelDrafter(Drafter):
         logits = torch.cat(self.model(tokens, [seq.cache for seq in seqs], logits="last"))
         p = torch.softmax(logits.float(), dim=-1)
         entropy = torch.special.entr(p).sum(dim=-1)
-        best = logits.argmax(dim=-1)
+        best = greedy_tokens(logits)
         return best.tolist(), p.max(dim=-1).values.tolist(), entropy.tolist(), p
 
     def finish(self, request_id: int) -> None:

@@ -47,7 +47,7 @@ import torch
 
 from profiler.draft_base import Drafter
 from profiler.drafters import NgramDrafter
-from profiler.model import LlamaModel
+from profiler.model import LlamaModel, greedy_tokens
 from traces import RequestSpeculation, run_from_matches
 
 __all__ = ["greedy_output", "greedy_outputs", "model_signals", "ngram_runs", "output_generator",
@@ -59,7 +59,7 @@ def _choose(logits: torch.Tensor, temperature: float,
     """The next token per row of `logits` [B, vocab]: argmax, or at a temperature > 0 a sample
     from softmax(logits / T) (float64, as the live engine samples) with that row's generator."""
     if temperature <= 0:
-        return logits.argmax(dim=-1).tolist()
+        return greedy_tokens(logits).tolist()
     p = torch.softmax(logits.double() / temperature, dim=-1)
     return [int(torch.multinomial(row, 1, generator=g)) for row, g in zip(p, generators)]
 
@@ -206,7 +206,7 @@ def model_signals(
     sequence = torch.tensor(list(prompt) + list(output[:-1]), device=device)
     rows = draft([sequence], [draft.new_cache(len(sequence))], logits="all")[0]
     rows = rows[len(prompt) - 1 :].float().cpu()  # row t predicts output[t]
-    match = rows.argmax(dim=-1).numpy() == np.asarray(output)
+    match = greedy_tokens(rows).numpy() == np.asarray(output)
     run = run_from_matches(match, max_run).astype(np.int32)
     run[0] = 0  # the prefill emits position 0
     logp = torch.log_softmax(target_logits.float(), dim=-1)
@@ -278,7 +278,7 @@ def record_outputs(
     temperature: float = 0.0,
 ) -> RequestSpeculation:
     """The record of an output that was already generated (by the live engine), with the
-    signals computed exactly as the live engine computes them (`distribution_signals`: float64
+    signals computed exactly as the live engine computes them (`distribution_signals`: float32
     softmax, probabilities clamped inside the logs; the target's at `temperature` when the output
     was sampled), so a replay feeds a policy the same values.
 
@@ -300,7 +300,7 @@ def record_outputs(
     if want_kl:
         rows = target([sequence], [target.new_cache(len(sequence))], logits="all")[0]
         scale = temperature if temperature > 0 else 1.0
-        p = torch.softmax(rows[len(prompt) - 1 :].double() / scale, dim=-1)
+        p = torch.softmax(rows[len(prompt) - 1 :].float() / scale, dim=-1)
     if isinstance(drafter, NgramDrafter):
         run, proposable, first = _ngram_walk(drafter, prompt, output, max_run)
         top1, entropy = np.ones(n, np.float32), np.zeros(n, np.float32)
@@ -314,8 +314,8 @@ def record_outputs(
                              "model)")
         proposable = None  # a model drafter can always propose
         rows = draft([sequence], [draft.new_cache(len(sequence))], logits="all")[0]
-        q = torch.softmax(rows[len(prompt) - 1 :].double(), dim=-1)
-        match = q.argmax(dim=-1).cpu().numpy() == np.asarray(output)
+        q = torch.softmax(rows[len(prompt) - 1 :].float(), dim=-1)
+        match = greedy_tokens(q).cpu().numpy() == np.asarray(output)
         run = run_from_matches(match, max_run).astype(np.int32)
         run[0] = 0
         top1 = q.max(dim=-1).values.float().cpu().numpy()
@@ -340,12 +340,12 @@ def _eagle_record(target: LlamaModel, drafter, prompt: list[int], output: list[i
     hidden = target([sequence], [target.new_cache(len(sequence))], logits="hidden")[0]
     scale = temperature if temperature > 0 else 1.0
     rows = target.logits_of(hidden[len(prompt) - 1 :])
-    p = torch.softmax(rows.double() / scale, dim=-1)
+    p = torch.softmax(rows.float() / scale, dim=-1)
     head = drafter.head
     run, first = eagle_runs(head, target, prompt, output, max_run, features=hidden.float().clone(),
                             lookup=drafter.lookup, lookup_min_match=drafter.lookup_min_match)
     q = torch.zeros_like(p)
-    q[:, head.vocab_ids.to(q.device)] = first.double().to(q.device)
+    q[:, head.vocab_ids.to(q.device)] = first.float().to(q.device)
     top1 = q.max(dim=-1).values.float().cpu().numpy()
     entropy = torch.special.entr(q).sum(dim=-1).float().cpu().numpy()
     values = {k: v.astype(np.float32) for k, v in distribution_signals(p, q).items()}

@@ -33,7 +33,7 @@ import torch
 
 from profiler.draft_base import DraftChain, Drafter, StopRule
 from profiler.kv_cache import KVCache
-from profiler.model import LlamaModel
+from profiler.model import LlamaModel, greedy_tokens
 from profiler.speculate import FedPass, Verified, _verify_pass
 from simulator.acceptance import replay_for
 from simulator.draft_feed import FIRST_FEED, next_feed
@@ -200,7 +200,7 @@ def verify_replay(
     """The real verify pass (and the greedy engine's argmax over it), with acceptance decided by
     the script: the chain's leading tokens that equal the request's sequence at `positions`."""
     starts, logits, hidden = fed or _verify_pass(target, caches, lasts, chains, want_hidden)
-    torch.cat([rows.argmax(dim=-1) for rows in logits]).tolist()  # the work (and sync) of greedy
+    torch.cat([greedy_tokens(rows) for rows in logits]).tolist()  # the work (and sync) of greedy
     out = []
     for r, (cache, start, chain, room, rid, g) in enumerate(
             zip(caches, starts, chains, remaining, request_ids, positions)):

@@ -21,6 +21,7 @@ from profiler.model import (  # noqa: E402
     RotaryTable,
     apply_rotary,
     config_for,
+    greedy_tokens,
     rms_norm,
 )
 from simulator.catalog import ModelShape, get_model  # noqa: E402
@@ -391,3 +392,16 @@ def test_load_rejects_missing_and_unknown_weights():
         model.load_hf_state_dict(state)
     with pytest.raises(ValueError, match="unknown weight name"):
         model.load_hf_state_dict({**hf_state(TINY), "model.layers.0.extra.weight": torch.ones(1)})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_greedy_tokens_breaks_ties_as_argmax_does(dtype):
+    """Plain decoding and verification must pick the same token on exact ties: rows drawn from
+    four values have thousands of tied maxima, and the first one must win, as `argmax` has it."""
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 80):
+        logits = torch.randint(0, 4, (rows, 49152), generator=gen).to(getattr(torch, dtype))
+        logits[0, 7] = 3  # a tie near the front, so "first" is not just index 0
+        assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+        view = logits[:, 5:]  # a strided view, as the per-request splits of a pass are
+        assert torch.equal(greedy_tokens(view), view.argmax(dim=-1))
