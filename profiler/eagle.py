@@ -162,8 +162,17 @@ class EagleHead(nn.Module):
 
 class HeadTiming:
     """The head as the profiler times a draft model (`model(tokens, caches, logits=...)`): each
-    token enters with a feature of the right shape (values do not change a pass's time) and the
-    draft logits come out for each request's last entry, as the drafter asks for them."""
+    token enters with a feature of the shape the drafter feeds there (values do not change a
+    pass's time) and the draft logits come out for each request's last entry, as the drafter
+    asks for them.
+
+    Which shape: a pass that feeds several tokens of a request (a prompt, or a chain's first
+    pass catching up on what the target committed) feeds the target's true features, which a
+    fused head first maps through `fuse` ([(layers + 1) * hidden, hidden]: ~10% of a head pass
+    on the 2-core CPU, 1.10-1.13x at batch 1, 5 and 16 in fp32); the chain's later passes feed
+    one predicted feature each. A first pass in which every request feeds a single token also
+    reads true features, but is timed as a later pass would be: the latency model tells passes
+    apart by their query only (simulator/profiled.py), so those passes are ~10% under-priced."""
 
     #: the drafter re-feeds every token committed since its last chain (simulator/draft_feed.py)
     catch_up = "committed"
@@ -174,10 +183,15 @@ class HeadTiming:
     def new_cache(self, capacity: int = 256) -> KVCache:
         return self.head.new_cache(capacity)
 
+    def fed_width(self, tokens: list[torch.Tensor]) -> int:
+        """The width of the features the drafter feeds in a pass of these tokens per request."""
+        several = any(t.shape[0] > 1 for t in tokens)
+        return self.head.feature_width if several else self.config.shape.hidden
+
     def __call__(self, tokens: list[torch.Tensor], caches: list[KVCache], logits: str = "last"
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.config.shape.hidden
-        features = [torch.ones(t.shape[0], hidden, dtype=self.config.dtype,
+        width = self.fed_width(tokens)
+        features = [torch.ones(t.shape[0], width, dtype=self.config.dtype,
                                device=self.config.device) for t in tokens]
         return self.head(tokens, features, caches)
 

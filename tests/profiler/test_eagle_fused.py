@@ -14,7 +14,7 @@ from support.engine import LinearLatency  # noqa: E402
 from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
-from profiler.eagle import EagleHead, head_state, load_head, save_head  # noqa: E402
+from profiler.eagle import EagleHead, HeadTiming, head_state, load_head, save_head  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
 from profiler.eagle_drafter import EagleDrafter  # noqa: E402
@@ -88,6 +88,21 @@ def test_a_fused_head_starts_where_the_unfused_one_does():
         other = new_target((0,))
         other.feature_layers = (5,)  # as if another head had asked for other layers
         EagleHead(other, vocab, LAYERS)
+
+
+def test_a_profile_times_the_fused_heads_first_passes_with_true_features():
+    """The drafter feeds the target's (fused, wider) features wherever a request feeds several
+    tokens (a prompt, a chain's catch-up) and predicted ones in a chain's later passes: the
+    profile's passes feed the same shapes, so `fuse` is timed where the drafter runs it."""
+    timing = HeadTiming(EagleHead(new_target(), torch.arange(TINY.vocab), LAYERS))
+    widths = []
+    timing.head.register_forward_pre_hook(
+        lambda _, args: widths.append({f.shape[-1] for f in args[1]}))
+    for feeds in ([1], [1, 1, 1], [2], [1, 3], [5, 5]):
+        caches = [timing.new_cache() for _ in feeds]
+        timing([torch.arange(n) for n in feeds], caches)
+    narrow, wide = TINY.hidden, 2 * TINY.hidden
+    assert widths == [{narrow}, {narrow}, {wide}, {wide}, {wide}]
 
 
 def fused_random_head(target, seed=1) -> EagleHead:
