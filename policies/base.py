@@ -28,6 +28,11 @@ class RequestView(Protocol):
     steps: int  # decode steps taken
     drafted: int  # draft tokens proposed so far
     accepted: int  # draft tokens accepted so far
+    #: tokens the next chain's first draft pass feeds: its catch-up on what the target committed
+    #: since the last chain (simulator/draft_feed.py), what `StepCost.step_s` takes as `feeds`.
+    #: After k = 0 steps it holds a backlog that drafting pays once, whenever it resumes: a
+    #: per-step objective that charges it to one step stops drafting for good (policies/goodput.py)
+    draft_feed: int
 
     @property
     def context_tokens(self) -> int:
@@ -38,8 +43,11 @@ class RequestView(Protocol):
 class StepCost(Protocol):
     """The serving system's own cost model (the simulator's latency model, not a copy)."""
 
-    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
-        """Predicted seconds of one decode step with per-request k and context lengths."""
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
+               feeds: Sequence[int] | None = None) -> float:
+        """Predicted seconds of one decode step with per-request k and context lengths; `feeds`
+        (the requests' `draft_feed`) prices the chain's first draft pass as the engine does, where
+        a draft model runs (None: one token per request)."""
         ...
 
 

@@ -80,7 +80,8 @@ class LiveResult:
 class MissingCost:
     """The `StepCost` of a live run given no cost model: a policy that asks for one fails."""
 
-    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
+               feeds: Sequence[int] | None = None) -> float:
         raise ConfigError(
             "this policy needs a cost model (StepContext.cost): pass LiveEngine(cost=...), e.g. "
             "simulator.StepCostModel of the profile of this device"

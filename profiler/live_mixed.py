@@ -21,6 +21,7 @@ import torch
 
 from profiler.draft_base import DraftChain
 from profiler.speculate import FedPass, verify_tokens
+from simulator.draft_feed import FIRST_FEED
 
 if TYPE_CHECKING:
     from profiler.live_request import LiveRequest
@@ -142,4 +143,5 @@ def _complete_prompts(server: LiveServer, chunks: list[Chunk],
     for st, token in zip(done, firsts):
         st.tokens.append(token)
         st.generated = 1
+        st.draft_feed = FIRST_FEED
     return done

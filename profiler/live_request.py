@@ -19,6 +19,7 @@ class LiveRequest:
         "accepted",
         "arrival_s",
         "cache",
+        "draft_feed",
         "drafted",
         "generated",
         "index",
@@ -45,6 +46,7 @@ class LiveRequest:
         self.generated = 0
         self.steps = 0
         self.drafted = 0
+        self.draft_feed = 0  # tokens the next chain's first draft pass feeds (draft_feed.py)
         self.accepted = 0
         self.reserve = 0
         self.cache: KVCache | None = None

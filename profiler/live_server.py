@@ -30,6 +30,7 @@ from profiler.speculate import (
     verify_greedy,
     verify_sampling,
 )
+from simulator.draft_feed import FIRST_FEED, next_feed
 from simulator.errors import ConfigError
 from simulator.records import RequestLog, StepLog
 
@@ -148,6 +149,7 @@ class LiveServer:
         for st, token in zip(admitted, firsts):
             st.tokens.append(token)
             st.generated = 1
+            st.draft_feed = FIRST_FEED
         end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
         self.step_index += 1
         row = (0, start, end - start, 0, len(admitted), sum(prompt_tokens), 0, 0, 0, 0)
@@ -222,6 +224,8 @@ class LiveServer:
         st.steps += 1
         st.drafted += res.drafted
         st.accepted += res.accepted
+        st.draft_feed = next_feed(self.drafter.catch_up, st.draft_feed, res.drafted,
+                                  len(res.emitted))
         st.log.append((g, k, res.drafted, res.accepted, len(res.emitted)))
         if st.cache.length > st.reserve:
             raise RuntimeError(f"request {st.request_id} outgrew its KV reservation")

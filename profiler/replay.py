@@ -130,6 +130,7 @@ class ReplayDrafter(Drafter):
         self.model_free = self.inner is None
         self.needs_hidden = inner.needs_hidden and self.inner is not None
         self.name = f"replay of {inner.name}"
+        self.catch_up = inner.catch_up  # the replayed chains' first passes feed by its rule
         if self.inner is not None:
             self.model = getattr(inner, "model", None)
             self.timing_model = getattr(inner, "timing_model", self.model)

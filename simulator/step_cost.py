@@ -121,13 +121,15 @@ class StepCostModel:
             pairs[0] += first[2]
         return self.latency.forward_s("draft", seqs, tokens, cached, pairs).sum(axis=0)
 
-    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
-        """Policy-facing: one decode step for requests whose sequences are `context_tokens` long.
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
+               feeds: Sequence[int] | None = None) -> float:
+        """Policy-facing: one decode step for requests whose sequences are `context_tokens` long
+        and whose chains' first draft passes feed `feeds` (their `draft_feed`; None: one each).
 
         The newest token of each sequence is fed again with the drafts, so the cache holds
         context - 1 tokens before the verify pass.
         """
-        return self.iteration_s(ks, np.asarray(context_tokens, dtype=np.int64) - 1)
+        return self.iteration_s(ks, np.asarray(context_tokens, dtype=np.int64) - 1, feeds=feeds)
 
     def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
         """An iteration that prefills whole prompts and nothing else."""

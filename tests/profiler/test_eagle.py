@@ -12,7 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import CyclingPolicy, LinearLatency, trace_from_runs  # noqa: E402
+from support.engine import (  # noqa: E402
+    CyclingPolicy,
+    LinearLatency,
+    feed_recorder,
+    trace_from_runs,
+)
 from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened  # noqa: E402
 
 from policies import Policy, make_policy  # noqa: E402
@@ -314,6 +319,24 @@ def test_eagle_scheduler_mirrors_the_simulator_step_for_step(target, trained, li
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
     pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)
     assert (res.steps.accepted > 0).any()
+
+
+def test_policies_see_the_eagle_heads_catch_up_as_the_simulator_does(target, trained,
+                                                                    live_prompts):
+    """EAGLE's rule ("committed"): the draft_feed a policy reads is every token committed since
+    the request's last chain, the same at every step in the live engine and the simulator."""
+    head = trained[0]
+    cost = StepCostModel(_Refeeding())
+    wl = live_workload(live_prompts)
+    live_seen, sim_seen = [], []
+    res = LiveEngine(target, EagleDrafter(head), feed_recorder(live_seen), SCHED,
+                     cost=cost).run(wl, live_prompts, virtual_time=True)
+    runs = [eagle_runs(head, target, p, out, SCHED.k_max)[0]
+            for p, out in zip(live_prompts, res.outputs)]
+    simulate(wl, cost.latency, trace_from_runs(runs), feed_recorder(sim_seen),
+             SCHED.kv_capacity_tokens, SCHED)
+    assert live_seen == sim_seen
+    assert max(feed for step in live_seen for _, _, feed in step) >= 4
 
 
 @pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])

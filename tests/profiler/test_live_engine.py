@@ -16,7 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import CyclingPolicy, LinearLatency, trace_from_runs  # noqa: E402
+from support.engine import (  # noqa: E402
+    CyclingPolicy,
+    LinearLatency,
+    feed_recorder,
+    trace_from_runs,
+)
 from support.tiny_models import sharpened  # noqa: E402
 
 from policies import Policy, make_policy, policy_names  # noqa: E402
@@ -397,6 +402,25 @@ def test_scheduler_mirrors_the_simulator_step_for_step(target, prompts, policy, 
     assert len(res.steps) > 20 and (res.steps.waiting > 0).any()
     pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
     pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)
+
+
+def test_policies_see_the_draft_feed_the_simulator_charges(target, prompts):
+    """`RequestView.draft_feed` (what a goodput-like policy prices a chain's first draft pass
+    with) is the same number in the live engine as in the simulator, step by step; and it is
+    the catch-up the live draft model then feeds: k = 0 stretches let it grow."""
+    runs = teacher_forced_runs(target, prompts, "early-exit:1")
+    sched = dataclasses.replace(SCHED, max_num_seqs=3)
+    cost = StepCostModel(LinearLatency())
+    wl = workload(prompts, arrivals=[0.0, 0.0, 0.001, 0.02, 0.021, 0.05, 0.3, 0.31])
+    live_seen, sim_seen = [], []
+    live = engine(target, drafter_for("early-exit:1", target), feed_recorder(live_seen), sched,
+                  cost=cost)
+    live.run(wl, prompts, virtual_time=True)
+    simulate(wl, cost.latency, trace_from_runs(runs), feed_recorder(sim_seen),
+             sched.kv_capacity_tokens, sched)
+    assert live_seen == sim_seen
+    feeds = {feed for step in live_seen for _, _, feed in step}
+    assert 1 in feeds and max(feeds) >= 3
 
 
 # -- chunked prefill -----------------------------------------------------------------------------

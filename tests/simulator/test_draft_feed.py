@@ -76,3 +76,13 @@ def test_many_steps_at_once_cost_what_each_step_costs_alone():
 def test_feeds_must_match_the_batch():
     with pytest.raises(ValueError, match="feeds must have the shape of cached"):
         StepCostModel(LinearLatency()).iteration_s([1, 1], [10, 10], feeds=[1])
+
+
+def test_a_policy_prices_a_step_with_the_feeds_the_engine_charges():
+    """`step_s` (what goodput and the oracle ask) with the requests' feeds is the iteration the
+    engine will charge; without them, one token per request."""
+    cost = StepCostModel(LinearLatency())
+    contexts, feeds = [101, 51, 31], [3, 9, 1]
+    priced = cost.step_s([2, 0, 1], contexts, feeds)
+    assert priced == cost.iteration_s([2, 0, 1], [100, 50, 30], feeds=feeds)
+    assert priced > cost.step_s([2, 0, 1], contexts) == cost.iteration_s([2, 0, 1], [100, 50, 30])

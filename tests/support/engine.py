@@ -60,3 +60,15 @@ class CyclingPolicy(Policy):
 
     def choose(self, ctx):
         return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
+
+
+def feed_recorder(seen: list) -> Policy:
+    """A `CyclingPolicy` that appends, at every step, what it sees of each request: (id,
+    generated, draft_feed). `seen` is shared through the closure: engines deep-copy policies."""
+
+    class FeedRecorder(CyclingPolicy):
+        def choose(self, ctx):
+            seen.append(tuple((r.request_id, r.generated, r.draft_feed) for r in ctx.requests))
+            return super().choose(ctx)
+
+    return FeedRecorder()

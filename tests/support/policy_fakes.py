@@ -21,6 +21,7 @@ class FakeRequest:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    draft_feed: int = 1
 
     @property
     def context_tokens(self) -> int:
@@ -37,7 +38,8 @@ class LinearCost:
         self.target_s, self.draft_s = target_s, draft_s
         self.per_token_s, self.knee = per_token_s, knee_tokens
 
-    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int]) -> float:
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
+               feeds: Sequence[int] | None = None) -> float:
         tokens = sum(k + 1 for k in ks)
         over = max(0, tokens - self.knee)
         verify = self.target_s + self.per_token_s * (tokens + 20 * over)
