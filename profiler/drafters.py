@@ -111,7 +111,8 @@ def make_drafter(
     vocab_check: bool = True,
 ) -> Drafter:
     """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS", "eagle" (the
-    shipped EAGLE head; "eagle:PATH" another .npz) or "model:<shape name>".
+    shipped EAGLE head; "eagle:PATH" another .npz; "eagle@int8" its weights in int8,
+    profiler/int8_weight.py; "eagle+ngram" with the n-gram lookup) or "model:<shape name>".
 
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
@@ -144,12 +145,18 @@ def make_drafter(
         from profiler.quant_drafter import QuantDrafter
 
         return QuantDrafter(target, int(arg))
-    if kind in ("eagle", "eagle+ngram"):
+    base, at, weights = kind.partition("@")
+    if base in ("eagle", "eagle+ngram"):
         from profiler.eagle import load_head
         from profiler.eagle_drafter import EagleDrafter
 
+        if at and weights != "int8":
+            raise ValueError(f"drafter {spec!r}: the head's weights can be {base}@int8, not "
+                             f"@{weights}")
         head = load_head(target, Path(arg) if arg else None)
-        lookup = NgramDrafter() if kind == "eagle+ngram" else None
+        if weights:
+            head.quantize()
+        lookup = NgramDrafter() if base == "eagle+ngram" else None
         return EagleDrafter(head, name=spec, lookup=lookup)
     if kind == "model":
         if draft_model is None:
@@ -159,7 +166,7 @@ def make_drafter(
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
     raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "
-                     "eagle[:PATH], eagle+ngram[:PATH], model:<shape name>")
+                     "eagle[@int8][:PATH], eagle+ngram[@int8][:PATH], model:<shape name>")
 
 
 def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):

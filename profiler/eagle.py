@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from profiler.int8_weight import Int8Weight
 from profiler.kv_cache import BatchAttention, KVCache
 from profiler.model import DecoderLayer, LlamaModel, decoder_layer, rms_norm
 from traces import atomic_write
@@ -120,13 +121,16 @@ class EagleHead(nn.Module):
             raise ValueError(f"features of width {width}: this head reads {hidden} (predicted)"
                              + (f" or {self.feature_width} (true, fused)" if self.fuse is not None
                                 else ""))
-        return unit_rms(unit_rms_blocks(features.to(self.fuse), hidden) @ self.fuse)
+        features = features.to(self.config.device, self.config.dtype)
+        return unit_rms(unit_rms_blocks(features, hidden) @ self.fuse)
 
     def entries(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc([embed(x_{i+1}); f_i]) for tokens [n] (the x_{i+1}) and features [n, hidden] (or
         true fused ones, `slot`), each half scaled to unit RMS per row (`unit_rms`)."""
         embedded = unit_rms(self.target.embed.index_select(1, tokens).t())
         x = torch.cat((embedded, self.slot(features.to(embedded))), dim=-1)
+        if isinstance(self.fc, Int8Weight):
+            return x @ self.fc + self.fc_bias
         return torch.addmm(self.fc_bias, x, self.fc)
 
     def layer_forward(self, x: torch.Tensor, positions: torch.Tensor, end: int,
@@ -142,6 +146,25 @@ class EagleHead(nn.Module):
         true fused feature row, its last layer's block."""
         features = features[..., -self.config.shape.hidden :]
         return rms_norm(features, self.target.norm, self.config.rms_eps) @ self.head_rows
+
+    @property
+    def weights(self) -> str:
+        """"int8" once `quantize` ran, else the target's dtype name."""
+        return "int8" if isinstance(self.fc, Int8Weight) else str(self.config.dtype).split(".")[-1]
+
+    def quantize(self) -> EagleHead:
+        """Weight-only int8 for drafting (profiler/int8_weight.py): the layer's four matrices,
+        fc, fuse and the draft vocabulary's LM-head rows; norms, biases and the embedding stay.
+        For inference only: a quantised head can be neither trained nor saved."""
+        if self.weights == "int8":
+            return self
+        with torch.no_grad():
+            for module, name in [(self.layer, n) for n in ("qkv", "o", "gate_up", "down")] + [
+                    (self, "fc")] + ([(self, "fuse")] if self.fuse is not None else []):
+                weight = module._parameters.pop(name)
+                object.__setattr__(module, name, Int8Weight(weight))
+            self.head_rows = Int8Weight(self.head_rows)
+        return self
 
     @torch.inference_mode()
     def forward(self, tokens: list[torch.Tensor], features: list[torch.Tensor],
@@ -203,6 +226,9 @@ def unit_rms_blocks(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def head_state(head: EagleHead) -> dict[str, torch.Tensor]:
     """The head's own weights by name (fc, fc_bias, layer.*, and fuse if it fuses layers)."""
+    if head.weights == "int8":
+        raise ValueError("an int8-quantised head is for drafting only: train and save the "
+                         "head it was quantised from")
     state = {"fc": head.fc, "fc_bias": head.fc_bias}
     state.update({f"layer.{n}": getattr(head.layer, n) for n in _LAYER_PARAMS})
     if head.fuse is not None:

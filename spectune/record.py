@@ -53,8 +53,9 @@ class RecordSpec:
     drafter: str = field(default="ngram", metadata={
         "help": "ngram, ngram:MIN-MAX, early-exit:L (first L target layers), early-exit:L:lens "
                 "(with a tuned lens), quant:BITS (the target rounded to BITS bits), eagle (the "
-                "shipped EAGLE head; eagle:PATH another), eagle+ngram[:PATH] (the head, taking the "
-                "n-gram lookup's token on a suffix match of >= 2 tokens) or model:SHAPE (random "
+                "shipped EAGLE head; eagle:PATH another; eagle@int8 its weights in int8), "
+                "eagle+ngram[@int8][:PATH] (the head, taking the n-gram lookup's token on a "
+                "suffix match of >= 2 tokens) or model:SHAPE (random "
                 "weights of a catalog shape)"})
     prompts: str | None = field(default=None, metadata={
         "help": "questions .jsonl (question_id, category, turns; turns[0] is used); default: "

@@ -109,8 +109,8 @@ class ValidateSpec:
         "help": f"comma-separated NAME[:KEY=VALUE...] ({DEFAULT_POLICIES}; quick "
                 f"{QUICK_POLICIES})"})
     drafter: str = field(default="ngram", metadata={
-        "help": "ngram, ngram:MIN-MAX, early-exit:L[:lens], quant:BITS, eagle[:PATH], "
-                "eagle+ngram[:PATH] or model:<shape>"})
+        "help": "ngram, ngram:MIN-MAX, early-exit:L[:lens], quant:BITS, eagle[@int8][:PATH], "
+                "eagle+ngram[@int8][:PATH] or model:<shape>"})
     k_max: int = field(default=8, metadata={"help": "hard cap on k"})
     max_num_seqs: int = field(default=16, metadata={"help": "requests in one batch, at most"})
     kv_capacity_tokens: int = field(default=100_000, metadata={"help": "KV-cache tokens"})

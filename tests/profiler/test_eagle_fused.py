@@ -204,3 +204,34 @@ def test_live_fused_eagle_is_lossless_and_accepts_what_eagle_runs_records(fused_
         assert steps.accepted.tolist() == expected, f"request {rid}"
         accepted += sum(expected)
     assert accepted > 0
+
+
+def test_an_int8_head_drafts_losslessly_and_records_what_it_drafts(fused_trained, tmp_path):
+    """`eagle@int8`: the head's matrices in weight-only int8. The target still decides every
+    token (output = greedy), the record (`eagle_runs`) walks the same int8 chains the live
+    drafter proposes, and the drafts are the fp head's nearly everywhere."""
+    target, head, *_ = fused_trained
+    save_head(head, tmp_path / "h.npz", {"trained_on": "test"})
+    fp, q = load_head(target, tmp_path / "h.npz"), load_head(target, tmp_path / "h.npz").quantize()
+    assert (fp.weights, q.weights) == ("float32", "int8") and q.quantize() is q
+    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
+    workload = Workload(arrival_s=np.asarray(ARRIVALS),
+                        prompt_tokens=np.asarray([len(p) for p in prompts]),
+                        output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
+                        source="test")
+    res = LiveEngine(target, EagleDrafter(q), make_policy("fixed", {"k": 4}), sched,
+                     cost=StepCostModel(LinearLatency())).run(workload, prompts, realtime=False)
+    runs_q, runs_fp = [], []
+    for rid, steps in res.decode_log.groupby("request_id"):
+        assert list(res.outputs[rid]) == one_by_one_greedy(target, prompts[rid], OUTPUTS[rid])
+        run, _ = eagle_runs(q, target, prompts[rid], res.outputs[rid], sched.k_max)
+        expected = [min(4, int(run[g]), OUTPUTS[rid] - g - 1) for g in steps.position]
+        assert steps.accepted.tolist() == expected, f"request {rid}"
+        runs_q.append(run)
+        runs_fp.append(eagle_runs(fp, target, prompts[rid], res.outputs[rid], sched.k_max)[0])
+    same = np.mean(np.concatenate(runs_q) == np.concatenate(runs_fp))
+    assert sum(r.sum() for r in runs_q) > 0 and same > 0.9, same
+    with pytest.raises(ValueError, match="for drafting only"):
+        save_head(q, tmp_path / "q.npz", {})
