@@ -140,6 +140,9 @@ def main() -> None:
                     help="drafters run side by side (same head: eagle, eagle+ngram)")
     ap.add_argument("--out", type=Path, default=Path("runs/eagle-live"))
     ap.add_argument("--skip-lossless", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="serve every policy this many times, interleaved round by round, each "
+                         "round's speed-ups over its own plain run; then the median per policy")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -173,15 +176,25 @@ def main() -> None:
                     profiles[key] = goodput_cost(target, drafter, batch, prompts, args.tokens,
                                                  args.out)
                 runs.append((f"{name} goodput", drafter, make_policy("goodput"), profiles[key]))
-        base = None
-        for label, d, policy, cost in runs:
-            r = serve(target, d, policy, batch, prompts, args.tokens, cost)
-            base = base or r["decode_tok_s"]
-            speedup = r["decode_tok_s"] / base
-            print(f"{batch:>5} {label:<20} {r['decode_tok_s']:>12.1f} {r['wall_s']:>8.1f} "
-                  f"{r['tokens_per_step']:>9.3f} {speedup:>7.2f}x", flush=True)
-            rows.append({"batch": batch, "policy": label, "requests": n, "speedup": speedup,
-                         **{k: v for k, v in r.items() if k != "outputs"}})
+        speedups: dict[str, list[float]] = {}
+        for repeat in range(args.repeats):
+            base = None
+            for label, d, policy, cost in runs:
+                r = serve(target, d, policy, batch, prompts, args.tokens, cost)
+                base = base or r["decode_tok_s"]
+                speedup = r["decode_tok_s"] / base
+                speedups.setdefault(label, []).append(speedup)
+                print(f"{batch:>5} {label:<20} {r['decode_tok_s']:>12.1f} {r['wall_s']:>8.1f} "
+                      f"{r['tokens_per_step']:>9.3f} {speedup:>7.2f}x"
+                      + (f"   (round {repeat + 1})" if args.repeats > 1 else ""), flush=True)
+                rows.append({"batch": batch, "policy": label, "requests": n, "round": repeat,
+                             "speedup": speedup,
+                             **{k: v for k, v in r.items() if k != "outputs"}})
+        if args.repeats > 1:
+            for label, values in speedups.items():
+                print(f"{batch:>5} {label:<20} median speed-up {np.median(values):.2f}x over "
+                      f"{len(values)} rounds (" + ", ".join(f"{v:.2f}" for v in values) + ")",
+                      flush=True)
     (args.out / f"speedup-{args.dtype}.json").write_text(json.dumps(rows, indent=2))
     if args.skip_lossless:
         return
