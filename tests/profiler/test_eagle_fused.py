@@ -181,18 +181,24 @@ ARRIVALS = [0.0, 0.0, 0.0, 0.001, 0.002]
 OUTPUTS = [30, 1, 25, 12, 40]
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
-def test_live_fused_eagle_is_lossless_and_accepts_what_eagle_runs_records(fused_trained,
-                                                                          chunked):
-    target, head, *_ = fused_trained
-    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,
-                            chunked_prefill=chunked, max_batched_tokens=9 if chunked else None)
+def live_requests() -> tuple[list[list[int]], Workload]:
+    """Five random prompts arriving at ARRIVALS, each asking for its OUTPUTS tokens."""
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
     workload = Workload(arrival_s=np.asarray(ARRIVALS),
                         prompt_tokens=np.asarray([len(p) for p in prompts]),
                         output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
                         source="test")
+    return prompts, workload
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_live_fused_eagle_is_lossless_and_accepts_what_eagle_runs_records(fused_trained,
+                                                                          chunked):
+    target, head, *_ = fused_trained
+    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,
+                            chunked_prefill=chunked, max_batched_tokens=9 if chunked else None)
+    prompts, workload = live_requests()
     engine = LiveEngine(target, EagleDrafter(head), make_policy("fixed", {"k": 4}), sched,
                         cost=StepCostModel(LinearLatency()))
     res = engine.run(workload, prompts, realtime=False)
@@ -215,12 +221,7 @@ def test_an_int8_head_drafts_losslessly_and_records_what_it_drafts(fused_trained
     fp, q = load_head(target, tmp_path / "h.npz"), load_head(target, tmp_path / "h.npz").quantize()
     assert (fp.weights, q.weights) == ("float32", "int8") and q.quantize() is q
     sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6)
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
-    workload = Workload(arrival_s=np.asarray(ARRIVALS),
-                        prompt_tokens=np.asarray([len(p) for p in prompts]),
-                        output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
-                        source="test")
+    prompts, workload = live_requests()
     res = LiveEngine(target, EagleDrafter(q), make_policy("fixed", {"k": 4}), sched,
                      cost=StepCostModel(LinearLatency())).run(workload, prompts, realtime=False)
     runs_q, runs_fp = [], []

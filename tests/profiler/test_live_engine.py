@@ -419,8 +419,8 @@ def test_policies_see_the_draft_feed_the_simulator_charges(target, prompts):
     simulate(wl, cost.latency, trace_from_runs(runs), feed_recorder(sim_seen),
              sched.kv_capacity_tokens, sched)
     assert live_seen == sim_seen
-    feeds = {feed for step in live_seen for _, _, feed in step}
-    assert 1 in feeds and max(feeds) >= 3
+    backlog = [feed for step in live_seen for _, _, feed in step if feed > 2]
+    assert backlog, "no step saw a k = 0 backlog (a feed above the bonus rule's 2)"
 
 
 # -- chunked prefill -----------------------------------------------------------------------------
