@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Two EAGLE trainings side by side on one lent GPU, in one device call (profiler/data/eagle/README.md):
 #   e6: the shipped head's exact command again (fused layers 1,14,26, 6 epochs, seed 0): its
-#       head-e5 is the same-seed rerun of the shipped head, and it completes the sixth epoch;
+#       head-e5 is the same-seed rerun of the shipped head;
 #   e8: the same recipe with an 8-epoch schedule.
-# The model travels in two calls (the GGUF is over a call's transfer limit): an xz of it split
-# in two under .xfer/ (ignored), m.xz.0 copied to /tmp/xfer by a first call on the warm machine,
-# m.xz.1 carried by this one; simpy and gguf go as wheels under .whl/ (the image lacks them).
+# Measured on an H100 (benchmarks/results/eagle-train-h100-rerun.log): side by side each ran
+# 75 s per epoch against 44-48 s alone, so neither reached its last epoch by the 560 s deadline;
+# for a schedule that must end inside one call, run one training, not two.
+# The model travels in two calls (the GGUF is over a call's transfer limit). Prepare here:
+#   printf '/.whl/\n/.xfer/\n' >> .git/info/exclude; mkdir -p .xfer
+#   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz
+#   split -b 45195340 -d -a 1 m.xz .xfer/m.xz.      # two parts of ~45 MB
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl simpy==4.1.2 gguf==0.19.0
+# then a first call (carry .xfer/m.xz.0) copies .xfer/m.xz.0 to /tmp/xfer/, and within the
+# machine's 30 s warm window a second (carry .xfer/m.xz.1 and .whl) runs this script.
 # Epoch heads are copied under $OUT as they appear (a call cut short still returns them); the
 # trainers are stopped at $DEADLINE seconds. Usage: OUT=... bash scripts/device_train_eagle.sh
 set -u
