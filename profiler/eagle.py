@@ -18,6 +18,9 @@ into the file.
 
 Shapes: the layer has the target's dimensions (hidden 576, 9/3 heads, FFN 1536 for SmolLM2);
 fc is [2 * hidden, hidden] with a bias. The weights ship as fp16 .npz (`save_head`/`load_head`).
+`layers` > 1 stacks that many such layers (EAGLE's head is one; a deeper head costs a draft pass
+more and may predict better, which only a full-size training can tell); the file's meta says how
+many.
 
 Fused features (`fuse_layers`, EAGLE-3: Li et al. 2025, arXiv:2503.01840): a true entry's
 feature is then the outputs of some lower decoder layers beside the last one's
@@ -60,9 +63,11 @@ class EagleHead(nn.Module):
     final norm and the draft vocabulary's rows of its LM head (shared, not part of state)."""
 
     def __init__(self, target: LlamaModel, vocab_ids: torch.Tensor,
-                 fuse_layers: Sequence[int] = ()) -> None:
+                 fuse_layers: Sequence[int] = (), layers: int = 1) -> None:
         super().__init__()
         shape = target.config.shape
+        if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= 8:
+            raise ValueError(f"an EAGLE head has 1 to 8 decoder layers, got {layers!r}")
         if shape.qkv_bias:
             raise ValueError("the EAGLE head is built for Llama shapes without q/k/v biases")
         ids = torch.as_tensor(vocab_ids, dtype=torch.int64).flatten()
@@ -71,13 +76,14 @@ class EagleHead(nn.Module):
         if ids.unique().numel() != ids.numel():
             raise ValueError("draft vocabulary ids repeat")
         self.config = replace(target.config, shape=replace(
-            shape, name=f"{shape.name}-EAGLE", layers=1, source=f"EAGLE head of {shape.name}"))
+            shape, name=f"{shape.name}-EAGLE", layers=layers,
+            source=f"EAGLE head of {shape.name}"))
         dtype, device = target.config.dtype, target.config.device
         self.fc = nn.Parameter(torch.zeros(2 * shape.hidden, shape.hidden, dtype=dtype,
                                            device=device), requires_grad=False)
         self.fc_bias = nn.Parameter(torch.zeros(shape.hidden, dtype=dtype, device=device),
                                     requires_grad=False)
-        self.layer = DecoderLayer(self.config)
+        self.layers = nn.ModuleList(DecoderLayer(self.config) for _ in range(layers))
         self.fuse_layers = tuple(int(i) for i in fuse_layers)
         self.fuse: nn.Parameter | None = None
         if self.fuse_layers:
@@ -98,12 +104,18 @@ class EagleHead(nn.Module):
         return self._target[0]
 
     @property
+    def layer(self) -> DecoderLayer:
+        """The first (for a one-layer head, the only) decoder layer."""
+        return self.layers[0]
+
+    @property
     def draft_vocab(self) -> int:
         return int(self.vocab_ids.numel())
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         s = self.config.shape
-        return KVCache(1, s.kv_heads, s.head_dim, capacity, self.config.dtype, self.config.device)
+        return KVCache(s.layers, s.kv_heads, s.head_dim, capacity, self.config.dtype,
+                       self.config.device)
 
     @property
     def feature_width(self) -> int:
@@ -135,11 +147,14 @@ class EagleHead(nn.Module):
 
     def layer_forward(self, x: torch.Tensor, positions: torch.Tensor, end: int,
                       attention) -> torch.Tensor:
-        """The decoder layer over entries x at absolute `positions` (< end): predicted features."""
+        """The decoder layers over entries x at absolute `positions` (< end): predicted
+        features."""
         cos, sin = self.target.rotary.gather(positions, end)
         if torch.is_grad_enabled() and cos.is_inference():  # the table grew in inference mode
             cos, sin = cos.clone(), sin.clone()
-        return decoder_layer(self.config, 0, self.layer, x, cos, sin, attention)
+        for index, layer in enumerate(self.layers):
+            x = decoder_layer(self.config, index, layer, x, cos, sin, attention)
+        return x
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [rows, draft vocab] of (predicted) features; of a
@@ -159,8 +174,10 @@ class EagleHead(nn.Module):
         if self.weights == "int8":
             return self
         with torch.no_grad():
-            for module, name in [(self.layer, n) for n in ("qkv", "o", "gate_up", "down")] + [
-                    (self, "fc")] + ([(self, "fuse")] if self.fuse is not None else []):
+            matrices = [(layer, n) for layer in self.layers
+                        for n in ("qkv", "o", "gate_up", "down")]
+            for module, name in matrices + [(self, "fc")] + (
+                    [(self, "fuse")] if self.fuse is not None else []):
                 weight = module._parameters.pop(name)
                 object.__setattr__(module, name, Int8Weight(weight))
             self.head_rows = Int8Weight(self.head_rows)
@@ -225,12 +242,15 @@ def unit_rms_blocks(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def head_state(head: EagleHead) -> dict[str, torch.Tensor]:
-    """The head's own weights by name (fc, fc_bias, layer.*, and fuse if it fuses layers)."""
+    """The head's own weights by name (fc, fc_bias, layer.* for a one-layer head or layers.I.*,
+    and fuse if it fuses layers)."""
     if head.weights == "int8":
         raise ValueError("an int8-quantised head is for drafting only: train and save the "
                          "head it was quantised from")
     state = {"fc": head.fc, "fc_bias": head.fc_bias}
-    state.update({f"layer.{n}": getattr(head.layer, n) for n in _LAYER_PARAMS})
+    for index, layer in enumerate(head.layers):
+        prefix = "layer" if len(head.layers) == 1 else f"layers.{index}"
+        state.update({f"{prefix}.{n}": getattr(layer, n) for n in _LAYER_PARAMS})
     if head.fuse is not None:
         state["fuse"] = head.fuse
     return state
@@ -243,7 +263,7 @@ def save_head(head: EagleHead, path: Path, meta: dict) -> None:
     arrays = {n: t.detach().to(torch.float16).cpu().numpy() for n, t in head_state(head).items()}
     arrays["vocab_ids"] = head.vocab_ids.cpu().numpy().astype(np.int32)
     meta = {**meta, "target": head.target.config.shape.name,
-            "fuse_layers": list(head.fuse_layers)}
+            "fuse_layers": list(head.fuse_layers), "layers": len(head.layers)}
     with atomic_write(path) as handle:
         np.savez_compressed(handle, meta=np.asarray(json.dumps(meta)), **arrays)
 
@@ -266,7 +286,7 @@ def load_head(target: LlamaModel, path: Path | None = None) -> EagleHead:
         raise ValueError(f"{path}: a head for {meta.get('target')}, not for {name}")
     try:
         head = EagleHead(target, torch.as_tensor(arrays.pop("vocab_ids").astype(np.int64)),
-                         meta.get("fuse_layers", ()))
+                         meta.get("fuse_layers", ()), meta.get("layers", 1))
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from error
     state = head_state(head)

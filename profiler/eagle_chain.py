@@ -27,6 +27,7 @@ from profiler.eagle import EagleHead
 
 class ChainAttention:
     """Attention for one sequence's chains; `begin(depth, rows)` before each depth's pass.
+    Each decoder layer of the head (`index`) keeps its own true and chain keys and values.
 
     With `segments` (the sequence index of every row), several sequences packed one after
     another are one batch: a row attends only to rows of its own sequence."""
@@ -35,8 +36,9 @@ class ChainAttention:
         self.group = heads // kv_heads
         self.segments = segments
         self.depth, self.rows = 1, slice(None)
-        self.true_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.own: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (first base row, k, v)
+        self.true_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per layer index
+        # per layer index: (first base row, k, v) of each chain depth >= 2 so far
+        self.own: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
     def begin(self, depth: int, rows: slice) -> None:
         """The next pass is `depth` for the base rows `rows` (a contiguous range, step 1)."""
@@ -44,13 +46,13 @@ class ChainAttention:
 
     def store(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.depth == 1:
-            self.true_kv = (keys, values)
+            self.true_kv[index] = (keys, values)
         else:
-            self.own.append((self.rows.start or 0, keys, values))
+            self.own.setdefault(index, []).append((self.rows.start or 0, keys, values))
 
     def attend(self, index: int, queries: torch.Tensor) -> torch.Tensor:
         tokens, heads, head_dim = queries.shape
-        keys, values = self.true_kv
+        keys, values = self.true_kv[index]
         if self.depth == 1:
             mask = None
             if self.segments is not None:  # causal within each packed sequence
@@ -72,7 +74,7 @@ class ChainAttention:
             past = past | (self.segments[None, : keys.shape[0]] != self.segments[bases][:, None])
         scores = scores.masked_fill(past[None], float("-inf"))
         own_k, own_v = [], []
-        for first, k, v in self.own:  # this chain's entries at depths 2..d (the last: itself)
+        for first, k, v in self.own[index]:  # this chain's entries at depths 2..d (last: itself)
             lo = start - first
             own_k.append(k[lo : lo + tokens].repeat_interleave(self.group, dim=1))
             own_v.append(v[lo : lo + tokens].repeat_interleave(self.group, dim=1))

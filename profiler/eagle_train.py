@@ -91,7 +91,8 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
     output projections are near zero, so the residual layer begins close to identity and learns
     the step from f_i to f_{i+1}; other matrices ~ N(0, 1/fan_in).
 
-    `layer_init="last"` starts the layer from the target's last decoder layer instead (a prior
+    `layer_init="last"` starts the layer from the target's last decoder layer instead (a head of
+    n layers: from the target's last n, in order; a prior
     for a head trained on little data: attention and MLP that already read this residual
     stream). Its norms see directions only, but its output projections were made for features of
     RMS `feature_rms` (~33 for SmolLM2): they are divided by it, so the layer adds to unit-RMS
@@ -102,15 +103,18 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
         raise ValueError("layer_init='last' needs the target features' RMS (feature_rms > 0)")
     gen = torch.Generator().manual_seed(seed)
     hidden = head.config.shape.hidden
-    last = head.target.layers[-1]
+    count = len(head.layers)
     with torch.no_grad():
         for name, p in head_state(head).items():
+            prefix, _, param = name.rpartition(".")
+            outputs = param in ("o", "down")  # the residual branches' output projections
             if name == "fuse":  # the last layer's block passes through: an unfused start
                 p.zero_()
                 p[-hidden:].copy_(torch.eye(hidden))
-            elif layer_init == "last" and name.startswith("layer."):
-                source = getattr(last, name.removeprefix("layer.")).float()
-                if name in ("layer.o", "layer.down"):
+            elif layer_init == "last" and prefix.startswith("layer"):
+                index = int(prefix.rpartition(".")[2]) if prefix != "layer" else 0
+                source = getattr(head.target.layers[index - count], param).float()
+                if outputs:
                     source = source / feature_rms
                 p.copy_(source)
             elif name.endswith("norm"):
@@ -118,7 +122,7 @@ def init_head(head: EagleHead, seed: int, layer_init: str = "random",
             elif name == "fc_bias":
                 p.zero_()
             else:
-                scale = 1e-3 if name in ("layer.o", "layer.down") else p.shape[0] ** -0.5
+                scale = 1e-3 if outputs else p.shape[0] ** -0.5
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
         head.fc[hidden:].copy_(torch.eye(hidden))
     return head

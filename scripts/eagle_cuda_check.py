@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sequences", type=int, default=128,
                     help="training sequences (random tokens, 200-500 long)")
     ap.add_argument("--out", type=Path, help="write the trained check head here (head.npz)")
+    ap.add_argument("--head-layers", type=int, default=1, help="decoder layers in the head")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -100,8 +101,8 @@ def main(argv=None) -> int:
     hidden = shape.hidden
     vocab = draft_vocabulary([c.output for c in conts], 4096, always=[0], vocab=shape.vocab)
     rms = feature_rms(data, hidden)
-    head = init_head(EagleHead(gpu, vocab, []), 0, "random", rms)
-    head_cpu = init_head(EagleHead(cpu, vocab, []), 0, "random", rms)
+    head = init_head(EagleHead(gpu, vocab, [], args.head_layers), 0, "random", rms)
+    head_cpu = init_head(EagleHead(cpu, vocab, [], args.head_layers), 0, "random", rms)
     spec = TrainSpec(epochs=1)
     tokens, features, start = data[0]
     loss, _ = sequence_loss(head, tokens, features, spec, start)
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     stage("chain loss, depths 1-3", 0.0, f"rel err vs CPU {error:.1e}", error < 1e-3)
 
     for packed in (False, True):
-        head = init_head(EagleHead(gpu, vocab, []), 0, "random", rms)
+        head = init_head(EagleHead(gpu, vocab, [], args.head_layers), 0, "random", rms)
         sync()
         t = time.perf_counter()
         train_head(head, data, spec, log=lambda text: None, packed=packed)

@@ -241,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fuse-layers", default="",
                     help="comma-separated 0-based decoder layers whose outputs the head fuses "
                          "with the last layer's (EAGLE-3 style, e.g. 1,14,26); default: none")
+    ap.add_argument("--head-layers", type=int, default=1,
+                    help="decoder layers in the head (EAGLE: 1, the default)")
     ap.add_argument("--device", default="cpu",
                     help="where the target and the head run: cpu (default; features and training "
                          "checkpoints kept under --work, so a stopped run resumes) or cuda (whole "
@@ -257,6 +259,8 @@ def main(argv=None) -> int:
         spec = TrainSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSpec)})
     except ValueError as error:
         ap.error(str(error))
+    if not 1 <= args.head_layers <= 8:
+        ap.error(f"--head-layers {args.head_layers}: give 1 to 8")
     if args.doc_prompts < 0 or (args.doc_prompts and not args.self_prompts):
         ap.error(f"--doc-prompts {args.doc_prompts}: give a count >= 0, and --self-prompts too "
                  f"(the documents are the target's answers to its self-written turns)")
@@ -367,7 +371,7 @@ def main(argv=None) -> int:
     say(f"features of {sum(len(t) for t, _, _ in data)} positions"
         + (f" (layers {fuse} fused with the last)" if fuse else ""))
     hidden = target.config.shape.hidden
-    head = init_head(EagleHead(target, vocab, fuse), spec.seed, spec.layer_init,
+    head = init_head(EagleHead(target, vocab, fuse, args.head_layers), spec.seed, spec.layer_init,
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
     items = training_items(conts, data, {tuple(p) for _, p in docs})
