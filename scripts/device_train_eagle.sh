@@ -46,12 +46,18 @@ $TRAIN --device cuda --threads 8 --self-prompts 8000 --doc-prompts 1000 --batch 
     --epoch-heads /tmp/h > "$OUT/train.log" 2>&1 &
 pid=$!
 
-# Every epoch's head comes back (at most 8 files: the log and 7 heads; each ~10-17 MB).
+# The last three epochs' heads come back, each in two parts (a two-layer head's file is ~16.0 MiB,
+# over the 16 MiB a returned file may have): at most 8 files, the log and 3 x 2 parts. Join
+# them here with: cat head-e6.npz.0 head-e6.npz.1 > head-e6.npz. Every epoch's held-out
+# figures are in the log.
 sweep() {
     for src in /tmp/h/head-e*.npz; do
         [[ -f $src ]] || continue
-        dst="$OUT/$(basename "$src")"
-        [[ -f $dst ]] || { cp "$src" "$dst.part" && mv "$dst.part" "$dst"; }
+        name=$(basename "$src") epoch=${name#head-e}; epoch=${epoch%.npz}
+        (( epoch > EPOCHS - 3 )) || continue
+        [[ -f "$OUT/$name.1" ]] && continue
+        mkdir -p /tmp/parts && rm -f /tmp/parts/* && split -n 2 -d -a 1 "$src" "/tmp/parts/$name."
+        mv /tmp/parts/"$name".0 "$OUT/" && mv /tmp/parts/"$name".1 "$OUT/"
     done
 }
 while kill -0 "$pid" 2>/dev/null && (( SECONDS - start < DEADLINE )); do sweep; sleep 3; done
