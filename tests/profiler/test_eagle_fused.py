@@ -10,12 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.eagle_checks import (  # noqa: E402
+    OUTPUTS,
+    assert_chains_equal_live,
+    assert_live_eagle_lossless,
+    live_requests,
+)
 from support.engine import LinearLatency  # noqa: E402
 from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from profiler.eagle import EagleHead, HeadTiming, head_state, load_head, save_head  # noqa: E402
-from profiler.eagle_chain import chain_passes  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
 from profiler.eagle_drafter import EagleDrafter  # noqa: E402
 from profiler.eagle_train import (  # noqa: E402
@@ -29,7 +34,6 @@ from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.record import target_outputs  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
-from traces import Workload  # noqa: E402
 
 LAYERS = (0,)  # TINY has 2 decoder layers: the first one's output beside the last one's
 
@@ -116,21 +120,7 @@ def fused_random_head(target, seed=1) -> EagleHead:
 
 def test_fused_batched_chains_equal_the_live_heads_chains():
     target = new_target()
-    head = fused_random_head(target)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, TINY.vocab, 9).tolist()
-    tokens = torch.tensor(prompt + target_outputs(target, [prompt], 20)[0])
-    features = target_features(target, tokens.tolist())
-    checked = 0
-    for depth, rows, predicted in chain_passes(head, tokens, features, 4, first_base=3):
-        for j, base in enumerate(range(rows.start, rows.stop)):
-            cache = head.new_cache(64)
-            live, _ = head([tokens[1 : base + 2]], [features[: base + 1]], [cache])
-            for d in range(2, depth + 1):
-                live, _ = head([tokens[base + d : base + d + 1]], [live], [cache])
-            torch.testing.assert_close(predicted[j], live[0], rtol=1e-4, atol=1e-4)
-            checked += 1
-    assert checked > 60
+    assert_chains_equal_live(fused_random_head(target), target)
 
 
 @pytest.fixture(scope="module")
@@ -177,39 +167,11 @@ def test_a_fused_head_round_trips_with_its_layers(fused_trained, tmp_path):
         load_head(busy, path)
 
 
-ARRIVALS = [0.0, 0.0, 0.0, 0.001, 0.002]
-OUTPUTS = [30, 1, 25, 12, 40]
-
-
-def live_requests() -> tuple[list[list[int]], Workload]:
-    """Five random prompts arriving at ARRIVALS, each asking for its OUTPUTS tokens."""
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
-    workload = Workload(arrival_s=np.asarray(ARRIVALS),
-                        prompt_tokens=np.asarray([len(p) for p in prompts]),
-                        output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
-                        source="test")
-    return prompts, workload
-
-
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 def test_live_fused_eagle_is_lossless_and_accepts_what_eagle_runs_records(fused_trained,
                                                                           chunked):
     target, head, *_ = fused_trained
-    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,
-                            chunked_prefill=chunked, max_batched_tokens=9 if chunked else None)
-    prompts, workload = live_requests()
-    engine = LiveEngine(target, EagleDrafter(head), make_policy("fixed", {"k": 4}), sched,
-                        cost=StepCostModel(LinearLatency()))
-    res = engine.run(workload, prompts, realtime=False)
-    accepted = 0
-    for rid, steps in res.decode_log.groupby("request_id"):
-        assert list(res.outputs[rid]) == one_by_one_greedy(target, prompts[rid], OUTPUTS[rid])
-        run, _ = eagle_runs(head, target, prompts[rid], res.outputs[rid], sched.k_max)
-        expected = [min(4, int(run[g]), OUTPUTS[rid] - g - 1) for g in steps.position]
-        assert steps.accepted.tolist() == expected, f"request {rid}"
-        accepted += sum(expected)
-    assert accepted > 0
+    assert_live_eagle_lossless(target, head, chunked)
 
 
 def test_an_int8_head_drafts_losslessly_and_records_what_it_drafts(fused_trained, tmp_path):

@@ -11,10 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.engine import LinearLatency  # noqa: E402
-from support.tiny_models import TINY, one_by_one_greedy, sharpened  # noqa: E402
+from support.eagle_checks import assert_chains_equal_live, assert_live_eagle_lossless  # noqa: E402
+from support.tiny_models import TINY, sharpened  # noqa: E402
 
-from policies import make_policy  # noqa: E402
 from profiler.eagle import (  # noqa: E402
     SHIPPED_HEAD,
     EagleHead,
@@ -25,7 +24,6 @@ from profiler.eagle import (  # noqa: E402
 )
 from profiler.eagle_chain import chain_passes  # noqa: E402
 from profiler.eagle_data import target_features  # noqa: E402
-from profiler.eagle_drafter import EagleDrafter  # noqa: E402
 from profiler.eagle_train import (  # noqa: E402
     PackedBatch,
     TrainSpec,
@@ -38,11 +36,8 @@ from profiler.eagle_train import (  # noqa: E402
     train_head,
     windowed,
 )
-from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.record import target_outputs  # noqa: E402
-from simulator import SchedulerConfig, StepCostModel  # noqa: E402
-from traces import Workload  # noqa: E402
 
 FUSED = (0,)  # TINY's first decoder layer's output beside the last one's
 
@@ -84,20 +79,11 @@ def test_a_two_layer_head_has_two_sets_of_weights_and_a_two_layer_cache():
 def test_two_layer_batched_chains_equal_the_live_heads_chains():
     target = new_target()
     head = two_layer_head(target)
+    assert_chains_equal_live(head, target)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, TINY.vocab, 9).tolist()
     tokens = torch.tensor(prompt + target_outputs(target, [prompt], 20)[0])
     features = target_features(target, tokens.tolist())
-    checked = 0
-    for depth, rows, predicted in chain_passes(head, tokens, features, 4, first_base=3):
-        for j, base in enumerate(range(rows.start, rows.stop)):
-            cache = head.new_cache(64)
-            live, _ = head([tokens[1 : base + 2]], [features[: base + 1]], [cache])
-            for d in range(2, depth + 1):
-                live, _ = head([tokens[base + d : base + d + 1]], [live], [cache])
-            torch.testing.assert_close(predicted[j], live[0], rtol=1e-4, atol=1e-4)
-            checked += 1
-    assert checked > 60
     # the second layer matters: the first layer alone predicts something else
     alone = EagleHead(new_target(FUSED), torch.arange(TINY.vocab), FUSED)
     with torch.no_grad():
@@ -188,10 +174,6 @@ def test_the_shipped_one_layer_file_loads_as_one_layer():
         assert "layer.qkv" in data.files and not any(n.startswith("layers.") for n in data.files)
 
 
-ARRIVALS = [0.0, 0.0, 0.0, 0.001, 0.002]
-OUTPUTS = [30, 1, 25, 12, 40]
-
-
 @pytest.mark.parametrize("int8", [False, True], ids=["fp", "int8"])
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 def test_live_two_layer_eagle_is_lossless_and_accepts_what_eagle_runs_records(trained, tmp_path,
@@ -201,22 +183,4 @@ def test_live_two_layer_eagle_is_lossless_and_accepts_what_eagle_runs_records(tr
         save_head(head, tmp_path / "h.npz", {"trained_on": "test"})
         head = load_head(target, tmp_path / "h.npz").quantize()
         assert all(type(layer.qkv).__name__ == "Int8Weight" for layer in head.layers)
-    sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,
-                            chunked_prefill=chunked, max_batched_tokens=9 if chunked else None)
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(0, TINY.vocab, int(rng.integers(4, 20))).tolist() for _ in OUTPUTS]
-    workload = Workload(arrival_s=np.asarray(ARRIVALS),
-                        prompt_tokens=np.asarray([len(p) for p in prompts]),
-                        output_tokens=np.asarray(OUTPUTS), request_ids=np.arange(len(prompts)),
-                        source="test")
-    engine = LiveEngine(target, EagleDrafter(head), make_policy("fixed", {"k": 4}), sched,
-                        cost=StepCostModel(LinearLatency()))
-    res = engine.run(workload, prompts, realtime=False)
-    accepted = 0
-    for rid, steps in res.decode_log.groupby("request_id"):
-        assert list(res.outputs[rid]) == one_by_one_greedy(target, prompts[rid], OUTPUTS[rid])
-        run, _ = eagle_runs(head, target, prompts[rid], res.outputs[rid], sched.k_max)
-        expected = [min(4, int(run[g]), OUTPUTS[rid] - g - 1) for g in steps.position]
-        assert steps.accepted.tolist() == expected, f"request {rid}"
-        accepted += sum(expected)
-    assert accepted > 0
+    assert_live_eagle_lossless(target, head, chunked)
