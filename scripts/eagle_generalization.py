@@ -23,13 +23,43 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.eagle import SHIPPED_HEAD, load_head
-from profiler.eagle_data import continue_prompts, self_prompts, unpack_continuations
+from profiler.eagle_data import (
+    continue_prompts,
+    document_prompts,
+    self_prompts,
+    unpack_continuations,
+)
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
 from scripts.train_eagle import held_out
 from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 DATA = Path("profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz")
+
+
+def document_sets(target, tok, fresh, greedy, questions, args) -> dict[str, list]:
+    """Long-context turns three ways: documents made of the target's greedy answers (the
+    training's kind), of its answers sampled at temperature 1 (text it would not have written
+    greedily, as it did not write a news article), and Spec-Bench's own held-out ones."""
+    turns = [tok.decode(b) for b in fresh]
+    sampled = continue_prompts(target, [(f"fresh{i}", c.prompt) for i, c in enumerate(greedy)],
+                               [1.0], args.max_tokens, args.work / "fresh-sampled",
+                               eos_id=tok.eos_id, seed=args.fresh_seed)
+    out = {}
+    for kind, conts in (("greedy", greedy), ("sampled at T=1", sampled)):
+        texts = [(q, tok.decode([t for t in c.output if t != tok.eos_id]))
+                 for q, c in zip(turns, conts, strict=True) if len(c.output) > 32]
+        docs = document_prompts(texts, args.documents, seed=args.fresh_seed)
+        out[f"new document turns, {kind} answers"] = continue_prompts(
+            target, [(key, tok.encode(chat_prompt(text))) for key, text in docs], [0.0],
+            args.max_tokens, args.work / "documents", eos_id=tok.eos_id)
+    held = [p for p in questions if in_split(p.key, "eval")
+            and p.category in ("summarization", "rag")]
+    held = first_per_category(held, (args.documents + 1) // 2)
+    out["Spec-Bench held-out summarization + rag"] = continue_prompts(
+        target, [(p.key, tok.encode(chat_prompt(p.text))) for p in held], [0.0],
+        args.max_tokens, args.work / "eval", eos_id=tok.eos_id)
+    return out
 
 
 def main(argv=None) -> int:
@@ -44,10 +74,15 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-seed", type=int, default=1, help="seed of the new self-written turns")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--documents", type=int, default=0,
+                    help="also N new document turns (summarize / RAG forms, as the training's) "
+                         "made of greedy answers, N made of answers sampled at temperature 1, "
+                         "and N Spec-Bench held-out summarization and RAG questions")
     ap.add_argument("--work", type=Path, default=Path("runs/eagle-generalization"))
     args = ap.parse_args(argv)
-    if args.count < 1:
-        ap.error(f"--count {args.count}: give at least 1")
+    if args.count < 2 or args.documents < 0:
+        ap.error(f"--count {args.count}, --documents {args.documents}: give a count of at least "
+                 f"2 and a number of documents of at least 0")
     for flag, path in (("--head", args.head), ("--data", args.data)):
         if not path.is_file():
             ap.error(f"{flag} {path}: no such file (the head: a scripts/train_eagle.py output; "
@@ -88,6 +123,8 @@ def main(argv=None) -> int:
             f"new self-written turns (seed {args.fresh_seed})": fresh_answers,
             "Spec-Bench even ids it trained on (3 per category)": train_q_answers,
             "Spec-Bench odd ids, held out (3 per category)": eval_answers}
+    if args.documents:
+        sets.update(document_sets(target, tok, fresh, fresh_answers, questions, args))
     print(f"head {args.head} ({head.meta.get('layers', 1)} layer(s), fused "
           f"{head.meta.get('fuse_layers', [])}); greedy answers cut at {args.max_tokens} tokens")
     print(f"{'set':<52} {'seqs':>5} {'tokens':>7} {'accept k=1':>11} {'tokens/step k=4':>16}")
