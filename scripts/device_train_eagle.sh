@@ -7,7 +7,11 @@
 # (benchmarks/results/eagle-train-h100-rerun.log), so neither finished. A one-layer head:
 # features ~56-60 s, ~48 s per epoch, 6 epochs inside DEADLINE; two layers: features 71 s, ~78 s
 # per epoch, so DEADLINE stops epoch 6 (benchmarks/results/eagle-train-h100-2layer.log; the
-# second layer was measured and not shipped, profiler/data/eagle/README.md).
+# second layer was measured and not shipped, profiler/data/eagle/README.md). The next experiment
+# (README, "Where the held-out acceptance goes"): EXTRA='--doc-temperature 1', documents made of
+# 2,000 answers sampled at temperature 1 instead of greedy ones; the sampled answers and the
+# 1,000 document turns' answers are generated there first (not timed on a GPU yet: if they eat
+# the deadline, the epochs that did finish still come back).
 # The model travels in two calls (the GGUF is over a call's transfer limit). Prepare here:
 #   printf '/.whl/\n/.xfer/\n' >> .git/info/exclude; mkdir -p .xfer
 #   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz

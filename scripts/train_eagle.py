@@ -44,6 +44,7 @@ from profiler.eagle_data import (
     batched_features,
     continue_prompts,
     document_prompts,
+    document_sources,
     pack_continuations,
     self_prompts,
     unpack_continuations,
@@ -233,6 +234,11 @@ def main(argv=None) -> int:
     ap.add_argument("--doc-prompts", type=int, default=0,
                     help="long-context user turns (summarize / RAG forms) built from the answers "
                          "to the self-written turns, and answered greedily; needs --self-prompts")
+    ap.add_argument("--doc-temperature", type=float, default=0.0,
+                    help="make the documents of answers to the self-written turns sampled at "
+                         "this temperature (2 per document turn) instead of their greedy "
+                         "answers (0, the default and the shipped recipe); their text then "
+                         "enters the loss too, as no other sequence covers it")
     ap.add_argument("--data", type=Path,
                     help="a packed data file (--pack) to unpack into --work before generating: "
                          "the run then trains on that data instead of generating it again")
@@ -261,6 +267,8 @@ def main(argv=None) -> int:
         ap.error(str(error))
     if not 1 <= args.head_layers <= 8:
         ap.error(f"--head-layers {args.head_layers}: give 1 to 8")
+    if args.doc_temperature < 0:
+        ap.error(f"--doc-temperature {args.doc_temperature}: give 0 (greedy answers) or more")
     if args.doc_prompts < 0 or (args.doc_prompts and not args.self_prompts):
         ap.error(f"--doc-prompts {args.doc_prompts}: give a count >= 0, and --self-prompts too "
                  f"(the documents are the target's answers to its self-written turns)")
@@ -318,8 +326,13 @@ def main(argv=None) -> int:
         conts += own_answers
     docs = []
     if args.doc_prompts:
+        sources = document_sources(target, own, own_answers, args.doc_temperature,
+                                   2 * args.doc_prompts, args.max_tokens,
+                                   args.work / "self-sampled", eos_id=tok.eos_id,
+                                   seed=args.data_seed, batch=args.batch,
+                                   progress=lambda d, n: say(f"document sources {d}/{n}"))
         answered = [(tok.decode(body), tok.decode([t for t in c.output if t != tok.eos_id]))
-                    for body, c in zip(asked, own_answers) if len(c.output) > 32]
+                    for body, c in zip(asked, sources) if len(c.output) > 32]
         try:
             texts = document_prompts(answered, args.doc_prompts, seed=args.data_seed)
         except ValueError as error:
@@ -347,6 +360,7 @@ def main(argv=None) -> int:
                        "greedy answers to the first 3 odd-id questions per category (held out)",
             "temperatures": temps, "max_tokens": args.max_tokens, "seed": args.data_seed,
             "self_prompts": args.self_prompts, "doc_prompts": args.doc_prompts,
+            "doc_temperature": args.doc_temperature,
             "batch": args.batch, "threads": args.threads,
             "torch": torch.__version__})
         say(f"packed {counts} files into {args.pack}")
@@ -374,7 +388,9 @@ def main(argv=None) -> int:
     head = init_head(EagleHead(target, vocab, fuse, args.head_layers), spec.seed, spec.layer_init,
                      feature_rms(data, hidden))
     say(f"before training: {held_out(head, target, eval_set)}")
-    items = training_items(conts, data, {tuple(p) for _, p in docs})
+    # documents of greedy answers repeat text the loss covers already; sampled ones do not
+    repeated = {tuple(p) for _, p in docs} if args.doc_temperature == 0 else set()
+    items = training_items(conts, data, repeated)
     checkpoint = args.work / "checkpoints" / checkpoint_name(spec, head, items) if on_cpu else None
     packed = not on_cpu
     made = {"target": TARGET,
@@ -382,7 +398,10 @@ def main(argv=None) -> int:
                      "self_prompts": {"sampled": args.self_prompts, "kept": len(own),
                                       "answers": "greedy"},
                      "doc_prompts": {"count": len(docs), "forms": "summarize, rag",
-                                     "answers": "greedy"},
+                                     "answers": "greedy",
+                                     **({"documents": f"answers sampled at temperature "
+                                                      f"{args.doc_temperature}"}
+                                        if args.doc_temperature else {})},
                      "temperatures": temps, "max_tokens": args.max_tokens,
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},

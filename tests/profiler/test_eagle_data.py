@@ -20,6 +20,7 @@ from profiler.eagle_data import (  # noqa: E402
     batched_features,
     continue_prompts,
     document_prompts,
+    document_sources,
     pack_continuations,
     read_packed,
     unpack_continuations,
@@ -369,3 +370,31 @@ def test_train_eagle_refuses_a_device_torch_cannot_use(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_eagle_script().main(["--device", "nosuchdevice", "--work", str(tmp_path)])
     assert "--device 'nosuchdevice'" in capsys.readouterr().err
+
+
+def test_document_sources_are_the_greedy_answers_or_fresh_cached_samples(target, tmp_path):
+    """Temperature 0 keeps the greedy answers (the shipped recipe); above it, answers to the
+    first `count` turns are sampled, cached, and fixed by the seed."""
+    greedy = continue_prompts(target, PROMPTS, [0.0], 8, tmp_path / "greedy", eos_id=None)
+    assert document_sources(target, PROMPTS, greedy, 0.0, 2, 8, tmp_path / "s",
+                            eos_id=None) == greedy
+    assert not (tmp_path / "s").exists()  # nothing sampled for the shipped recipe
+    sampled = document_sources(target, PROMPTS, greedy, 1.5, 2, 8, tmp_path / "s",
+                               eos_id=None, seed=7)
+    assert [c.prompt for c in sampled] == [tuple(p) for _, p in PROMPTS[:2]]
+    assert all(len(c.output) == 8 for c in sampled)
+    assert [c.output for c in sampled] != [c.output for c in greedy[:2]]
+    assert len(list((tmp_path / "s").glob("*.json"))) == 2
+    again = document_sources(target, PROMPTS, greedy, 1.5, 2, 8, tmp_path / "s", eos_id=None,
+                             seed=7)
+    assert again == sampled
+    other = document_sources(target, PROMPTS, greedy, 1.5, 2, 8, tmp_path / "other",
+                             eos_id=None, seed=8)
+    assert [c.output for c in other] != [c.output for c in sampled]
+    with pytest.raises(ValueError, match="must be >= 0"):
+        document_sources(target, PROMPTS, greedy, -1.0, 2, 8, tmp_path / "s", eos_id=None)
+
+
+def test_train_eagle_refuses_a_negative_document_temperature(tmp_path, capsys):
+    assert "--doc-temperature -0.5: give 0" in refusal(["--doc-temperature", "-0.5"], tmp_path,
+                                                         capsys)
