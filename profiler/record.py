@@ -60,7 +60,9 @@ def _choose(logits: torch.Tensor, temperature: float,
     from softmax(logits / T) (float64, as the live engine samples) with that row's generator."""
     if temperature <= 0:
         return greedy_tokens(logits).tolist()
-    p = torch.softmax(logits.double() / temperature, dim=-1)
+    # on the CPU: each row's stream is a CPU generator, so a sampled recording draws the same
+    # tokens whichever device computed the logits (a GPU's own generators would draw others)
+    p = torch.softmax(logits.double() / temperature, dim=-1).cpu()
     return [int(torch.multinomial(row, 1, generator=g)) for row, g in zip(p, generators)]
 
 

@@ -11,7 +11,10 @@
 # (README, "Where the held-out acceptance goes"): EXTRA='--doc-temperature 1', documents made of
 # 2,000 answers sampled at temperature 1 instead of greedy ones; the sampled answers and the
 # 1,000 document turns' answers are generated there first (not timed on a GPU yet: if they eat
-# the deadline, the epochs that did finish still come back).
+# the deadline, the epochs that did finish still come back). Its first try (2026-11-27,
+# DATA_ONLY) stopped at the first sampled token: the CPU sampling streams met CUDA
+# probabilities; fixed since (profiler/record.py samples from CPU rows), and
+# scripts/eagle_cuda_check.py now checks sampled generation on the device first.
 # The model travels in two calls (the GGUF is over a call's transfer limit). Prepare here:
 #   printf '/.whl/\n/.xfer/\n' >> .git/info/exclude; mkdir -p .xfer
 #   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz
@@ -42,6 +45,8 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
 python3 -c "import torch; print('torch', torch.__version__)"
 
+# DATA_ONLY=NAME: generate the data (--data-only) and pack it to $OUT/NAME.npz, no training.
+[[ -n ${DATA_ONLY:-} ]] && EXTRA="${EXTRA:-} --data-only --pack $OUT/$DATA_ONLY.npz"
 HEAD_LAYERS=${HEAD_LAYERS:-1}
 EPOCHS=${EPOCHS:-6}
 mkdir -p /tmp/h

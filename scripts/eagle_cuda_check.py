@@ -87,6 +87,18 @@ def main(argv=None) -> int:
         sync()
         stage("generation (greedy, 8 x 16 tokens)", time.perf_counter() - t,
               f"{sum(len(c.output) for c in made)} tokens")
+        # sampled (--doc-temperature, the sampled Spec-Bench answers): the streams are CPU
+        # generators, so the device's draws should be the CPU's but for rounding near-ties
+        t = time.perf_counter()
+        drawn = continue_prompts(gpu, prompts[:8], [1.0], 16, Path(work) / "t1", eos_id=None,
+                                 seed=3, batch=8)
+        sync()
+        seconds = time.perf_counter() - t
+        want = continue_prompts(cpu, prompts[:8], [1.0], 16, Path(work) / "t1-cpu",
+                                eos_id=None, seed=3, batch=8)
+        same = sum(a.output == b.output for a, b in zip(drawn, want))
+        stage("generation (sampled at T=1, 8 x 16 tokens)", seconds,
+              f"{same} of 8 the CPU's draws", same >= 6)
     conts = made + [Continuation(key, tuple(prompt), tuple(
         rng.integers(0, shape.vocab, int(rng.integers(100, 250))).tolist()))
         for key, prompt in prompts[8:]]
