@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.scripts import load_script  # noqa: E402
 from support.tiny_models import TINY, sharpened  # noqa: E402
 
 from profiler.eagle_data import (  # noqa: E402
@@ -112,11 +112,7 @@ def test_bad_files_get_clear_errors(tmp_path):
 
 
 def train_eagle_script():
-    script = Path(__file__).resolve().parents[2] / "scripts" / "train_eagle.py"
-    spec = importlib.util.spec_from_file_location("train_eagle", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_eagle")
 
 
 def test_train_eagle_keeps_the_features_of_its_data_for_a_resumed_run(target, tmp_path,

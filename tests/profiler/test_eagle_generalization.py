@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 
-
-def generalization_script():
-    script = Path(__file__).resolve().parents[2] / "scripts" / "eagle_generalization.py"
-    spec = importlib.util.spec_from_file_location("eagle_generalization", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from support.scripts import load_script
 
 
 @pytest.mark.parametrize("flag", ["--head", "--data"])
 def test_a_missing_head_or_data_file_is_named_in_a_clear_error(flag, tmp_path, capsys,
                                                                 monkeypatch):
-    module = generalization_script()
+    module = load_script("eagle_generalization")
     monkeypatch.setattr(module, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
     with pytest.raises(SystemExit) as stopped:
         module.main([flag, str(tmp_path / "absent.npz")])
