@@ -20,8 +20,13 @@
 #   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz
 #   split -b 45195340 -d -a 1 m.xz .xfer/m.xz.      # two parts of ~45 MB
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl simpy==4.1.2 gguf==0.19.0
-# then a first call (carry .xfer/m.xz.0) copies .xfer/m.xz.0 to /tmp/xfer/, and within the
-# machine's 30 s warm window a second (carry .xfer/m.xz.1 and .whl) runs this script.
+# then a first call (carry .xfer/m.xz.0 and .whl) copies .xfer/m.xz.0 to /tmp/xfer/ and checks
+# the GPU path against the CPU (~15 s on an H100, benchmarks/results/eagle-cuda-check-h100.txt):
+#   mkdir -p /tmp/xfer && cp .xfer/m.xz.0 /tmp/xfer/ && python3 -m pip install -q --no-index
+#   --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python3
+#   scripts/eagle_cuda_check.py --device cuda
+# and within the machine's 30 s warm window a second (carry .xfer/m.xz.1 and .whl) runs this
+# script (OUT=$OUT [HEAD_LAYERS=.. EPOCHS=.. EXTRA=.. DATA_ONLY=..] bash scripts/device_train_eagle.sh).
 # Epoch heads are copied under $OUT as they appear (a call cut short still returns them); the
 # trainer is stopped at $DEADLINE seconds. Usage: OUT=... bash scripts/device_train_eagle.sh
 set -u
