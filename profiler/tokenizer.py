@@ -39,6 +39,14 @@ def chat_prompt(user_text: str, system: str | None = SMOLLM2_SYSTEM) -> str:
     return body + "<|im_start|>assistant\n"
 
 
+def user_turn_frame(tok: Tokenizer, system: str | None = SMOLLM2_SYSTEM
+                    ) -> tuple[list[int], list[int]]:
+    """The token ids of `chat_prompt` before and after the user's text: a self-written turn
+    (Magpie) is sampled after the first and, once written, closed by the second."""
+    before, after = chat_prompt("\0", system).split("\0")
+    return tok.encode(before), tok.encode(after)
+
+
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map: BPE runs on these characters, not raw bytes."""

@@ -24,7 +24,7 @@ from profiler.eagle import load_head
 from profiler.eagle_data import continue_prompts, self_prompts
 from profiler.eagle_train import eagle_runs
 from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt
+from profiler.tokenizer import chat_prompt, user_turn_frame
 from spectune.record import (
     DEFAULT_PROMPTS,
     acceptance_k1,
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     target, tok = load_smollm2(torch.float32)
     head = load_head(target, args.head)
-    before, after = chat_prompt("\0").split("\0")
-    pre, tail = tok.encode(before), tok.encode(after)
+    pre, tail = user_turn_frame(tok)
 
     def turns(folder: str, seed: int, count: int) -> list[tuple[str, list[int]]]:
         asked = self_prompts(target, pre, count, args.work / f"{folder}-prompts", eos_id=tok.eos_id,

@@ -30,7 +30,7 @@ from profiler.eagle_data import (
     unpack_continuations,
 )
 from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt
+from profiler.tokenizer import chat_prompt, user_turn_frame
 from scripts.train_eagle import held_out
 from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
@@ -94,8 +94,7 @@ def main(argv=None) -> int:
         unpack_continuations(args.data, args.work / "trained")
     except ValueError as error:
         ap.error(str(error))
-    before, after = chat_prompt("\0").split("\0")
-    pre_query, tail = tok.encode(before), tok.encode(after)
+    pre_query, tail = user_turn_frame(tok)
     trained = self_prompts(target, pre_query, args.self_prompts,
                            args.work / "trained" / "self-prompts", eos_id=tok.eos_id, seed=0)
     answers = continue_prompts(target, [(f"self{i}", [*pre_query, *b, *tail])

@@ -59,7 +59,7 @@ from profiler.eagle_train import (
     train_head,
 )
 from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt
+from profiler.tokenizer import chat_prompt, user_turn_frame
 from spectune.record import (
     DEFAULT_PROMPTS,
     acceptance_k1,
@@ -235,10 +235,10 @@ def main(argv=None) -> int:
                     help="long-context user turns (summarize / RAG forms) built from the answers "
                          "to the self-written turns, and answered greedily; needs --self-prompts")
     ap.add_argument("--doc-temperature", type=float, default=0.0,
-                    help="make the documents of answers to the self-written turns sampled at "
-                         "this temperature (2 per document turn) instead of their greedy "
-                         "answers (0, the default and the shipped recipe); their text then "
-                         "enters the loss too, as no other sequence covers it")
+                    help="make the documents of answers sampled at this temperature (one to "
+                         "each of the first 2 x --doc-prompts self-written turns) instead of "
+                         "the turns' greedy answers (0, the default and the shipped recipe); "
+                         "their text then enters the loss too, as no other sequence covers it")
     ap.add_argument("--data", type=Path,
                     help="a packed data file (--pack) to unpack into --work before generating: "
                          "the run then trains on that data instead of generating it again")
@@ -312,8 +312,7 @@ def main(argv=None) -> int:
                              progress=lambda d, n: say(f"continuations {d}/{n}"))
     own = []
     if args.self_prompts:
-        before, after = chat_prompt("\0").split("\0")  # the template around a user turn
-        pre_query, tail = tok.encode(before), tok.encode(after)
+        pre_query, tail = user_turn_frame(tok)
         asked = self_prompts(target, pre_query, args.self_prompts, args.work / "self-prompts",
                              eos_id=tok.eos_id, seed=args.data_seed, batch=args.batch,
                              progress=lambda d, n: say(f"self prompts {d}/{n}"))

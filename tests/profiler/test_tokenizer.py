@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.tokenizer import Tokenizer, bytes_to_unicode, chat_prompt, pre_tokenize
+from profiler.tokenizer import (
+    Tokenizer,
+    bytes_to_unicode,
+    chat_prompt,
+    pre_tokenize,
+    user_turn_frame,
+)
 
 # The regex Hugging Face's ByteLevel pre-tokenizer runs (after SmolLM2's Digits split).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -32,6 +38,18 @@ def test_chat_prompt_is_smollm2_chatml():
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert chat_prompt("Hi").startswith("<|im_start|>system\nYou are a helpful AI assistant")
+
+
+def test_user_turn_frame_is_the_chat_prompt_around_the_user_text():
+    class Characters:  # one id per character: the frame's text is readable back
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+    for system in (None, "Be brief."):
+        pre, tail = user_turn_frame(Characters(), system)
+        text = "".join(map(chr, pre)) + "Hi" + "".join(map(chr, tail))
+        assert text == chat_prompt("Hi", system=system)
+        assert "".join(map(chr, tail)) == "<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_byte_map_is_a_bijection_that_keeps_printable_ascii():
