@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,3 +319,80 @@ def unpack_continuations(path: Path, work: Path) -> dict[str, int]:
                 handle.write(json.dumps(tokens).encode())
             written[folder] += 1
     return written
+
+
+#: Spec-Bench's instruction before a translation sentence (its translation questions' form).
+TRANSLATE = "Translate German to English: "
+SUMMARIZE = "Summarize: "
+
+
+def _sentences(text: str) -> list[str]:
+    """`text` cut after each ., ! or ? followed by a space (news text: good enough)."""
+    return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
+
+
+def recombined_documents(
+    questions: Sequence[tuple[str, str, str]],
+    *,
+    seed: int = 0,
+    article_parts: int = 3,
+    rag_variants: int = 4,
+    translation_pairs: int = 3,
+) -> list[tuple[str, str]]:
+    """New user turns in Spec-Bench's long-context and translation forms, made of the real text
+    of the given (key, category, text) questions (pass the training split only): per
+    summarization article, `article_parts` turns summarizing a part of it (first half, second
+    half, middle); per RAG question, `rag_variants` turns (its passages reordered, three of
+    them, two of them to summarize, two of them with two of another question's before the
+    question); per translation sentence, `translation_pairs` turns translating it run together
+    with another one. Returns (key, text) pairs, fixed by `seed`; each key names its text.
+
+    Why: the head is weakest on real documents (summaries of news articles, passages): the
+    documents it trains on are otherwise the target's own answers, which it predicts far
+    better than a real article (`scripts/eagle_generalization.py --documents`). These turns put
+    real text from outside the evaluation split in front of the target, in new arrangements,
+    so that the target's answers to them are new sequences over real documents."""
+    rng = np.random.default_rng([seed, 0xD0C5])
+    by_category: dict[str, list[tuple[str, str]]] = {}
+    for key, category, text in questions:
+        by_category.setdefault(category, []).append((key, text))
+    out: list[tuple[str, str]] = []
+
+    def add(form: str, key: str, text: str) -> None:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        out.append((f"{form}-{key}-{len(out)}-{digest}", text))
+
+    for key, text in by_category.get("summarization", []):
+        body = text[len(SUMMARIZE):] if text.startswith(SUMMARIZE) else text
+        sentences = _sentences(body)
+        if len(sentences) < 4:
+            continue
+        half, fifth = len(sentences) // 2, len(sentences) // 5
+        parts = [sentences[:half], sentences[half:], sentences[fifth : len(sentences) - fifth]]
+        for part in parts[:article_parts]:
+            add("part", key, SUMMARIZE + " ".join(part))
+    rags = by_category.get("rag", [])
+    for index, (key, text) in enumerate(rags):
+        *passages, question = text.split("\n")
+        if len(passages) < 3:
+            continue
+        other = rags[(index + 1 + int(rng.integers(max(len(rags) - 1, 1)))) % len(rags)][1]
+        other_passages = other.split("\n")[:-1]
+        shuffled = [passages[i] for i in rng.permutation(len(passages))]
+        three = [passages[i] for i in sorted(rng.choice(len(passages), 3, replace=False))]
+        two = [passages[i] for i in sorted(rng.choice(len(passages), 2, replace=False))]
+        mixed = [*two, *[other_passages[i] for i in rng.choice(len(other_passages),
+                                                                min(2, len(other_passages)),
+                                                                replace=False)]]
+        mixed = [mixed[i] for i in rng.permutation(len(mixed))]
+        variants = [("\n".join([*shuffled, question])), "\n".join([*three, question]),
+                    SUMMARIZE + " ".join(two), "\n".join([*mixed, question])]
+        for form, variant in zip(("rag", "rag", "sum", "mix"), variants[:rag_variants]):
+            add(form, key, variant)
+    sentences = [(key, text[len(TRANSLATE):]) for key, text in by_category.get("translation", [])
+                 if text.startswith(TRANSLATE)]
+    for index, (key, sentence) in enumerate(sentences):
+        for _ in range(translation_pairs if len(sentences) > 1 else 0):
+            j = (index + 1 + int(rng.integers(len(sentences) - 1))) % len(sentences)
+            add("de", key, TRANSLATE + sentence + " " + sentences[j][1])
+    return out

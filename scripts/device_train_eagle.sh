@@ -15,6 +15,9 @@
 # DATA_ONLY) stopped at the first sampled token: the CPU sampling streams met CUDA
 # probabilities; fixed since (profiler/record.py samples from CPU rows), and
 # scripts/eagle_cuda_check.py now checks sampled generation on the device first.
+# A second data change, measured on the CPU by fine-tuning (README, "Real documents from the
+# training split"): EXTRA='--real-documents' adds ~400 turns recombining the even ids' own
+# articles, passages and sentences (their 400 greedy answers are generated there too).
 # The model travels in two calls (the GGUF is over a call's transfer limit). Prepare here:
 #   printf '/.whl/\n/.xfer/\n' >> .git/info/exclude; mkdir -p .xfer
 #   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz

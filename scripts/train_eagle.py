@@ -8,6 +8,8 @@ the training split (even Spec-Bench question ids; greedy and sampled); --self-pr
 the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and its greedy answers
 to them; --doc-prompts long-context turns in Spec-Bench's summarize and RAG forms made of
 those answers (profiler/eagle_data.document_prompts) and the target's greedy answers to them;
+with --real-documents, turns recombining the training split's own articles, passages and
+sentences (profiler/eagle_data.recombined_documents) and the target's greedy answers to them;
 a draft vocabulary from all of that text; the target's features over prompt +
 continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
 first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
@@ -46,6 +48,7 @@ from profiler.eagle_data import (
     document_prompts,
     document_sources,
     pack_continuations,
+    recombined_documents,
     self_prompts,
     unpack_continuations,
 )
@@ -239,6 +242,11 @@ def main(argv=None) -> int:
                          "each of the first 2 x --doc-prompts self-written turns) instead of "
                          "the turns' greedy answers (0, the default and the shipped recipe); "
                          "their text then enters the loss too, as no other sequence covers it")
+    ap.add_argument("--real-documents", action="store_true",
+                    help="also ~400 turns recombining the training split's real documents "
+                         "(article parts, RAG passages reordered and mixed, translation "
+                         "sentences paired: profiler/eagle_data.recombined_documents), answered "
+                         "greedily; their text enters the loss")
     ap.add_argument("--data", type=Path,
                     help="a packed data file (--pack) to unpack into --work before generating: "
                          "the run then trains on that data instead of generating it again")
@@ -343,6 +351,17 @@ def main(argv=None) -> int:
                                   args.work / "doc-continuations", eos_id=tok.eos_id,
                                   seed=args.data_seed, batch=args.batch,
                                   progress=lambda d, n: say(f"doc continuations {d}/{n}"))
+    real = []
+    if args.real_documents:
+        split = [(p.key, p.category or "", p.text) for p in train]
+        real = [(key, tok.encode(chat_prompt(text)))
+                for key, text in recombined_documents(split, seed=args.data_seed)]
+        say(f"{len(real)} turns recombining the training split's documents")
+        conts += continue_prompts(target, real, [0.0], args.max_tokens,
+                                  args.work / "real-doc-continuations", eos_id=tok.eos_id,
+                                  seed=args.data_seed, batch=args.batch,
+                                  progress=lambda d, n: say(f"real-document continuations "
+                                                            f"{d}/{n}"))
     conts.sort(key=lambda c: (c.prompt, c.key))
     evals = first_per_category([p for p in questions if in_split(p.key, "eval")], 3)
     eval_conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text))) for p in evals],
@@ -355,11 +374,12 @@ def main(argv=None) -> int:
             "prompts": "Spec-Bench questions with even ids (continuations), self-written user "
                        "turns (self-prompts) and their answers (self-continuations), "
                        "summarize/RAG turns made of those answers and their answers "
-                       "(doc-continuations); eval: "
+                       "(doc-continuations), turns recombining the even ids' documents and their "
+                       "answers (real-doc-continuations); eval: "
                        "greedy answers to the first 3 odd-id questions per category (held out)",
             "temperatures": temps, "max_tokens": args.max_tokens, "seed": args.data_seed,
             "self_prompts": args.self_prompts, "doc_prompts": args.doc_prompts,
-            "doc_temperature": args.doc_temperature,
+            "doc_temperature": args.doc_temperature, "real_documents": len(real),
             "batch": args.batch, "threads": args.threads,
             "torch": torch.__version__})
         say(f"packed {counts} files into {args.pack}")
@@ -367,7 +387,8 @@ def main(argv=None) -> int:
         say(f"data only: {len(conts)} continuations, {sum(len(c.output) for c in conts)} output "
             f"tokens cached under {args.work}")
         return 0
-    texts = [c.output for c in conts] + [p for _, p in prompts + own + docs]  # outputs copy prompts
+    # outputs copy prompts
+    texts = [c.output for c in conts] + [p for _, p in prompts + own + docs + real]
     vocab = draft_vocabulary(texts, args.vocab, always=[tok.eos_id],
                              vocab=target.config.shape.vocab)
     chosen = set(vocab.tolist())
@@ -401,6 +422,8 @@ def main(argv=None) -> int:
                                      **({"documents": f"answers sampled at temperature "
                                                       f"{args.doc_temperature}"}
                                         if args.doc_temperature else {})},
+                     "real_documents": {"count": len(real), "answers": "greedy",
+                                        "made_by": "profiler.eagle_data.recombined_documents"},
                      "temperatures": temps, "max_tokens": args.max_tokens,
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},

@@ -394,3 +394,60 @@ def test_document_sources_are_the_greedy_answers_or_fresh_cached_samples(target,
 def test_train_eagle_refuses_a_negative_document_temperature(tmp_path, capsys):
     assert "--doc-temperature -0.5: give 0" in refusal(["--doc-temperature", "-0.5"], tmp_path,
                                                          capsys)
+
+
+ARTICLE = " ".join(f"Sentence {i} of the story." for i in range(10))
+PASSAGES = {key: [f"Passage {key}{j} text." for j in range(5)] for key in ("r1", "r2", "r3")}
+SPLIT = ([("s1", "summarization", "Summarize: " + ARTICLE),
+          ("s2", "summarization", "Summarize: Too short. Two sentences.")]
+         + [(key, "rag", "\n".join([*p, f"Question {key}?"])) for key, p in PASSAGES.items()]
+         + [(f"t{i}", "translation", f"Translate German to English: Satz {i} .")
+            for i in range(3)]
+         + [("q1", "qa", "Who wrote it?")])
+
+
+def test_recombined_documents_rearrange_only_the_given_real_text():
+    """Article parts are runs of the article's own sentences; RAG turns keep their question last
+    and take passages of their own question (the mixed ones two of another's too); translation
+    turns join two different given sentences; other categories and too-short articles give
+    nothing."""
+    from profiler.eagle_data import recombined_documents
+
+    turns = recombined_documents(SPLIT, seed=0)
+    forms = [key.split("-")[0] for key, _ in turns]
+    assert forms.count("part") == 3 and forms.count("de") == 3 * 3
+    assert forms.count("rag") == 2 * 3 and forms.count("sum") == 3 and forms.count("mix") == 3
+    assert len({key for key, _ in turns}) == len(turns)
+    sentences = set(ARTICLE.replace(". ", ".\n").split("\n"))
+    every_passage = {p for ps in PASSAGES.values() for p in ps}
+    for key, text in turns:
+        form, source = key.split("-")[:2]
+        if form == "part":
+            assert source == "s1" and text.startswith("Summarize: ")
+            part = text[len("Summarize: "):].replace(". ", ".\n").split("\n")
+            assert set(part) <= sentences and 4 <= len(part) <= 6
+            assert " ".join(part) in ARTICLE  # a run, in order
+        elif form in ("rag", "mix"):
+            *passages, question = text.split("\n")
+            assert question == f"Question {source}?"
+            own = [p for p in passages if p in PASSAGES[source]]
+            assert set(passages) <= every_passage and len(set(passages)) == len(passages)
+            assert len(passages) - len(own) == (2 if form == "mix" else 0)
+            assert len(passages) in ((5, 3) if form == "rag" else (4,))
+        elif form == "sum":
+            body = text[len("Summarize: "):]
+            assert "\n" not in body and body.count("Passage") == 2
+            assert all(p in PASSAGES[source] for p in body.replace(". P", ".\nP").split("\n"))
+        else:
+            assert form == "de" and text.startswith("Translate German to English: ")
+            words = text.split(": ", 1)[1]
+            assert words.count("Satz") == 2 and words.split(" .")[0] == f"Satz {source[1:]}"
+            assert len(set(words.split(" . "))) == 2  # two different sentences
+
+
+def test_recombined_documents_are_fixed_by_the_seed():
+    from profiler.eagle_data import recombined_documents
+
+    assert recombined_documents(SPLIT, seed=1) == recombined_documents(SPLIT, seed=1)
+    assert recombined_documents(SPLIT, seed=1) != recombined_documents(SPLIT, seed=2)
+    assert recombined_documents([], seed=1) == []
