@@ -19,6 +19,7 @@ are cached under --work; the figures are written to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD, load_head, save_head
+from profiler.eagle import SHIPPED_HEAD, load_head, read_meta, save_head
 from profiler.eagle_data import (
     Continuation,
     continue_prompts,
@@ -93,8 +94,20 @@ def fine_tune(target, items, arm: str, args, measure, say) -> list[dict]:
         return json.dumps(epochs[-1])
 
     curve = train_head(head, items, spec, log=say, evaluate=evaluate)
-    save_head(head, args.work / f"head-{arm}.npz",
-              {"experiment": "eagle_document_finetune", "arm": arm, "curve": curve})
+    base = read_meta(args.head)
+    save_head(head, args.work / f"head-{arm}.npz", {
+        "fine_tuned_from": {"file": args.head.name, **base},
+        "fine_tune": {"script": "scripts/eagle_document_finetune.py", "arm": arm,
+                      "data": ("recombined training-split documents (greedy answers, 128 "
+                               "tokens) and replay" if arm == "docs" else "replay only"),
+                      "replay": args.replay if arm == "docs" else 2 * args.replay,
+                      "documents": len(items) - args.replay if arm == "docs" else 0,
+                      "train": dataclasses.asdict(spec), "curve": curve,
+                      "threads": args.threads, "torch": torch.__version__, "device": "cpu"},
+        "held_out_first3_per_category": epochs[-1]["held-out, 3 per category"],
+        "command": f"python scripts/eagle_document_finetune.py --head {args.head} --replay "
+                   f"{args.replay} --lr {args.lr} --epochs {args.epochs} --arms {arm} "
+                   f"--threads {args.threads}"})
     return epochs
 
 
