@@ -28,6 +28,10 @@ from traces import atomic_write
 #: The format name inside a packed cache file (`pack_continuations`).
 PACK_FORMAT = "spectune-eagle-continuations/1"
 
+#: The instructions before Spec-Bench's summarization and translation questions' text.
+SUMMARIZE = "Summarize: "
+TRANSLATE = "Translate German to English: "
+
 
 @dataclass(frozen=True)
 class Continuation:
@@ -223,7 +227,7 @@ def document_prompts(
         picks = rng.choice(len(answers), size=int(rng.integers(low, high + 1)), replace=False)
         texts = [answers[j][1].strip() for j in picks]
         if i % 2 == 0:
-            form, text = "sum", "Summarize: " + " ".join(texts)
+            form, text = "sum", SUMMARIZE + " ".join(texts)
         else:
             question = answers[picks[int(rng.integers(len(picks)))]][0].strip()
             form, text = "rag", "\n".join([*texts, question])
@@ -321,9 +325,6 @@ def unpack_continuations(path: Path, work: Path) -> dict[str, int]:
     return written
 
 
-#: Spec-Bench's instruction before a translation sentence (its translation questions' form).
-TRANSLATE = "Translate German to English: "
-SUMMARIZE = "Summarize: "
 
 
 def _sentences(text: str) -> list[str]:
@@ -385,7 +386,7 @@ def recombined_documents(
                                                                 min(2, len(other_passages)),
                                                                 replace=False)]]
         mixed = [mixed[i] for i in rng.permutation(len(mixed))]
-        variants = [("\n".join([*shuffled, question])), "\n".join([*three, question]),
+        variants = ["\n".join([*shuffled, question]), "\n".join([*three, question]),
                     SUMMARIZE + " ".join(two), "\n".join([*mixed, question])]
         for form, variant in zip(("rag", "rag", "sum", "mix"), variants[:rag_variants]):
             add(form, key, variant)

@@ -25,11 +25,10 @@ from profiler.eagle_data import continue_prompts, target_features
 from profiler.eagle_train import eagle_runs
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
+from scripts.eagle_generalization import held_out_documents, require_files
 from spectune.record import (
     DEFAULT_PROMPTS,
     acceptance_k1,
-    first_per_category,
-    in_split,
     load_prompts,
     tokens_per_step,
 )
@@ -53,17 +52,14 @@ def main(argv=None) -> int:
     if not windows or any(w < 0 or 0 < w <= 128 for w in windows):
         ap.error(f"--windows {args.windows!r}: give comma-separated positions, each 0 (the whole "
                  f"context) or more than the 128 answer tokens")
-    if not args.head.is_file():
-        ap.error(f"--head {args.head}: no such file (a scripts/train_eagle.py output)")
+    require_files(ap, head=args.head)
     torch.set_num_threads(args.threads)
     target, tok = load_smollm2(torch.float32)
     try:
         head = load_head(target, args.head)
     except ValueError as error:
         ap.error(str(error))
-    held = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, "eval")
-            and p.category in ("summarization", "rag")]
-    held = first_per_category(held, args.per_category)
+    held = held_out_documents(load_prompts(DEFAULT_PROMPTS), args.per_category)
     conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text))) for p in held],
                              [0.0], 128, args.work / "eval", eos_id=tok.eos_id, batch=16)
     runs: dict[int, dict[str, list]] = {w: {} for w in windows}

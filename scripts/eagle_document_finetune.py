@@ -41,11 +41,10 @@ from profiler.eagle_data import (
 from profiler.eagle_train import TrainSpec, train_head
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt, user_turn_frame
+from scripts.eagle_generalization import DATA, held_out_documents, require_files
 from scripts.train_eagle import cached_features, held_out, training_items
 from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 from traces import atomic_write
-
-DATA = Path("profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz")
 
 
 def replay_pool(target, tok, work: Path, questions, self_count: int) -> list[Continuation]:
@@ -71,8 +70,7 @@ def held_out_sets(target, tok, questions, work: Path) -> dict[str, list]:
     held-out summarization and RAG questions each."""
     held = [p for p in questions if in_split(p.key, "eval")]
     sets = {"held-out, 3 per category": first_per_category(held, 3),
-            "held-out summarization + rag": first_per_category(
-                [p for p in held if p.category in ("summarization", "rag")], 20)}
+            "held-out summarization + rag": held_out_documents(questions, 20)}
     out = {}
     for name, chosen in sets.items():
         conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text)))
@@ -134,10 +132,7 @@ def main(argv=None) -> int:
     if args.replay < 1 or args.epochs < 1 or not args.lr > 0:
         ap.error(f"--replay {args.replay}, --epochs {args.epochs}, --lr {args.lr}: give "
                  f"positive numbers")
-    for flag, path in (("--head", args.head), ("--data", args.data)):
-        if not path.is_file():
-            ap.error(f"{flag} {path}: no such file (the head: a scripts/train_eagle.py output; "
-                     f"the data: the packed file it was trained on)")
+    require_files(ap, head=args.head, data=args.data)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 

@@ -34,7 +34,25 @@ from profiler.tokenizer import chat_prompt, user_turn_frame
 from scripts.train_eagle import held_out
 from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
+#: The packed data the shipped head's H100 training used.
 DATA = Path("profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz")
+
+
+def held_out_documents(questions, per_category: int) -> list:
+    """The first `per_category` held-out (odd-id) summarization and RAG questions each: the
+    long real documents the head predicts worst."""
+    held = [p for p in questions if in_split(p.key, "eval")
+            and p.category in ("summarization", "rag")]
+    return first_per_category(held, per_category)
+
+
+def require_files(ap, **paths: Path) -> None:
+    """Refuse (before the target loads) a --head or --data file that is not there."""
+    wanted = {"head": "a scripts/train_eagle.py output",
+              "data": "the packed file the head was trained on"}
+    for name, path in paths.items():
+        if not path.is_file():
+            ap.error(f"--{name} {path}: no such file (give {wanted[name]})")
 
 
 def document_sets(target, tok, fresh, greedy, questions, args) -> dict[str, list]:
@@ -53,9 +71,7 @@ def document_sets(target, tok, fresh, greedy, questions, args) -> dict[str, list
         out[f"new document turns, {kind} answers"] = continue_prompts(
             target, [(key, tok.encode(chat_prompt(text))) for key, text in docs], [0.0],
             args.max_tokens, args.work / "documents", eos_id=tok.eos_id)
-    held = [p for p in questions if in_split(p.key, "eval")
-            and p.category in ("summarization", "rag")]
-    held = first_per_category(held, (args.documents + 1) // 2)
+    held = held_out_documents(questions, (args.documents + 1) // 2)
     out["Spec-Bench held-out summarization + rag"] = continue_prompts(
         target, [(p.key, tok.encode(chat_prompt(p.text))) for p in held], [0.0],
         args.max_tokens, args.work / "eval", eos_id=tok.eos_id)
@@ -83,10 +99,7 @@ def main(argv=None) -> int:
     if args.count < 2 or args.documents < 0:
         ap.error(f"--count {args.count}, --documents {args.documents}: give a count of at least "
                  f"2 and a number of documents of at least 0")
-    for flag, path in (("--head", args.head), ("--data", args.data)):
-        if not path.is_file():
-            ap.error(f"{flag} {path}: no such file (the head: a scripts/train_eagle.py output; "
-                     f"the data: the packed file it was trained on)")
+    require_files(ap, head=args.head, data=args.data)
     torch.set_num_threads(args.threads)
     target, tok = load_smollm2(torch.float32)
     try:
