@@ -37,6 +37,10 @@ class DraftChain:
     entropy: list[float] = field(default_factory=list)
     probs: torch.Tensor | None = None
     fed: int = 0
+    #: a draft tree (profiler/draft_tree.py): each token's parent, an index into `tokens` (-1:
+    #: the request's last committed token), parents first; None for a chain. A node's top1,
+    #: entropy and probs are those of the distribution it was drawn from (its parent's).
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

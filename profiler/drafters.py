@@ -112,7 +112,8 @@ def make_drafter(
 ) -> Drafter:
     """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS", "eagle" (the
     shipped EAGLE head; "eagle:PATH" another .npz; "eagle@int8" its weights in int8,
-    profiler/int8_weight.py; "eagle+ngram" with the n-gram lookup) or "model:<shape name>".
+    profiler/int8_weight.py; "eagle+ngram" with the n-gram lookup; "eagle-tree" drafting the
+    shipped static tree, profiler/draft_tree.py) or "model:<shape name>".
 
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
@@ -146,7 +147,8 @@ def make_drafter(
 
         return QuantDrafter(target, int(arg))
     base, at, weights = kind.partition("@")
-    if base in ("eagle", "eagle+ngram"):
+    if base in ("eagle", "eagle+ngram", "eagle-tree"):
+        from profiler.draft_tree import SHIPPED_TREE, load_tree
         from profiler.eagle import load_head
         from profiler.eagle_drafter import EagleDrafter
 
@@ -157,7 +159,8 @@ def make_drafter(
         if weights:
             head.quantize()
         lookup = NgramDrafter() if base == "eagle+ngram" else None
-        return EagleDrafter(head, name=spec, lookup=lookup)
+        tree = load_tree(SHIPPED_TREE)[0] if base == "eagle-tree" else None
+        return EagleDrafter(head, name=spec, lookup=lookup, tree=tree)
     if kind == "model":
         if draft_model is None:
             draft_model = _random_draft(arg, target, shapes, seed)
@@ -166,7 +169,8 @@ def make_drafter(
             raise ValueError(f"drafter {spec!r}: vocabulary {vocab} != the target's {target_vocab}")
         return ModelDrafter(draft_model, name=spec)
     raise ValueError(f"unknown drafter {spec!r}; known: ngram, early-exit:L[:lens], quant:BITS, "
-                     "eagle[@int8][:PATH], eagle+ngram[@int8][:PATH], model:<shape name>")
+                     "eagle[@int8][:PATH], eagle+ngram[@int8][:PATH], eagle-tree[@int8][:PATH], "
+                     "model:<shape name>")
 
 
 def _random_draft(name: str, target, shapes: Mapping[str, ModelShape] | None, seed: int):

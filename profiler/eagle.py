@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from profiler.int8_weight import Int8Weight
-from profiler.kv_cache import BatchAttention, KVCache
+from profiler.kv_cache import BatchAttention, KVCache, RowLayout
 from profiler.model import DecoderLayer, LlamaModel, decoder_layer, rms_norm
 from traces import atomic_write
 
@@ -185,18 +185,21 @@ class EagleHead(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: list[torch.Tensor], features: list[torch.Tensor],
-                caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+                caches: list[KVCache], layouts: list[RowLayout | None] | None = None,
+                every_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed per request the entries (tokens[r], features[r]) after its cache; return the
-        last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]."""
+        last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]
+        (with `every_row`, those of every new entry, packed request after request). `layouts`:
+        a draft tree's nodes (kv_cache.RowLayout), as in the target's forward."""
         batch = BatchAttention([t.shape[0] for t in tokens], caches,
-                               self.config.batched_attention)
+                               self.config.batched_attention, layouts)
         if len({f.shape[-1] for f in features}) == 1:
             x = self.entries(torch.cat(tokens), torch.cat(features))
         else:  # true (fused) features for some requests, predicted ones for others
             x = torch.cat([self.entries(t, f) for t, f in zip(tokens, features)])
         out = self.layer_forward(x, batch.positions(), batch.max_length, batch)
         batch.commit()
-        last = out[batch.last_rows()]
+        last = out if every_row else out[batch.last_rows()]
         return last, self.draft_logits(last)
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from profiler.draft_base import DraftChain, Drafter, StopRule
+from profiler.draft_tree import TreeShape
 from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, HeadTiming
-from profiler.kv_cache import KVCache
+from profiler.kv_cache import KVCache, RowLayout
 
 
 @dataclass
@@ -49,10 +50,13 @@ class EagleDrafter(Drafter):
     catch_up = "committed"
 
     def __init__(self, head: EagleHead, name: str = "eagle", cache_tokens: int = 256,
-                 lookup: NgramDrafter | None = None, lookup_min_match: int = 2) -> None:
+                 lookup: NgramDrafter | None = None, lookup_min_match: int = 2,
+                 tree: TreeShape | None = None) -> None:
         if lookup_min_match < 1:
             raise ValueError(f"lookup_min_match must be >= 1, got {lookup_min_match}")
-        self.head = head
+        if tree is not None and lookup is not None:
+            raise ValueError("a draft tree takes the head's candidates only: no lookup with it")
+        self.head, self.tree = head, tree
         self.lookup, self.lookup_min_match = lookup, lookup_min_match
         self.model = head  # what the engine checks for the device and times as a draft pass
         self.timing_model = HeadTiming(head)  # what a profile sweep calls like a draft model
@@ -93,6 +97,8 @@ class EagleDrafter(Drafter):
         stop: StopRule | None = None,
         keep_probs: bool = False,
     ) -> list[DraftChain]:
+        if self.tree is not None:
+            return self._propose_trees(request_ids, histories, ks, stop, keep_probs)
         chains = [DraftChain() for _ in ks]
         probs: list[list[torch.Tensor]] = [[] for _ in ks]
         device = self.head.config.device
@@ -127,6 +133,111 @@ class EagleDrafter(Drafter):
         for chain, rows in zip(chains, probs):
             chain.probs = torch.stack(rows) if rows else None
         return chains
+
+    def _propose_trees(self, request_ids, histories, ks, stop, keep_probs) -> list[DraftChain]:
+        """Per request the tree `self.tree.upto(k)`: one head pass per depth over every request's
+        nodes of the depth above that have children (each sees the trusted entries and its own
+        ancestors: `_node_layout`); a node of rank r is its parent's r-th most likely token.
+        The stop rule reads the top-1 path (the chain inside the tree): where it stops, no node
+        goes deeper."""
+        device = self.head.config.device
+        chains = [DraftChain(parents=[]) for _ in ks]
+        shapes = {i: self.tree.upto(k) for i, k in enumerate(ks) if k > 0}
+        feeds = {i: self._catch_up(self._seqs[request_ids[i]], histories[i], device)
+                 for i in shapes}
+        for i in shapes:
+            chains[i].fed = feeds[i][0].shape[0]
+        seqs = {i: self._seqs[request_ids[i]] for i in shapes}
+        active = list(shapes)
+        if not active:
+            return chains
+        features, logits = self.head([feeds[i][0] for i in active], [feeds[i][1] for i in active],
+                                     [seqs[i].cache for i in active])
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in active}
+        base = {i: seqs[i].cache.length for i in active}  # L0: the first speculative column
+        column: dict[int, dict[int, int]] = {i: {} for i in active}  # node -> its cache column
+        # the distributions to expand: (request, parent node (-1: root), its path, feature row)
+        frontier = [(i, -1, (), j) for j, i in enumerate(active)]
+        depth = 0
+        while frontier:
+            q = torch.softmax(logits.float(), dim=-1)
+            entropy = torch.special.entr(q).sum(dim=-1).tolist()
+            widest = max(self._child_ranks(shapes[i], path)[-1] + 1 for i, _, path, _ in frontier)
+            top_q, top_index = q.topk(widest, dim=-1)
+            top_tokens = self.head.vocab_ids[top_index].tolist()
+            top1 = top_q[:, 0].tolist()
+            full = None
+            if keep_probs:
+                full = q.new_zeros(q.shape[0], self.head.target.config.shape.vocab)
+                full[:, self.head.vocab_ids] = q
+            stopped = set()
+            if stop is not None:
+                stopped = {i for i, _, path, j in frontier
+                           if path == (0,) * depth and stop(i, depth, top1[j], entropy[j])}
+            parents_of_next = []  # (request, node, its path, the row of its parent's feature)
+            for i, parent, path, j in frontier:
+                chain = chains[i]
+                for rank in self._child_ranks(shapes[i], path):
+                    node = len(chain.tokens)
+                    chain.tokens.append(top_tokens[j][rank])
+                    chain.parents.append(parent)
+                    chain.top1.append(top1[j])
+                    chain.entropy.append(entropy[j])
+                    if full is not None:
+                        probs[i].append(full[j])
+                    child = (*path, rank)
+                    if i not in stopped and self._child_ranks(shapes[i], child):
+                        parents_of_next.append((i, node, child, j))
+            if not parents_of_next:
+                break
+            depth += 1
+            by_request: dict[int, list[tuple[int, tuple, int]]] = {}
+            for i, node, path, j in parents_of_next:
+                by_request.setdefault(i, []).append((node, path, j))
+            order = list(by_request)
+            tokens, feats, layouts = [], [], []
+            for i in order:
+                nodes = by_request[i]
+                tokens.append(torch.tensor([chains[i].tokens[n] for n, _, _ in nodes],
+                                           dtype=torch.int64, device=device))
+                feats.append(features[[j for _, _, j in nodes]])
+                layouts.append(self._node_layout(chains[i].parents, [n for n, _, _ in nodes],
+                                                 seqs[i].cache.length, base[i], depth,
+                                                 column[i], device))
+            features, logits = self.head(tokens, feats, [seqs[i].cache for i in order],
+                                         layouts, every_row=True)
+            frontier, row = [], 0
+            for i in order:
+                for node, path, _ in by_request[i]:
+                    frontier.append((i, node, path, row))
+                    row += 1
+        for i, rows in probs.items():
+            chains[i].probs = torch.stack(rows) if rows else None
+        return chains
+
+    @staticmethod
+    def _child_ranks(shape: TreeShape, path: tuple[int, ...]) -> list[int]:
+        """Ranks of `path`'s children in `shape`, ascending (empty for a leaf)."""
+        return sorted(p[-1] for p in shape.paths if len(p) == len(path) + 1 and p[:-1] == path)
+
+    @staticmethod
+    def _node_layout(parents: list[int], nodes: list[int], cached: int, base: int, depth: int,
+                     column: dict[int, int], device) -> RowLayout:
+        """Nodes of one depth fed side by side at position base + depth - 1 (where a chain feeds
+        its depth's draft): each sees the entries before `base` (the history), the columns of
+        its ancestors fed at earlier depths, and itself; it takes the next free column."""
+        n = len(nodes)
+        mask = torch.zeros(n, cached + n, dtype=torch.bool)
+        mask[:, :base] = True
+        for row, node in enumerate(nodes):
+            ancestor = parents[node]
+            while ancestor >= 0:
+                mask[row, column[ancestor]] = True
+                ancestor = parents[ancestor]
+            mask[row, cached + row] = True
+            column[node] = cached + row
+        positions = torch.full((n,), base + depth - 1, dtype=torch.int64)
+        return RowLayout(positions.to(device), mask.to(device))
 
     def _looked_up(self, history: Sequence[int], chain: list[int], head_token: int) -> int:
         """The lookup's next token after history + chain on a long enough match, else the

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from profiler.draft_tree import TreeShape
 from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, head_state, unit_rms, unit_rms_blocks
 from profiler.eagle_chain import chain_passes
@@ -422,8 +423,8 @@ def _resume(path: Path, head: EagleHead, opt: torch.optim.Optimizer, rng: np.ran
 @torch.no_grad()
 def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], output: Sequence[int],
                max_run: int, features: torch.Tensor | None = None,
-               lookup: NgramDrafter | None = None, lookup_min_match: int = 2
-               ) -> tuple[np.ndarray, torch.Tensor]:
+               lookup: NgramDrafter | None = None, lookup_min_match: int = 2,
+               tree: TreeShape | None = None) -> tuple[np.ndarray, torch.Tensor]:
     """run[t] of the head's greedy chain from the true prefix at every output position t
     (run[0] = 0: the prefill emits it), and the first draft's distribution over the draft
     vocabulary at each t [N, V_d] (row 0: the prefill's position, never drafted).
@@ -433,7 +434,18 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
     `max_run`. With a `lookup` (the `eagle+ngram` drafter), the draft of output[s] is the
     lookup's token wherever it matched a suffix of >= `lookup_min_match` tokens of the true
     history before s (the live chain's history while its drafts match), else the head's.
+
+    With a draft `tree` (profiler/draft_tree.py) the run is how deep the tree follows the
+    target's greedy path: the rank of the true token under the head's distribution at each
+    depth (the chain fed the true tokens, as the tree's node on that path is) names the path.
     """
+    if tree is not None:
+        if lookup is not None:
+            raise ValueError("a draft tree takes the head's candidates only: no lookup with it")
+        max_run = min(max_run, tree.depth)
+        ranks = np.full((len(output), max_run), np.iinfo(np.int32).max, dtype=np.int64)
+        in_draft = torch.full((head.target.config.shape.vocab,), -1, dtype=torch.int64)
+        in_draft[head.vocab_ids.cpu()] = torch.arange(head.draft_vocab)
     from profiler.eagle_data import target_features
 
     tokens_list = [int(t) for t in prompt] + [int(t) for t in output]
@@ -459,6 +471,9 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
         bases = torch.arange(rows.start, rows.stop)
         t = bases - n_prompt + 2  # chain start
         keep = (t >= 1) & (t + depth - 1 < n_out)
+        if tree is not None:
+            store_ranks(ranks, logits[keep.to(logits.device)].cpu(), in_draft,
+                         truth, t[keep], depth)
         t, drafts = t[keep], drafts[keep]
         if looked_up is not None:
             from_lookup = looked_up[t + depth - 1]
@@ -471,10 +486,24 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
             sel = (rows_t >= 0) & (rows_t < n_out)
             first[rows_t[sel]] = torch.softmax(logits[sel.to(logits.device)], dim=-1).cpu()
         still[t.numpy()] &= ok
-        if not still.any():
+        if not still.any() and tree is None:  # a tree's runners-up may still go deeper
             break
     run = np.zeros(n_out, dtype=np.int32)
     for t in range(1, n_out):
+        if tree is not None:
+            run[t] = tree.run(ranks[t])
+            continue
         m = matches[t]
         run[t] = max_run if m.all() else int(np.argmin(m))
     return run, first
+
+
+def store_ranks(ranks: np.ndarray, logits: torch.Tensor, in_draft: torch.Tensor,
+                 truth: torch.Tensor, t: torch.Tensor, depth: int) -> None:
+    """ranks[t, depth - 1] = how many draft tokens the head puts above the true next token
+    (0: its top-1); a token outside the draft vocabulary keeps the int32 maximum (never drafted)."""
+    index = in_draft[truth[t + depth - 1]]
+    known = index >= 0
+    own = logits.gather(1, index.clamp_min(0)[:, None])
+    above = (logits > own).sum(dim=1)
+    ranks[t[known].numpy(), depth - 1] = above[known].numpy()

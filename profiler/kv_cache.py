@@ -7,6 +7,8 @@ simply overwritten by the next pass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -63,6 +65,19 @@ class KVCache:
         self._block = block
         self._views()
 
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep, after the first `start` positions, only the rows `start + rows[j]` (ascending),
+        moved to `start + j`: a verified tree's accepted path out of all the nodes it fed."""
+        if rows and (rows != sorted(set(rows)) or rows[0] < 0 or start + rows[-1] >= self.length):
+            raise ValueError(f"keep: rows {rows} must ascend within the {self.length - start} "
+                             f"positions after {start}")
+        moved = [j for j, row in enumerate(rows) if row != j]
+        if moved:
+            src = torch.tensor([start + rows[j] for j in moved], device=self._block.device)
+            dst = torch.tensor([start + j for j in moved], device=self._block.device)
+            self._block[:, :, :, dst] = self._block[:, :, :, src]
+        self.length = start + len(rows)
+
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (rejected draft tokens)."""
         if not 0 <= length <= self.length:
@@ -93,6 +108,16 @@ class KVCache:
         return self._block.numel() * self._block.element_size()
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """Where one request's new tokens sit when they are not a run of consecutive positions: a
+    draft tree's nodes (profiler/draft_tree.py) share positions (siblings) and each sees only
+    its ancestors. `positions` [n] absolute, `mask` [n, cached + n] bool (True = attend)."""
+
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+
 class BatchAttention:
     """How one ragged batch reads and writes its requests' caches, worked out once per pass.
 
@@ -103,7 +128,8 @@ class BatchAttention:
     caches instead of one call per request (fewer kernel launches, one more copy of the caches).
     """
 
-    def __init__(self, q: list[int], caches: list[KVCache], batched: bool = False) -> None:
+    def __init__(self, q: list[int], caches: list[KVCache], batched: bool = False,
+                 layouts: list[RowLayout | None] | None = None) -> None:
         if not q or len(q) != len(caches):
             raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
         if min(q) < 1:
@@ -120,9 +146,24 @@ class BatchAttention:
         self.max_length = max(c + n for c, n in zip(self.cached, q))
         for cache, c, n in zip(caches, self.cached, q):
             cache.reserve(c + n)
-        self.same_lengths = len(set(zip(q, self.cached))) == 1
+        self.layouts = layouts if layouts is not None and any(layouts) else None
+        if self.layouts is not None:
+            if len(self.layouts) != len(q):
+                raise ValueError(f"need one layout (or None) per request, got {len(layouts)}")
+            for r, (layout, n, c) in enumerate(zip(self.layouts, q, self.cached)):
+                if layout is not None and (layout.positions.shape != (n,)
+                                           or layout.mask.shape != (n, c + n)):
+                    raise ValueError(f"request {r}: a layout of {n} new tokens after {c} cached "
+                                     f"ones needs positions [{n}] and a mask [{n}, {c + n}]")
+        self.same_lengths = len(set(zip(q, self.cached))) == 1 and self.layouts is None
         self.uniform = batched and len(q) > 1 and self.same_lengths
         self.masks = [self._mask(n, c) for n, c in zip(q, self.cached)]
+        if self.layouts is not None:
+            self.masks = [m if layout is None else layout.mask.to(self.device)
+                          for m, layout in zip(self.masks, self.layouts)]
+            for layout in self.layouts:
+                if layout is not None:
+                    self.max_length = max(self.max_length, int(layout.positions.max()) + 1)
 
     def _mask(self, n: int, c: int) -> torch.Tensor | None:
         """Boolean [n, c + n] mask (True = attend), or None when no mask or SDPA's causal flag."""
@@ -132,6 +173,10 @@ class BatchAttention:
 
     def positions(self) -> torch.Tensor:
         """Absolute position of every packed token within its own sequence."""
+        if self.layouts is not None:
+            return torch.cat([torch.arange(c, c + n, device=self.device) if layout is None
+                              else layout.positions.to(self.device)
+                              for c, n, layout in zip(self.cached, self.q, self.layouts)])
         if self.same_lengths:
             c, n = self.cached[0], self.q[0]
             return torch.arange(c, c + n, device=self.device).repeat(len(self.q))
@@ -163,7 +208,7 @@ class BatchAttention:
                 cache.keys[layer][:, :length].unsqueeze(0),
                 cache.values[layer][:, :length].unsqueeze(0),
                 attn_mask=self.masks[r],
-                is_causal=self.cached[r] == 0 and self.q[r] > 1,
+                is_causal=self.masks[r] is None and self.cached[r] == 0 and self.q[r] > 1,
                 enable_gqa=gqa,
             )[0]
             if out is None:

@@ -111,6 +111,9 @@ class LiveEngine:
             )
         if not (temperature >= 0 and temperature < float("inf")):
             raise ConfigError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if getattr(drafter, "tree", None) is not None and (temperature > 0 or replay is not None):
+            raise ConfigError(f"drafter {drafter.name!r} drafts a tree, verified greedily only: "
+                              f"run it at temperature 0 and without replay")
         if replay is not None and temperature > 0:
             raise ConfigError("replay takes acceptance from the speculation trace (sampled or "
                               "not): leave the temperature at 0")

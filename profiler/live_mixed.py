@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from profiler.draft_base import DraftChain
-from profiler.speculate import FedPass, verify_tokens
+from profiler.speculate import FedPass, verify_layouts, verify_tokens
 from simulator.draft_feed import FIRST_FEED
 
 if TYPE_CHECKING:
@@ -108,10 +108,14 @@ def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[Draft
     caches = [st.cache for st in batch] + [st.cache for st, _, _ in chunks]
     want = server.drafter.needs_hidden
     modes = ["all"] * len(batch) + ["last"] * len(chunks)
+    layouts = verify_layouts(chains, caches[: len(batch)], device)
+    if layouts is not None:
+        layouts += [None] * len(chunks)
     if want:
-        logits, hidden = target(tokens, caches, logits=modes, features=True)
+        logits, hidden = target(tokens, caches, logits=modes, features=True, layouts=layouts)
     else:
-        logits, hidden = target(tokens, caches, logits=modes), [None] * len(tokens)
+        logits = target(tokens, caches, logits=modes, layouts=layouts)
+        hidden = [None] * len(tokens)
     fed = (starts, logits[: len(batch)], hidden[: len(batch)] if want else None)
     return fed, list(zip(logits[len(batch) :], hidden[len(batch) :]))
 

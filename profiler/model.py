@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiler.kv_cache import BatchAttention, KVCache
+from profiler.kv_cache import BatchAttention, KVCache, RowLayout
 from simulator.catalog import ModelShape
 
 #: (rope_theta, rms_norm_eps) from each model's config.json; other shapes get the defaults.
@@ -240,6 +240,7 @@ class LlamaModel(nn.Module):
     def forward(
         self, tokens: list[torch.Tensor], caches: list[KVCache],
         logits: str | Sequence[str] = "all", features: bool = False,
+        layouts: list[RowLayout | None] | None = None,
     ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Feed tokens[r] (int64, 1-D, >= 1 token) after caches[r]'s cached tokens, for every r.
 
@@ -254,6 +255,8 @@ class LlamaModel(nn.Module):
         requests and prefills others). `features=True` returns (logits, the "hidden" rows)
         from the same pass: an EAGLE drafter needs both, and computing the logits here keeps
         the LM head inside the pass that the engine times and the profile charges.
+        `layouts[r]`, when given, places request r's new tokens as a draft tree's nodes
+        (kv_cache.RowLayout: their positions and what each may attend to).
         """
         modes = [logits] * len(tokens) if isinstance(logits, str) else list(logits)
         if len(modes) != len(tokens) or any(m not in _LOGITS for m in modes):
@@ -267,7 +270,8 @@ class LlamaModel(nn.Module):
         if any(t.dim() != 1 for t in tokens):
             raise ValueError("each request's tokens must be a 1-D tensor")
         device = self.config.device
-        batch = BatchAttention([t.shape[0] for t in tokens], caches, self.config.batched_attention)
+        batch = BatchAttention([t.shape[0] for t in tokens], caches, self.config.batched_attention,
+                               layouts)
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         taps = []

@@ -345,7 +345,8 @@ def _eagle_record(target: LlamaModel, drafter, prompt: list[int], output: list[i
     p = torch.softmax(rows.float() / scale, dim=-1)
     head = drafter.head
     run, first = eagle_runs(head, target, prompt, output, max_run, features=hidden.float().clone(),
-                            lookup=drafter.lookup, lookup_min_match=drafter.lookup_min_match)
+                            lookup=drafter.lookup, lookup_min_match=drafter.lookup_min_match,
+                            tree=drafter.tree)
     q = torch.zeros_like(p)
     q[:, head.vocab_ids.to(q.device)] = first.float().to(q.device)
     top1 = q.max(dim=-1).values.float().cpu().numpy()

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from profiler.draft_base import DraftChain
-from profiler.kv_cache import KVCache
+from profiler.draft_tree import accepted_path, first_child, tree_layout
+from profiler.kv_cache import KVCache, RowLayout
 from profiler.model import LlamaModel, greedy_tokens
 
 CLAMP = 1e-8
@@ -60,17 +61,29 @@ def verify_tokens(lasts: Sequence[int], chains: Sequence[DraftChain], device) ->
             for last, chain in zip(lasts, chains)]
 
 
+def verify_layouts(chains: Sequence[DraftChain], caches: Sequence[KVCache], device
+                   ) -> list[RowLayout | None] | None:
+    """Per request the layout of a draft tree's verify tokens (None for a chain); None when
+    every request drafted a chain."""
+    if all(chain.parents is None for chain in chains):
+        return None
+    return [None if chain.parents is None else tree_layout(chain.parents, cache.length, device)
+            for chain, cache in zip(chains, caches)]
+
+
 def _verify_pass(
     target: LlamaModel, caches: Sequence[KVCache], lasts: Sequence[int],
     chains: Sequence[DraftChain],
     want_hidden: bool = False,
 ) -> FedPass:
-    """The one target pass over [last, d_1 .. d_n] per request."""
+    """The one target pass over [last, d_1 .. d_n] per request (a tree's nodes laid out as
+    one: `verify_layouts`)."""
     tokens = verify_tokens(lasts, chains, target.config.device)
     starts = [cache.length for cache in caches]
+    layouts = verify_layouts(chains, caches, target.config.device)
     if not want_hidden:
-        return starts, target(tokens, list(caches), logits="all"), None
-    logits, hidden = target(tokens, list(caches), logits="all", features=True)
+        return starts, target(tokens, list(caches), logits="all", layouts=layouts), None
+    logits, hidden = target(tokens, list(caches), logits="all", features=True, layouts=layouts)
     return starts, logits, hidden
 
 
@@ -95,6 +108,10 @@ def verify_greedy(
     for r, (cache, start, chain, rows, room) in enumerate(
             zip(caches, starts, chains, logits, remaining)):
         best, offset = flat[offset : offset + len(chain) + 1], offset + len(chain) + 1
+        if chain.parents is not None:
+            out.append(_verify_tree(cache, start, chain, rows, best, room, signals,
+                                    None if hidden is None else hidden[r]))
+            continue
         accepted = 0
         while accepted < len(chain) and chain.tokens[accepted] == best[accepted]:
             accepted += 1
@@ -105,6 +122,31 @@ def verify_greedy(
         kept = hidden[r][: accepted + 1] if hidden is not None else None
         out.append(Verified(len(chain), len(emitted) - 1, emitted, values, kept))
     return out
+
+
+def _verify_tree(cache: KVCache, start: int, chain: DraftChain, rows: torch.Tensor,
+                 best: list[int], room: int, signals: frozenset[str],
+                 hidden: torch.Tensor | None) -> Verified:
+    """Greedy verification of one draft tree: the accepted path (`draft_tree.accepted_path`),
+    its rows moved together in the cache, and the signals of the path read as a chain."""
+    path = accepted_path(chain.parents, chain.tokens, best)
+    fed_rows = [0, *(1 + j for j in path)]  # the root and the accepted nodes
+    emitted = [*(chain.tokens[j] for j in path), best[fed_rows[-1]]][:room]
+    cache.keep(start, fed_rows)
+    values = {}
+    if signals:
+        line = DraftChain()
+        rejected = first_child(chain.parents, path[-1] if path else -1)
+        for j in [*path, *([] if rejected is None else [rejected])]:
+            line.tokens.append(chain.tokens[j])
+            line.top1.append(chain.top1[j])
+            line.entropy.append(chain.entropy[j])
+        if chain.probs is not None:
+            line.probs = chain.probs[[*path, *([] if rejected is None else [rejected])]]
+        seen = min(len(emitted), len(line))
+        values = _signals(rows[fed_rows][:seen], line, seen, signals)
+    kept = hidden[fed_rows] if hidden is not None else None
+    return Verified(len(chain), len(emitted) - 1, emitted, values, kept)
 
 
 def verify_sampling(
@@ -131,6 +173,9 @@ def verify_sampling(
     """
     if not temperature > 0:
         raise ValueError(f"rejection sampling needs temperature > 0, got {temperature!r}")
+    if any(chain.parents is not None for chain in chains):
+        raise ValueError("a draft tree is verified greedily only (temperature 0): rejection "
+                         "sampling here takes one chain per request")
     starts, logits, hidden = fed or _verify_pass(target, caches, lasts, chains, want_hidden)
     out = []
     for r, (cache, start, chain, rows, room) in enumerate(

@@ -55,7 +55,8 @@ class RecordSpec:
                 "(with a tuned lens), quant:BITS (the target rounded to BITS bits), eagle (the "
                 "shipped EAGLE head; eagle:PATH another; eagle@int8 its weights in int8), "
                 "eagle+ngram[@int8][:PATH] (the head, taking the n-gram lookup's token on a "
-                "suffix match of >= 2 tokens) or model:SHAPE (random "
+                "suffix match of >= 2 tokens), eagle-tree[@int8][:PATH] (the head drafting "
+                "the shipped static tree, verified greedily) or model:SHAPE (random "
                 "weights of a catalog shape)"})
     prompts: str | None = field(default=None, metadata={
         "help": "questions .jsonl (question_id, category, turns; turns[0] is used); default: "
@@ -266,6 +267,16 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     settings = {"drafter": spec.drafter, "target": TARGET, "temperature": float(spec.temperature),
                 "max_tokens": spec.max_tokens, "max_run": spec.max_run,
                 "prompts_file": str(path), "prompts_sha256": _sha256(path)}
+    tree = getattr(drafter, "tree", None)
+    if tree is not None:  # runs end at the tree's depth; its nodes are what a step verifies
+        if spec.temperature > 0:
+            raise ValueError(f"drafter {spec.drafter}: a draft tree is verified greedily only; "
+                             f"record it at --temperature 0")
+        if spec.k > tree.depth:
+            raise ValueError(f"--k {spec.k} is deeper than the draft tree ({tree.depth}): give "
+                             f"--k {tree.depth} or less")
+        settings["max_run"] = min(spec.max_run, tree.depth)
+        settings["tree"] = tree.to_json()
     if spec.temperature > 0:
         settings["seed"] = spec.seed
     if spec.split != "all":

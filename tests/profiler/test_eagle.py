@@ -22,6 +22,7 @@ from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened 
 
 from policies import Policy, make_policy  # noqa: E402
 from profiler import eagle_train  # noqa: E402
+from profiler.draft_tree import TreeShape, chain_shape  # noqa: E402
 from profiler.drafters import NgramDrafter  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
@@ -450,3 +451,64 @@ def test_self_prompts_keep_ended_distinct_turns(target, tmp_path):
     assert all(eos not in turn and len(turn) >= 2 for turn in kept)
     assert self_prompts(target, pre_query, 40, tmp_path, eos_id=eos, max_tokens=12,
                         min_tokens=2, batch=8) == kept
+
+
+TREE = TreeShape(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+                  (0, 0, 0, 0), (1, 0, 0)))
+
+
+@pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
+@pytest.mark.parametrize(("policy", "params"), [("fixed", {"k": 4}), ("fixed", {"k": 2}),
+                                                ("kld_variance", {})])
+def test_live_eagle_tree_is_lossless_and_accepts_what_the_tree_records(
+        target, trained, live_prompts, policy, params, sched):
+    """Drafting a tree (nodes laid out in one verify pass, the accepted path's cache rows moved
+    together) writes one-by-one greedy output; at fixed k every step accepts the recorded tree
+    run (`eagle_runs(tree=)`, the ranks of the true tokens), which goes past the chain's."""
+    head = trained[0]
+    drafter = EagleDrafter(head, tree=TREE)
+    engine = LiveEngine(target, drafter, make_policy(policy, params), sched,
+                        cost=StepCostModel(LinearLatency()))
+    res = engine.run(live_workload(live_prompts), live_prompts, realtime=False)
+    for prompt, n, out in zip(live_prompts, OUTPUTS, res.outputs):
+        assert list(out) == one_by_one_greedy(target, prompt, n)
+    if policy != "fixed":
+        return
+    k = params["k"]
+    beyond_chain = 0
+    for rid, steps in res.decode_log.groupby("request_id"):
+        prompt, out, n = live_prompts[rid], res.outputs[rid], OUTPUTS[rid]
+        tree_run, _ = eagle_runs(head, target, prompt, out, SCHED.k_max, tree=TREE)
+        chain_run, _ = eagle_runs(head, target, prompt, out, SCHED.k_max)
+        assert (tree_run >= np.minimum(chain_run, TREE.depth)).all()
+        expected = [min(k, int(tree_run[g]), n - g - 1) for g in steps.position]
+        assert steps.accepted.tolist() == expected, f"request {rid}"
+        assert steps.drafted.tolist() == [len(TREE.upto(k))] * len(steps)
+        beyond_chain += sum(min(k, int(tree_run[g])) > min(k, int(chain_run[g]))
+                            for g in steps.position)
+    assert beyond_chain > 0
+
+
+def test_a_chain_shaped_tree_drafts_the_chain(target, trained, live_prompts):
+    """The tree code with the chain's shape drafts the chain's tokens (the layouts and the
+    columns of the head's cache agree with one entry per depth)."""
+    head = trained[0]
+    history = live_prompts[2] + [3, 9]
+    drafts = []
+    for tree in (None, chain_shape(4)):
+        drafter = EagleDrafter(head, tree=tree)
+        drafter.start([0], [history[:-2]])
+        drafter.observe_hidden([0], [target_features(target, history[:-1])])
+        chain = drafter.propose([0], [history], [4])[0]
+        drafts.append(chain.tokens)
+        assert chain.parents == (None if tree is None else [-1, 0, 1, 2])
+    assert drafts[0] == drafts[1]
+
+
+def test_draft_trees_refuse_sampling_and_lookups(target, trained, live_prompts):
+    head = trained[0]
+    with pytest.raises(ValueError, match="no lookup"):
+        EagleDrafter(head, lookup=NgramDrafter(), tree=TREE)
+    with pytest.raises(ValueError, match="greedily only"):
+        LiveEngine(target, EagleDrafter(head, tree=TREE), make_policy("fixed", {"k": 2}),
+                   SCHED, cost=StepCostModel(LinearLatency()), temperature=0.7)

@@ -38,9 +38,10 @@ def test_eagle_at_int8_names_the_quantised_head(tmp_path):
     path = tmp_path / "head.npz"
     save_head(EagleHead(target, torch.arange(TINY.vocab)), path, {"trained_on": "test"})
     assert make_drafter(f"eagle:{path}", target).head.weights == "float32"
-    for name in ("eagle@int8", "eagle+ngram@int8"):
+    for name in ("eagle@int8", "eagle+ngram@int8", "eagle-tree@int8"):
         drafter = make_drafter(f"{name}:{path}", target)
         assert drafter.head.weights == "int8" and drafter.name == f"{name}:{path}"
         assert (drafter.lookup is not None) == name.startswith("eagle+ngram")
+        assert (drafter.tree is not None) == name.startswith("eagle-tree")
     with pytest.raises(ValueError, match=r"eagle@int8, not @int4"):
         make_drafter(f"eagle@int4:{path}", target)
