@@ -120,10 +120,13 @@ def pass_costs(target, head, context: int = 256, repeats: int = 200) -> dict:
 
 
 def head_file(drafter: str) -> str:
-    """What distinguishes one drafter's passes from another's: eagle and eagle+ngram with the
-    same head file time the same passes (the lookup costs no pass)."""
+    """What distinguishes one drafter's passes from another's: eagle, eagle+ngram and
+    eagle-tree with the same head file time the same one-entry pass (the lookup costs no pass;
+    a tree's passes feed several entries, which this single-pass figure does not show)."""
     kind, _, path = drafter.partition(":")
-    return f"head {path or 'shipped'}" if kind in ("eagle", "eagle+ngram") else drafter
+    base = kind.partition("@")[0]
+    return f"head {kind.partition('@')[2] or 'fp'} {path or 'shipped'}" if base in (
+        "eagle", "eagle+ngram", "eagle-tree") else drafter
 
 
 def main() -> None:

@@ -45,6 +45,16 @@ class DraftChain:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def depth(self) -> int:
+        """Positions drafted: a chain's length, a tree's deepest node (what k counts)."""
+        if self.parents is None:
+            return len(self.tokens)
+        depth = [0] * len(self.parents)
+        for j, parent in enumerate(self.parents):
+            depth[j] = 1 if parent < 0 else depth[parent] + 1
+        return max(depth, default=0)
+
 
 class Drafter:
     """What the live engine needs of a drafter. `model_free` drafters cost no model pass."""

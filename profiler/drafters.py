@@ -148,9 +148,10 @@ def make_drafter(
         return QuantDrafter(target, int(arg))
     base, at, weights = kind.partition("@")
     if base in ("eagle", "eagle+ngram", "eagle-tree"):
-        from profiler.draft_tree import SHIPPED_TREE, load_tree
+        from profiler.draft_tree import SHIPPED_TREE
         from profiler.eagle import load_head
         from profiler.eagle_drafter import EagleDrafter
+        from simulator.draft_tree import load_tree
 
         if at and weights != "int8":
             raise ValueError(f"drafter {spec!r}: the head's weights can be {base}@int8, not "

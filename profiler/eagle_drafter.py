@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from profiler.draft_base import DraftChain, Drafter, StopRule
-from profiler.draft_tree import TreeShape
 from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, HeadTiming
 from profiler.kv_cache import KVCache, RowLayout
+from simulator.draft_tree import TreeShape
 
 
 @dataclass

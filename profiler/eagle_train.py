@@ -29,11 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from profiler.draft_tree import TreeShape
 from profiler.drafters import NgramDrafter
 from profiler.eagle import EagleHead, head_state, unit_rms, unit_rms_blocks
 from profiler.eagle_chain import chain_passes
 from profiler.model import LlamaModel
+from simulator.draft_tree import TreeShape
 from traces import atomic_write
 
 #: The format name inside a training checkpoint (`train_head(checkpoint=...)`).

@@ -63,8 +63,8 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     batch = list(server.running)
     ks = server._choose(batch) if batch else []
     chains = server._draft(batch, ks) if batch else []
-    drafted = [len(c) for c in chains]
-    chunks = plan_chunks(server, sum(drafted) + len(batch), start)
+    drafted = [c.depth for c in chains]  # positions: a tree's depth, as the simulator's k
+    chunks = plan_chunks(server, sum(len(c) + 1 for c in chains), start)  # tokens verified
     waiting, kv = len(server.waiting), server.kv_used
     held = waiting + len(server.prefilling) + len(batch)
     cached = [st.context_tokens - 1 for st in batch]

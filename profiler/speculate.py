@@ -41,7 +41,7 @@ PROB_SIGNALS = frozenset({"kl", "accept_prob"})  # need the draft's whole distri
 class Verified:
     """One request's result of a verify pass: the drafts kept and the tokens emitted."""
 
-    drafted: int
+    drafted: int  # positions drafted: a chain's length, a tree's depth (not its node count)
     accepted: int  # drafts accepted and emitted (cut at the request's max tokens)
     emitted: list[int]
     signals: dict[str, np.ndarray] = field(default_factory=dict)
@@ -146,7 +146,7 @@ def _verify_tree(cache: KVCache, start: int, chain: DraftChain, rows: torch.Tens
         seen = min(len(emitted), len(line))
         values = _signals(rows[fed_rows][:seen], line, seen, signals)
     kept = hidden[fed_rows] if hidden is not None else None
-    return Verified(len(chain), len(emitted) - 1, emitted, values, kept)
+    return Verified(chain.depth, len(emitted) - 1, emitted, values, kept)
 
 
 def verify_sampling(

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.draft_tree import SHIPPED_TREE, build_tree, chain_shape, path_counts, save_tree
+from profiler.draft_tree import SHIPPED_TREE
 from profiler.eagle import SHIPPED_HEAD, load_head
 from profiler.eagle_chain import chain_passes
 from profiler.eagle_data import continue_prompts, target_features
@@ -31,6 +31,7 @@ from profiler.eagle_train import store_ranks
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
 from scripts.eagle_generalization import require_files
+from simulator.draft_tree import build_tree, chain_shape, path_counts, save_tree
 from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts, walk
 
 SIZES = (4, 6, 8, 10, 12, 16, 20, 24, 32)

@@ -13,6 +13,7 @@ import simpy
 from policies import Policy, StepCost
 from simulator.acceptance import replay_for
 from simulator.config import ClusterConfig, SchedulerConfig
+from simulator.draft_tree import TreeShape
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
 from simulator.records import RequestLog, StepLog
@@ -80,6 +81,23 @@ class _Cluster:
         return float(self.arrival_s[i]) if i < len(self.arrival_s) else np.inf
 
 
+def _draft_tree(latency: LatencyModel, acceptance: SpeculationTrace) -> TreeShape | None:
+    """The tree a step drafts: the latency model's, else the one the trace was recorded with
+    (`spectune record --drafter eagle-tree` writes it in the meta); both must agree."""
+    meta = getattr(acceptance, "meta", None) or {}
+    recorded = meta.get("tree")
+    try:
+        recorded = TreeShape(tuple(tuple(p) for p in recorded)) if recorded else None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"speculation trace {meta.get('source', '')!r}: its meta's draft "
+                          f"tree is not one ({error})") from None
+    given = latency.draft_tree
+    if given is not None and recorded is not None and given != recorded:
+        raise ConfigError("the latency model's draft tree is not the one the speculation trace "
+                          "was recorded with: record the trace with the same tree")
+    return given if given is not None else recorded
+
+
 def simulate(
     workload: Workload,
     latency: LatencyModel,
@@ -110,7 +128,7 @@ def simulate(
     replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
     steps, requests = StepLog(), RequestLog(len(workload))
     router = _Cluster(arrival_s, cluster.router)
-    cost = StepCostModel(latency)
+    cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance))
     for r in range(cluster.replicas):
         replica = Replica(env, r, scheduler, kv_capacity_tokens, cost, copy.deepcopy(policy),
                           replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)

@@ -12,6 +12,7 @@ from typing import Literal
 
 import numpy as np
 
+from simulator.draft_tree import TreeShape
 from simulator.errors import ConfigError
 
 Role = Literal["target", "draft"]
@@ -42,6 +43,9 @@ class LatencyModel(ABC):
     source: str = "unspecified"
     #: what the draft model feeds in a chain's first pass (simulator/draft_feed.py)
     draft_catch_up: str = "bonus"
+    #: the static tree a drafter drafts instead of a chain (simulator/draft_tree.py), if any:
+    #: how a step's passes are composed (StepCostModel), not a pass's time
+    draft_tree: TreeShape | None = None
 
     def pass_s(
         self,

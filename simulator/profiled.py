@@ -179,6 +179,7 @@ class ProfiledLatency(LatencyModel):
             "pass_scale": self.pass_scale,
             "extrapolation": self.extrapolation,
             "draft_catch_up": self.draft_catch_up,
+            "draft_tree": None if self.draft_tree is None else self.draft_tree.to_json(),
             "roles": {role: m.report for role, m in self._roles.items()},
         }
 

@@ -158,7 +158,7 @@ class Replica:
         """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
         decode = self.running
         ks = self._choose(decode) if decode else []
-        chunks = self._plan_chunks(sum(ks) + len(ks)) if self.sched.chunked_prefill else []
+        chunks = self._plan_chunks(self._verify_tokens(ks)) if self.sched.chunked_prefill else []
         start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
         cached = [st.prompt_tokens + st.generated - 1 for st in decode]
         chunk_tokens = sum(n for _, n, _ in chunks)
@@ -178,6 +178,12 @@ class Replica:
                 self.prefilling.remove(st)
                 self._first_token(st)
         self._finish_done()
+
+    def _verify_tokens(self, ks: list[int]) -> int:
+        """Tokens the decode requests' verify pass feeds: k + 1 each, or a draft tree's nodes
+        to depth k + 1."""
+        tree = self.cost.draft_tree
+        return sum((k if tree is None else tree.draft_tokens(k)) + 1 for k in ks)
 
     def _plan_chunks(self, decode_tokens: int) -> list[tuple[RequestState, int, int]]:
         """Prompt chunks for this iteration: (request, tokens, tokens already cached)."""

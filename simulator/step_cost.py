@@ -26,14 +26,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from simulator.draft_tree import TreeShape
 from simulator.latency import LatencyModel
 
 
 class StepCostModel:
-    """Iteration times from a latency model; also the `StepCost` a policy sees."""
+    """Iteration times from a latency model; also the `StepCost` a policy sees.
 
-    def __init__(self, latency: LatencyModel) -> None:
+    With a `draft_tree` (simulator/draft_tree.py; by default the latency model's, which
+    `validate` takes from a tree drafter) a request at k drafts the tree to depth k: its
+    verify pass feeds `draft_tokens(k)` + 1 tokens, and its head pass j >= 2 one entry per
+    node of depth j - 1 that has children, each seeing the history, its ancestors and itself.
+    Every k still counts k drafted positions (a chain of k is the one-node-per-depth tree)."""
+
+    def __init__(self, latency: LatencyModel, draft_tree: TreeShape | None = None) -> None:
         self.latency = latency
+        self.draft_tree = draft_tree if draft_tree is not None else getattr(
+            latency, "draft_tree", None)
 
     def iteration_s(
         self,
@@ -60,11 +69,13 @@ class StepCostModel:
         else:
             distinct, counts, sums = _buckets(ks, cached)
         n_decode = sum(counts)
-        query = sum(k * n for k, n in zip(distinct, counts)) + n_decode
+        tree = self.draft_tree
+        widths = distinct if tree is None else [tree.draft_tokens(k) for k in distinct]
+        query = sum(w * n for w, n in zip(widths, counts)) + n_decode
         cached_total = sum(sums) if sums else 0
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
-        pairs = sum((k + 1) * s + n * (k + 1) * (k + 2) // 2
-                    for k, n, s in zip(distinct, counts, sums))
+        own = [(k + 1) * (k + 2) // 2 if tree is None else tree.verify_pairs(k) for k in distinct]
+        pairs = sum((w + 1) * s + n * o for w, n, s, o in zip(widths, counts, sums, own))
         total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                            cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, query - n_decode)
@@ -72,10 +83,21 @@ class StepCostModel:
             first = None if feeds is None else (
                 _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
                 else _catch_up(ks, cached, feeds))
+            if tree is not None:  # a tree has passes to its depth only
+                distinct, counts, sums = _capped(distinct, counts, sums, tree.depth)
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
                                                 prefill_tokens, prefill_cached, prefill_pairs,
                                                 first)
         return total
+
+    def _pass_shape(self, j: int) -> tuple[int, int]:
+        """Pass j's (entries fed per request, entries each request holds before it beyond its
+        c_r): a chain feeds 1 after j - 1; a tree's pass j >= 2 feeds the nodes of depth j - 1
+        that have children, after the history's 1 and the nodes of passes 2..j-1."""
+        tree = self.draft_tree
+        if tree is None or j == 1:
+            return 1, j - 1
+        return tree.expanding(j - 1), 1 + sum(tree.expanding(i) for i in range(1, j - 1))
 
     def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
                        prefill_cached, prefill_pairs, first):
@@ -93,7 +115,8 @@ class StepCostModel:
         for j in range(passes, 0, -1):
             if j in by_k:  # requests drafting exactly j join every pass up to j
                 n_j, c_j = n_j + by_k[j][0], c_j + by_k[j][1]
-            seqs, tokens, cached, pairs = n_j, n_j, c_j + n_j * (j - 1), c_j + n_j * j
+            rows, held = self._pass_shape(j)  # an entry of pass j sees c_r + j entries
+            seqs, tokens, cached, pairs = n_j, n_j * rows, c_j + n_j * held, rows * (c_j + n_j * j)
             if j == 1 and first is not None:
                 tokens, cached, pairs = tokens + first[0], cached + first[1], pairs + first[2]
             if j == 1 and prefill_seqs:  # the draft model prefills this batch's prompt chunks
@@ -111,11 +134,13 @@ class StepCostModel:
             seqs[:k] += n
             cached[:k] += s
         j = np.arange(1, passes + 1).reshape(-1, 1)
-        pairs = cached + seqs * j
-        cached += seqs * (j - 1)
-        tokens = seqs
+        shape = np.array([self._pass_shape(i) for i in range(1, passes + 1)], dtype=np.int64)
+        rows, held = shape[:, :1], shape[:, 1:]
+        pairs = rows * (cached + seqs * j)
+        cached += seqs * held
+        tokens = seqs * rows
         if first is not None:  # the catch-up: pass 1 feeds more tokens over fewer cached
-            tokens = np.repeat(seqs, steps, axis=1)
+            tokens = np.repeat(tokens, steps, axis=1)
             tokens[0] += first[0]
             cached[0] += first[1]
             pairs[0] += first[2]
@@ -171,6 +196,21 @@ def _catch_up_steps(ks, cached, feeds) -> tuple[np.ndarray, np.ndarray, np.ndarr
     tokens = extra.sum(axis=0)
     pairs = (extra * (cached + 1) - extra * (extra + 1) // 2).sum(axis=0)
     return tokens, -tokens, pairs
+
+
+def _capped(distinct: list, counts: list, sums: list, depth: int) -> tuple[list, list, list]:
+    """The buckets with every k above `depth` merged into `depth` (sums may be arrays)."""
+    if not distinct or max(distinct) <= depth:
+        return distinct, counts, sums
+    merged: dict[int, list] = {}
+    for k, n, s in zip(distinct, counts, sums):
+        k = min(int(k), depth)
+        if k in merged:
+            merged[k] = [merged[k][0] + n, merged[k][1] + s]
+        else:
+            merged[k] = [n, s]
+    keys = sorted(merged)
+    return keys, [merged[k][0] for k in keys], [merged[k][1] for k in keys]
 
 
 def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:

@@ -391,7 +391,8 @@ def _probe(spec: ValidateSpec, setup: _Setup, workloads, scratch: Path) -> Drift
     outputs = np.concatenate([wl.output_tokens for wl, _ in workloads.values()])
     drafting = any(not (name == "fixed" and params.get("k", "0") == "0")
                    for _, name, params in spec.policy_specs)
-    grid = validation_grid(spec.max_num_seqs, spec.k_max, prompts, outputs, drafting)
+    grid = validation_grid(spec.max_num_seqs, spec.k_max, prompts, outputs, drafting,
+                           getattr(setup.drafter, "tree", None))
     fixed = LatencyTable.load(resolve_profile(spec.profile)) if spec.profile else None
     draft = None if setup.drafter.model_free else getattr(setup.drafter, "timing_model",
                                                           setup.drafter.model)

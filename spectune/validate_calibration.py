@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.optimize import nnls
 
+from simulator.draft_tree import TreeShape
 from simulator.fit import uniform_aggregates
 from simulator.latency_table import LatencyTable
 from simulator.profiled import ProfiledLatency
@@ -52,17 +53,20 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 
 def validation_grid(max_num_seqs: int, k_max: int, prompt_tokens: np.ndarray,
-                    output_tokens: np.ndarray, drafting: bool = True) -> Grid:
+                    output_tokens: np.ndarray, drafting: bool = True,
+                    draft_tree: TreeShape | None = None) -> Grid:
     """The passes a workload can run, and no more: batches up to max_num_seqs, queries up to
-    k_max + 1 (1 only without drafting), contexts from the shortest prompt to the longest
-    prompt + output + k_max, prefills of the workload's prompt lengths."""
+    k_max + 1 (1 only without drafting; a draft tree's nodes to depth k_max + 1), contexts from
+    the shortest prompt to the longest prompt + output + k_max, prefills of the workload's
+    prompt lengths."""
     from profiler.grid import Grid
 
     batches = tuple(b for b in _powers_of_two(1, max_num_seqs) if b < max_num_seqs)
     batches = (*batches, max_num_seqs)
-    queries = tuple(q for q in QUERY_AXIS if q <= k_max + 1) if drafting else (1,)
-    if drafting and k_max + 1 not in queries:
-        queries = (*queries, k_max + 1)
+    widest = k_max + 1 if draft_tree is None else draft_tree.draft_tokens(k_max) + 1
+    queries = tuple(q for q in QUERY_AXIS if q <= widest) if drafting else (1,)
+    if drafting and widest not in queries:
+        queries = (*queries, widest)
     lo, hi = int(prompt_tokens.min()), int((prompt_tokens + output_tokens).max()) + k_max
     prompts = _powers_of_two(int(prompt_tokens.min()), int(prompt_tokens.max()))
     prefill_batches = tuple(b for b in batches if b <= 8)
@@ -180,5 +184,8 @@ def latency_for(table: LatencyTable, drafter, host: HostFit = NO_HOST,
     if drafter.model_free and table.meta.get("draft") is not None:
         rows = table.rows[table.rows["role"] == "target"].reset_index(drop=True)
         table = LatencyTable(rows, {**table.meta, "draft": None})
-    return ProfiledLatency(table, host.step_overhead_s, per_seq_overhead_s=host.per_seq_overhead_s,
-                           per_draft_token_s=host.per_draft_token_s, pass_scale=pass_scale)
+    latency = ProfiledLatency(table, host.step_overhead_s,
+                              per_seq_overhead_s=host.per_seq_overhead_s,
+                              per_draft_token_s=host.per_draft_token_s, pass_scale=pass_scale)
+    latency.draft_tree = getattr(drafter, "tree", None)  # how its steps compose the passes
+    return latency

@@ -14,19 +14,18 @@ torch = pytest.importorskip("torch")
 
 from support.tiny_models import TINY, sharpened  # noqa: E402
 
-from profiler.draft_tree import (  # noqa: E402
+from profiler.draft_tree import accepted_path, tree_layout  # noqa: E402
+from profiler.kv_cache import KVCache  # noqa: E402
+from profiler.model import LlamaModel, config_for  # noqa: E402
+from simulator.draft_tree import (  # noqa: E402
     TreeShape,
-    accepted_path,
     build_tree,
     chain_shape,
     is_chain,
     load_tree,
     path_counts,
     save_tree,
-    tree_layout,
 )
-from profiler.kv_cache import KVCache  # noqa: E402
-from profiler.model import LlamaModel, config_for  # noqa: E402
 
 SHAPE = TreeShape(((1,), (0, 0), (0,), (0, 1), (1, 0), (0, 0, 0)))
 

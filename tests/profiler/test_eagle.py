@@ -22,7 +22,6 @@ from support.tiny_models import TINY, one_by_one_greedy, random_head, sharpened 
 
 from policies import Policy, make_policy  # noqa: E402
 from profiler import eagle_train  # noqa: E402
-from profiler.draft_tree import TreeShape, chain_shape  # noqa: E402
 from profiler.drafters import NgramDrafter  # noqa: E402
 from profiler.eagle import EagleHead, head_state, load_head, save_head, unit_rms  # noqa: E402
 from profiler.eagle_chain import chain_passes  # noqa: E402
@@ -42,6 +41,7 @@ from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.record import record_outputs, target_outputs  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
+from simulator.draft_tree import TreeShape, chain_shape  # noqa: E402
 from traces import Workload  # noqa: E402
 
 
@@ -483,7 +483,7 @@ def test_live_eagle_tree_is_lossless_and_accepts_what_the_tree_records(
         assert (tree_run >= np.minimum(chain_run, TREE.depth)).all()
         expected = [min(k, int(tree_run[g]), n - g - 1) for g in steps.position]
         assert steps.accepted.tolist() == expected, f"request {rid}"
-        assert steps.drafted.tolist() == [len(TREE.upto(k))] * len(steps)
+        assert steps.drafted.tolist() == [k] * len(steps)  # positions: the tree's depth
         beyond_chain += sum(min(k, int(tree_run[g])) > min(k, int(chain_run[g]))
                             for g in steps.position)
     assert beyond_chain > 0
@@ -512,3 +512,27 @@ def test_draft_trees_refuse_sampling_and_lookups(target, trained, live_prompts):
     with pytest.raises(ValueError, match="greedily only"):
         LiveEngine(target, EagleDrafter(head, tree=TREE), make_policy("fixed", {"k": 2}),
                    SCHED, cost=StepCostModel(LinearLatency()), temperature=0.7)
+
+
+@pytest.mark.parametrize("sched", [SCHED, CHUNKED], ids=["whole", "chunked"])
+@pytest.mark.parametrize("policy", [CyclingPolicy(), make_policy("fixed", {"k": 4})],
+                         ids=["cycling", "fixed"])
+def test_eagle_tree_scheduler_mirrors_the_simulator_step_for_step(target, trained, live_prompts,
+                                                                  sched, policy):
+    """With the tree on the cost model (its verify nodes, its head passes' entries) the
+    simulator replays a live tree run iteration for iteration, chunk budgets included."""
+    head = trained[0]
+    latency = _Refeeding()
+    latency.draft_tree = TREE
+    cost = StepCostModel(latency)
+    wl = live_workload(live_prompts)
+    res = LiveEngine(target, EagleDrafter(head, tree=TREE), policy, sched, cost=cost).run(
+        wl, live_prompts, virtual_time=True)
+    runs = [eagle_runs(head, target, p, out, sched.k_max, tree=TREE)[0]
+            for p, out in zip(live_prompts, res.outputs)]
+    sim = simulate(wl, latency, trace_from_runs(runs), policy, sched.kv_capacity_tokens, sched)
+    pd.testing.assert_frame_equal(res.steps, sim.steps, check_exact=False, rtol=1e-9)
+    pd.testing.assert_frame_equal(res.requests, sim.requests, check_exact=False, rtol=1e-9)
+    chain = simulate(wl, _Refeeding(), trace_from_runs(runs), policy, sched.kv_capacity_tokens,
+                     sched)
+    assert sim.steps.duration_s.sum() > chain.steps.duration_s.sum()  # the nodes cost
