@@ -70,7 +70,10 @@ def replay_for(acceptance: SpeculationTrace, output_tokens: np.ndarray, policy,
     """The replay of `acceptance` for these output lengths, refused with a clear error when the
     trace cannot replay k up to k_max or lacks a signal `policy` reads."""
     max_run = acceptance.meta.get("max_run")
-    if isinstance(max_run, int) and k_max > max_run:
+    tree = acceptance.meta.get("tree")
+    # a draft tree ends at its depth: a run there is exact, and a deeper k drafts the same tree
+    capped_by_tree = bool(tree) and max_run == max(len(p) for p in tree)
+    if isinstance(max_run, int) and k_max > max_run and not capped_by_tree:
         raise ConfigError(
             f"the speculation trace caps accepted runs at {max_run} (a run of {max_run} means "
             f"'at least {max_run}'), so it cannot replay k up to k_max={k_max}; "

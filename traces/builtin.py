@@ -50,6 +50,7 @@ _SPECULATION: dict[str, str] = {
     "smollm2-early-exit-20": "smollm2-early-exit-20.npz",
     "smollm2-early-exit-24-lens": "smollm2-early-exit-24-lens.npz",
     "smollm2-eagle-ngram": "smollm2-eagle-ngram.npz",
+    "smollm2-eagle-tree": "smollm2-eagle-tree.npz",
 }
 
 

@@ -105,3 +105,24 @@ def test_simulate_takes_the_tree_a_trace_was_recorded_with():
     other.draft_tree = chain_shape(3)
     with pytest.raises(ValueError, match="not the one the speculation trace"):
         simulate(wl, other, recorded, fixed, 10_000, sched)
+
+
+def test_a_tree_trace_replays_any_k_beyond_its_depth():
+    """A tree's run at its depth is exact (the tree goes no deeper), so k_max above the trace's
+    cap is fine there, and still refused for a chain's capped trace."""
+    from support.engine import workload
+
+    from policies import make_policy
+    from simulator import SchedulerConfig, simulate
+    from traces import RequestSpeculation, SpeculationTrace
+
+    wl = workload([0.0, 0.0], [12, 30], [20, 9])
+    reqs = tuple(RequestSpeculation(run=np.minimum(np.arange(20) % 5, 3).astype(np.int32))
+                 for _ in range(2))
+    sched = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=10_000, k_max=6)
+    tree = SpeculationTrace(requests=reqs, meta={"max_run": 3, "tree": SHAPE.to_json()})
+    deep = simulate(wl, LinearLatency(), tree, make_policy("fixed", {"k": 6}), 10_000, sched)
+    assert deep.steps.accepted.sum() > 0
+    chain = SpeculationTrace(requests=reqs, meta={"max_run": 3})
+    with pytest.raises(ValueError, match="caps accepted runs at 3"):
+        simulate(wl, LinearLatency(), chain, make_policy("fixed", {"k": 6}), 10_000, sched)
