@@ -88,7 +88,8 @@ def goodput_cost(target, drafter, batch: int, prompts, tokens_out: int, scratch:
     from spectune.validate_calibration import DriftProbe, latency_for, validation_grid
 
     lengths = np.asarray([len(p) for p in prompts])
-    grid = validation_grid(batch, 8, lengths, np.full(len(prompts), tokens_out))
+    grid = validation_grid(batch, 8, lengths, np.full(len(prompts), tokens_out),
+                           draft_tree=getattr(drafter, "tree", None))  # a tree's verify widths
     probe = DriftProbe(target, drafter.timing_model, grid, scratch / f"profile-b{batch}")
     for _ in range(3):
         probe.round()

@@ -78,7 +78,10 @@ class StepCostModel:
         pairs = sum((w + 1) * s + n * o for w, n, s, o in zip(widths, counts, sums, own))
         total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                            cached_total + prefill_cached, pairs + prefill_pairs)
-        total = total + lat.step_overhead_s(n_decode + prefill_seqs, query - n_decode)
+        # host time per drafted position, as `validate` fits it on the engines' `drafted` (a
+        # tree's depth, not its nodes)
+        positions = sum(k * n for k, n in zip(distinct, counts))
+        total = total + lat.step_overhead_s(n_decode + prefill_seqs, positions)
         if lat.has_draft_model:
             first = None if feeds is None else (
                 _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
