@@ -33,6 +33,7 @@ still predicts the last layer's feature, which the frozen norm and LM head decod
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -281,9 +282,13 @@ def load_head(target: LlamaModel, path: Path | None = None) -> EagleHead:
     path = Path(path) if path is not None else SHIPPED_HEAD
     if not path.is_file():
         raise ValueError(f"no EAGLE head at {path}: train one with scripts/train_eagle.py")
-    with np.load(path) as data:
-        meta = json.loads(str(data["meta"]))
-        arrays = {name: data[name] for name in data.files if name != "meta"}
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+            arrays = {name: data[name] for name in data.files if name != "meta"}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{path}: not an EAGLE head file ({type(error).__name__}: {error}); "
+                         f"give a scripts/train_eagle.py output") from None
     name = target.config.shape.name
     if meta.get("target") != name:
         raise ValueError(f"{path}: a head for {meta.get('target')}, not for {name}")

@@ -16,16 +16,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD, load_head
+from profiler.eagle import SHIPPED_HEAD
 from profiler.eagle_data import continue_prompts, target_features
 from profiler.eagle_train import eagle_runs
-from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
-from scripts.eagle_generalization import held_out_documents, require_files
+from scripts.eagle_generalization import held_out_documents, load_models, require_files
 from spectune.record import (
     DEFAULT_PROMPTS,
     acceptance_k1,
@@ -53,12 +50,7 @@ def main(argv=None) -> int:
         ap.error(f"--windows {args.windows!r}: give comma-separated positions, each 0 (the whole "
                  f"context) or more than the 128 answer tokens")
     require_files(ap, head=args.head)
-    torch.set_num_threads(args.threads)
-    target, tok = load_smollm2(torch.float32)
-    try:
-        head = load_head(target, args.head)
-    except ValueError as error:
-        ap.error(str(error))
+    target, tok, head = load_models(ap, args.head, args.threads)
     held = held_out_documents(load_prompts(DEFAULT_PROMPTS), args.per_category)
     conts = continue_prompts(target, [(p.key, tok.encode(chat_prompt(p.text))) for p in held],
                              [0.0], 128, args.work / "eval", eos_id=tok.eos_id, batch=16)

@@ -55,6 +55,17 @@ def require_files(ap, **paths: Path) -> None:
             ap.error(f"--{name} {path}: no such file (give {wanted[name]})")
 
 
+def load_models(ap, head: Path, threads: int):
+    """(target, tokenizer, head) on `threads` torch threads; a head file that is not one is the
+    parser's error, not a traceback."""
+    torch.set_num_threads(threads)
+    target, tok = load_smollm2(torch.float32)
+    try:
+        return target, tok, load_head(target, head)
+    except ValueError as error:
+        ap.error(str(error))
+
+
 def document_sets(target, tok, fresh, greedy, questions, args) -> dict[str, list]:
     """Long-context turns three ways: documents made of the target's greedy answers (the
     training's kind), of its answers sampled at temperature 1 (text it would not have written

@@ -24,13 +24,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.draft_tree import SHIPPED_TREE
-from profiler.eagle import SHIPPED_HEAD, load_head
+from profiler.eagle import SHIPPED_HEAD
 from profiler.eagle_chain import chain_passes
 from profiler.eagle_data import continue_prompts, target_features
 from profiler.eagle_train import store_ranks
-from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
-from scripts.eagle_generalization import require_files
+from scripts.eagle_generalization import load_models, require_files
 from simulator.draft_tree import build_tree, chain_shape, path_counts, save_tree
 from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts, walk
 
@@ -90,12 +89,7 @@ def main(argv=None) -> int:
     if min(args.nodes, args.depth, args.max_rank, args.max_tokens, args.threads) < 1:
         ap.error("--nodes, --depth, --max-rank, --max-tokens and --threads must be >= 1")
     require_files(ap, head=args.head)
-    torch.set_num_threads(args.threads)
-    target, tok = load_smollm2(torch.float32)
-    try:
-        head = load_head(target, args.head)
-    except ValueError as error:
-        ap.error(str(error))
+    target, tok, head = load_models(ap, args.head, args.threads)
     started = time.time()
     train = split_ranks(head, target, tok, "train", args.work, args.depth, args.max_tokens)
     counts = path_counts(train, args.depth)

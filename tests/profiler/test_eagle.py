@@ -391,6 +391,9 @@ def test_head_round_trips_through_its_fp16_file(target, trained, tmp_path):
         load_head(other, path)
     with pytest.raises(ValueError, match="no EAGLE head at"):
         load_head(target, tmp_path / "missing.npz")
+    (tmp_path / "text.npz").write_text("not an archive")
+    with pytest.raises(ValueError, match="not an EAGLE head file"):
+        load_head(target, tmp_path / "text.npz")
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["eagle", "eagle+ngram"])
