@@ -1,5 +1,5 @@
-"""scripts/eagle_document_finetune.py and scripts/eagle_context_window.py refuse bad arguments
-before they load the target."""
+"""scripts/eagle_document_finetune.py, scripts/eagle_context_window.py and scripts/eagle_tree.py
+refuse bad arguments before they load the target."""
 
 from __future__ import annotations
 
@@ -30,7 +30,20 @@ def test_bad_arguments_are_named_before_the_target_loads(argv, says, capsys, mon
 @pytest.mark.parametrize("windows", ["", "512,abc", "-1", "0,100"])
 def test_context_window_refuses_windows_it_cannot_measure(windows, capsys, monkeypatch):
     module = load_script("eagle_context_window")
-    monkeypatch.setattr(module, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
+    monkeypatch.setattr(module, "load_models", lambda *a, **k: pytest.fail("loaded the target"))
     with pytest.raises(SystemExit):
         module.main(["--windows", windows])
     assert f"--windows {windows!r}: give comma-separated positions" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--nodes", "0"], "--nodes, --depth, --max-rank, --max-tokens and --threads must be >= 1"),
+    (["--head", "absent.npz"], "--head absent.npz: no such file"),
+])
+def test_the_tree_builder_refuses_bad_arguments_before_the_target_loads(argv, says, capsys,
+                                                                         monkeypatch):
+    module = load_script("eagle_tree")
+    monkeypatch.setattr(module, "load_models", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    assert says in capsys.readouterr().err
