@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from simulator.draft_tree import node_depths
+
 #: (row of the request in the batch, depth of the token in its chain, draft top-1, entropy) -> stop
 StopRule = Callable[[int, int, float, float], bool]
 
@@ -50,10 +52,7 @@ class DraftChain:
         """Positions drafted: a chain's length, a tree's deepest node (what k counts)."""
         if self.parents is None:
             return len(self.tokens)
-        depth = [0] * len(self.parents)
-        for j, parent in enumerate(self.parents):
-            depth[j] = 1 if parent < 0 else depth[parent] + 1
-        return max(depth, default=0)
+        return max(node_depths(self.parents), default=0)
 
 
 class Drafter:

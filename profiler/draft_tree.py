@@ -38,11 +38,11 @@ def tree_layout(parents: Sequence[int], cached: int, device=None) -> RowLayout:
     """How a verify pass feeds [last, nodes..] after `cached` tokens: the root at position
     `cached`, a node at `cached` + its depth; every row sees the cache, itself and its
     ancestors."""
-    positions = torch.tensor([cached, *(cached + d for d in node_depths(parents))],
-                             device=device)
+    depths = node_depths(parents)
+    positions = torch.tensor([cached, *(cached + d for d in depths)], device=device)
     tree = ancestor_mask(parents)
     mask = torch.cat((torch.ones(tree.shape[0], cached, dtype=torch.bool), tree), dim=1)
-    return RowLayout(positions, mask.to(device))
+    return RowLayout(positions, mask.to(device), cached + max(depths, default=0) + 1)
 
 
 def accepted_path(parents: Sequence[int], tokens: Sequence[int], best: Sequence[int]) -> list[int]:

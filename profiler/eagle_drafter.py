@@ -162,7 +162,7 @@ class EagleDrafter(Drafter):
         while frontier:
             q = torch.softmax(logits.float(), dim=-1)
             entropy = torch.special.entr(q).sum(dim=-1).tolist()
-            widest = max(self._child_ranks(shapes[i], path)[-1] + 1 for i, _, path, _ in frontier)
+            widest = max(shapes[i].child_ranks(path)[-1] + 1 for i, _, path, _ in frontier)
             top_q, top_index = q.topk(widest, dim=-1)
             top_tokens = self.head.vocab_ids[top_index].tolist()
             top1 = top_q[:, 0].tolist()
@@ -177,7 +177,7 @@ class EagleDrafter(Drafter):
             parents_of_next = []  # (request, node, its path, the row of its parent's feature)
             for i, parent, path, j in frontier:
                 chain = chains[i]
-                for rank in self._child_ranks(shapes[i], path):
+                for rank in shapes[i].child_ranks(path):
                     node = len(chain.tokens)
                     chain.tokens.append(top_tokens[j][rank])
                     chain.parents.append(parent)
@@ -186,7 +186,7 @@ class EagleDrafter(Drafter):
                     if full is not None:
                         probs[i].append(full[j])
                     child = (*path, rank)
-                    if i not in stopped and self._child_ranks(shapes[i], child):
+                    if i not in stopped and shapes[i].child_ranks(child):
                         parents_of_next.append((i, node, child, j))
             if not parents_of_next:
                 break
@@ -216,11 +216,6 @@ class EagleDrafter(Drafter):
         return chains
 
     @staticmethod
-    def _child_ranks(shape: TreeShape, path: tuple[int, ...]) -> list[int]:
-        """Ranks of `path`'s children in `shape`, ascending (empty for a leaf)."""
-        return sorted(p[-1] for p in shape.paths if len(p) == len(path) + 1 and p[:-1] == path)
-
-    @staticmethod
     def _node_layout(parents: list[int], nodes: list[int], cached: int, base: int, depth: int,
                      column: dict[int, int], device) -> RowLayout:
         """Nodes of one depth fed side by side at position base + depth - 1 (where a chain feeds
@@ -237,7 +232,7 @@ class EagleDrafter(Drafter):
             mask[row, cached + row] = True
             column[node] = cached + row
         positions = torch.full((n,), base + depth - 1, dtype=torch.int64)
-        return RowLayout(positions.to(device), mask.to(device))
+        return RowLayout(positions.to(device), mask.to(device), base + depth)
 
     def _looked_up(self, history: Sequence[int], chain: list[int], head_token: int) -> int:
         """The lookup's next token after history + chain on a long enough match, else the

@@ -444,8 +444,7 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
             raise ValueError("a draft tree takes the head's candidates only: no lookup with it")
         max_run = min(max_run, tree.depth)
         ranks = np.full((len(output), max_run), np.iinfo(np.int32).max, dtype=np.int64)
-        in_draft = torch.full((head.target.config.shape.vocab,), -1, dtype=torch.int64)
-        in_draft[head.vocab_ids.cpu()] = torch.arange(head.draft_vocab)
+        in_draft = draft_index(head)
     from profiler.eagle_data import target_features
 
     tokens_list = [int(t) for t in prompt] + [int(t) for t in output]
@@ -496,6 +495,36 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
         m = matches[t]
         run[t] = max_run if m.all() else int(np.argmin(m))
     return run, first
+
+
+def draft_index(head: EagleHead) -> torch.Tensor:
+    """[target vocab]: each token's column in the head's draft vocabulary, -1 outside it (CPU)."""
+    index = torch.full((head.target.config.shape.vocab,), -1, dtype=torch.int64)
+    index[head.vocab_ids.cpu()] = torch.arange(head.draft_vocab)
+    return index
+
+
+def eagle_ranks(head: EagleHead, target: LlamaModel, prompt: Sequence[int],
+                output: Sequence[int], depth: int) -> np.ndarray:
+    """ranks[t, d - 1]: the true token's rank under the head's depth-d distribution of the chain
+    from output position t (fed the true tokens, as a draft tree's node on the target's greedy
+    path is); the int32 maximum outside the draft vocabulary. What a tree shape is chosen and
+    scored from (simulator/draft_tree.py)."""
+    from profiler.eagle_data import target_features
+
+    tokens = [*prompt, *output]
+    features = target_features(target, tokens[:-1]).to(head.config.device, head.config.dtype)
+    ranks = np.full((len(output), depth), np.iinfo(np.int32).max, dtype=np.int64)
+    in_draft, truth = draft_index(head), torch.tensor(list(output))
+    fed = torch.tensor(tokens[:-1], device=features.device)
+    with torch.no_grad():
+        for d, rows, predicted in chain_passes(head, fed, features, depth,
+                                               max(len(prompt) - 1, 0)):
+            t = torch.arange(rows.start, rows.stop) - len(prompt) + 2
+            keep = (t >= 1) & (t + d - 1 < len(output))
+            logits = head.draft_logits(predicted).float()[keep.to(predicted.device)].cpu()
+            store_ranks(ranks, logits, in_draft, truth, t[keep], d)
+    return ranks
 
 
 def store_ranks(ranks: np.ndarray, logits: torch.Tensor, in_draft: torch.Tensor,

@@ -112,10 +112,12 @@ class KVCache:
 class RowLayout:
     """Where one request's new tokens sit when they are not a run of consecutive positions: a
     draft tree's nodes (profiler/draft_tree.py) share positions (siblings) and each sees only
-    its ancestors. `positions` [n] absolute, `mask` [n, cached + n] bool (True = attend)."""
+    its ancestors. `positions` [n] absolute, `mask` [n, cached + n] bool (True = attend), `end`
+    one past the largest position (known to whoever lays the tree out: no device read)."""
 
     positions: torch.Tensor
     mask: torch.Tensor
+    end: int
 
 
 class BatchAttention:
@@ -161,9 +163,8 @@ class BatchAttention:
         if self.layouts is not None:
             self.masks = [m if layout is None else layout.mask.to(self.device)
                           for m, layout in zip(self.masks, self.layouts)]
-            for layout in self.layouts:
-                if layout is not None:
-                    self.max_length = max(self.max_length, int(layout.positions.max()) + 1)
+            ends = [layout.end for layout in self.layouts if layout is not None]
+            self.max_length = max(self.max_length, *ends)
 
     def _mask(self, n: int, c: int) -> torch.Tensor | None:
         """Boolean [n, c + n] mask (True = attend), or None when no mask or SDPA's causal flag."""

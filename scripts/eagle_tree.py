@@ -19,40 +19,19 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from profiler.draft_tree import SHIPPED_TREE
 from profiler.eagle import SHIPPED_HEAD
-from profiler.eagle_chain import chain_passes
-from profiler.eagle_data import continue_prompts, target_features
-from profiler.eagle_train import store_ranks
+from profiler.eagle_data import continue_prompts
+from profiler.eagle_train import eagle_ranks
 from profiler.tokenizer import chat_prompt
 from scripts.eagle_generalization import load_models, require_files
 from simulator.draft_tree import build_tree, chain_shape, path_counts, save_tree
 from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts, walk
 
 SIZES = (4, 6, 8, 10, 12, 16, 20, 24, 32)
-
-
-def greedy_ranks(head, target, prompt: list[int], output: list[int], depth: int) -> np.ndarray:
-    """ranks[t, d - 1]: the true token's rank under the head's depth-d distribution of the chain
-    from output position t (fed the true tokens); the int32 maximum outside the draft vocab."""
-    tokens = [*prompt, *output]
-    features = target_features(target, tokens[:-1])
-    ranks = np.full((len(output), depth), np.iinfo(np.int32).max, dtype=np.int64)
-    in_draft = torch.full((target.config.shape.vocab,), -1, dtype=torch.int64)
-    in_draft[head.vocab_ids] = torch.arange(head.draft_vocab)
-    truth = torch.tensor(output)
-    with torch.no_grad():
-        for d, rows, predicted in chain_passes(head, torch.tensor(tokens[:-1]), features, depth,
-                                               max(len(prompt) - 1, 0)):
-            t = torch.arange(rows.start, rows.stop) - len(prompt) + 2
-            keep = (t >= 1) & (t + d - 1 < len(output))
-            store_ranks(ranks, head.draft_logits(predicted).float()[keep], in_draft, truth,
-                        t[keep], d)
-    return ranks
 
 
 def tokens_per_step(ranks: list[np.ndarray], shape, k: int) -> float:
@@ -68,7 +47,7 @@ def split_ranks(head, target, tok, split: str, work: Path, depth: int, max_token
     questions = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, split)]
     asked = [(p.key, tok.encode(chat_prompt(p.text))) for p in questions]
     answers = continue_prompts(target, asked, [0.0], max_tokens, work / split, eos_id=tok.eos_id)
-    return [greedy_ranks(head, target, list(a.prompt), list(a.output[:max_tokens]), depth)
+    return [eagle_ranks(head, target, list(a.prompt), list(a.output[:max_tokens]), depth)
             for a in answers if len(a.output) > 1]
 
 

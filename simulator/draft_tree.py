@@ -28,6 +28,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -69,31 +70,74 @@ class TreeShape:
         index = {p: i for i, p in enumerate(self.paths)}
         return [index[p[:-1]] if len(p) > 1 else -1 for p in self.paths]
 
+    # Tables worked out once per shape: engines ask for them every step.
+
+    @cached_property
+    def _known(self) -> frozenset[Path_]:
+        return frozenset(self.paths)
+
+    @cached_property
+    def _children(self) -> dict[Path_, tuple[int, ...]]:
+        """Each node's (and the root's, ()) children's ranks, ascending."""
+        children: dict[Path_, list[int]] = {}
+        for p in self.paths:
+            children.setdefault(p[:-1], []).append(p[-1])
+        return {parent: tuple(sorted(ranks)) for parent, ranks in children.items()}
+
+    @cached_property
+    def _nodes_upto(self) -> list[int]:
+        """[k]: the nodes of depth <= k, k = 0 .. depth."""
+        counts = np.bincount([len(p) for p in self.paths], minlength=self.depth + 1)
+        return np.cumsum(counts).tolist()
+
+    @cached_property
+    def _pairs_upto(self) -> list[int]:
+        """[k]: `verify_pairs(k)`, k = 0 .. depth."""
+        counts = np.bincount([len(p) for p in self.paths], minlength=self.depth + 1)
+        return (1 + np.cumsum(counts * np.arange(1, self.depth + 2))).tolist()
+
+    @cached_property
+    def _expanding(self) -> list[int]:
+        """[d]: the nodes of depth d with children, d = 0 .. depth (0: the root)."""
+        return np.bincount([len(parent) for parent in self._children],
+                           minlength=self.depth + 1).tolist()
+
+    @cached_property
+    def _uptos(self) -> dict[int, TreeShape | None]:
+        return {}
+
+    def child_ranks(self, path: Path_) -> tuple[int, ...]:
+        """The ranks of `path`'s children (() for the root's), ascending; () for a leaf."""
+        return self._children.get(tuple(path), ())
+
     def draft_tokens(self, k: int) -> int:
         """Nodes of depth <= k: the draft tokens a verify pass at depth k feeds."""
-        return sum(len(p) <= k for p in self.paths)
+        return self._nodes_upto[min(max(k, 0), self.depth)]
 
     def expanding(self, depth: int) -> int:
         """Nodes of `depth` with children (depth 0: the root), each one entry of the head's
         pass that drafts depth + 1."""
-        if depth == 0:
-            return 1
-        return len({p[:-1] for p in self.paths if len(p) == depth + 1})
+        return self._expanding[depth] if 0 <= depth <= self.depth else 0
 
     def verify_pairs(self, k: int) -> int:
         """Attention pairs among the new rows of a verify pass at depth k: the root sees itself,
         a node of depth d itself, its d - 1 ancestors and the root (a chain's (k+1)(k+2)/2)."""
-        return 1 + sum(len(p) + 1 for p in self.paths if len(p) <= k)
+        return self._pairs_upto[min(max(k, 0), self.depth)]
 
     def upto(self, depth: int) -> TreeShape | None:
-        """The nodes of depth <= `depth` (None for depth 0: nothing to draft)."""
-        kept = tuple(p for p in self.paths if len(p) <= depth)
-        return TreeShape(kept) if kept else None
+        """The nodes of depth <= `depth` (None for depth 0: nothing to draft); one object per
+        depth, so the tables above are worked out once."""
+        depth = min(depth, self.depth)
+        if depth not in self._uptos:
+            kept = tuple(p for p in self.paths if len(p) <= depth)
+            self._uptos[depth] = (self if depth == self.depth
+                                  else TreeShape(kept) if kept else None)
+        return self._uptos[depth]
 
     def run(self, ranks: Sequence[int]) -> int:
         """How deep the tree follows a greedy path whose true token has these ranks by depth."""
-        known, depth = set(self.paths), 0
-        while depth < len(ranks) and tuple(int(r) for r in ranks[: depth + 1]) in known:
+        depth = 0
+        while depth < len(ranks) and tuple(int(r) for r in ranks[: depth + 1]) in self._known:
             depth += 1
         return depth
 

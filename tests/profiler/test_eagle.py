@@ -31,6 +31,7 @@ from profiler.eagle_train import (  # noqa: E402
     TrainSpec,
     checkpoint_name,
     draft_vocabulary,
+    eagle_ranks,
     eagle_runs,
     feature_rms,
     init_head,
@@ -539,3 +540,19 @@ def test_eagle_tree_scheduler_mirrors_the_simulator_step_for_step(target, traine
     chain = simulate(wl, _Refeeding(), trace_from_runs(runs), policy, sched.kv_capacity_tokens,
                      sched)
     assert sim.steps.duration_s.sum() > chain.steps.duration_s.sum()  # the nodes cost
+
+
+def test_the_ranks_a_tree_is_chosen_from_give_the_recorded_tree_runs(target, trained,
+                                                                      live_prompts):
+    """`eagle_ranks` (what scripts/eagle_tree.py counts) read through a shape are the runs
+    `eagle_runs(tree=)` records, and the chain's ranks of 0 its own runs."""
+    head = trained[0]
+    prompt = live_prompts[2]
+    output = target_outputs(target, [prompt], 30)[0]
+    ranks = eagle_ranks(head, target, prompt, output, TREE.depth)
+    tree_run, _ = eagle_runs(head, target, prompt, output, SCHED.k_max, tree=TREE)
+    assert [TREE.run(row) for row in ranks[1:]] == tree_run[1:].tolist()
+    chain = chain_shape(TREE.depth)
+    chain_run, _ = eagle_runs(head, target, prompt, output, TREE.depth)
+    assert [chain.run(row) for row in ranks[1:]] == chain_run[1:].tolist()
+    assert (tree_run > 0).sum() > (chain_run > 0).sum()
