@@ -1,8 +1,8 @@
 """`batch_adaptive`: one k for the whole batch, looked up from a batch size -> k table.
 
 Su, Giannoula, Pekhimenko 2023, "The Synergy of Speculative Decoding and Batching" (arXiv
-2310.18813; POLICIES.md §2, mechanism from secondary descriptions): the best k falls as the batch
-grows, because a bigger batch makes each verified token dearer (the verify pass leaves the
+2310.18813; docs/policies.md §2, mechanism from secondary descriptions): the best k falls as the
+batch grows, because a bigger batch makes each verified token dearer (the verify pass leaves the
 memory-bound regime) while the expected tokens per draft stay the same. Offline, build a table
 B -> k* that minimises per-token latency T_step(B, k) / E(k); online, look up the batch size and
 give every request that k.
@@ -172,7 +172,7 @@ def derive_table(cost: StepCost, alpha: float, context_tokens: int, max_batch: i
     T_step is the engine's cost model for B requests of `context_tokens` each drafting k (draft
     chain + verify + overhead, simulator/step_cost.py); E(k) = (1 - alpha^(k+1)) / (1 - alpha).
     Every k in 0..k_max is scanned (step times can jump at CUDA-graph buckets and the compute
-    knee, POLICIES.md §0); ties go to the smaller k. Runs of equal k merge into ranges.
+    knee, docs/policies.md §0); ties go to the smaller k. Runs of equal k merge into ranges.
     """
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0, got {k_max}")

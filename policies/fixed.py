@@ -18,7 +18,8 @@ class Fixed(Policy):
     stateless_per_batch: ClassVar[bool] = True
 
     k: int = field(default=4, metadata={"help": "draft tokens per request per step (0 = none)",
-                                         "grid": (0, 1, 2, 3, 4, 5, 6, 8, 10)})
+                                         "grid": (0, 1, 2, 3, 4, 5, 6, 8, 10),
+                                         "extend": (12, 16, 24, 32)})
 
     def __post_init__(self) -> None:
         if not 0 <= self.k <= 64:

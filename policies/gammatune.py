@@ -2,7 +2,7 @@
 
 "Token-Driven GammaTune: Adaptive Calibration for Enhanced Speculative Decoding", arXiv 2504.00030
 (+15% ±5% and +16% ±3% over fixed k on SpecBench). The paper's method section could not be read
-here (only its abstract); the rule below is POLICIES.md §5's restatement *(rule secondary)*.
+here (only its abstract); the rule below is docs/policies.md §5's restatement *(rule secondary)*.
 
 Per request, after each step with A drafts accepted of g drafted:
 

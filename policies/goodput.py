@@ -1,4 +1,4 @@
-"""`goodput`: SmartSpec (Liu et al. 2024, arXiv 2406.14066; POLICIES.md §3).
+"""`goodput`: SmartSpec (Liu et al. 2024, arXiv 2406.14066; docs/policies.md §3).
 
 Choose k to maximise predicted goodput, tokens emitted per second of step time, from an acceptance
 estimate and the serving system's cost model. Followed here: the authors' prototype,
@@ -9,11 +9,11 @@ estimate and the serving system's cost model. Followed here: the authors' protot
   multiple of 20 (`updte_interval`) is k re-planned, otherwise the last plan is returned. The last
   plan starts at 0, so the first 19 calls propose nothing.
 - The plan scans k = 0..num_lookahead_slots: goodput(k) = B (1 - a^(k+1)) / (1 - a) / time(k);
-  goodput(0) is multiplied by 1.1 ("the goodput should be at least 1.1x of non spec decode");
-  the scan stops at the first k whose goodput is not higher than the best so far ("monotonically
-  decreasing after the peak"). POLICIES.md §0 warns that measured step times can jump (CUDA-graph
-  buckets, the compute knee), where stopping at the first drop misses a later peak; the stop is
-  kept because the prototype does it.
+  goodput(0) is multiplied by 1.1 ("the goodput should be at least 1.1x of non spec decode"); the
+  scan stops at the first k whose goodput is not higher than the best so far ("monotonically
+  decreasing after the peak"). docs/policies.md §0 warns that measured step times can jump
+  (CUDA-graph buckets, the compute knee), where stopping at the first drop misses a later peak; the
+  stop is kept because the prototype does it.
 - time(k): draft + target + overhead from regressions fitted to profiled tables, for the batch's
   average sequence length bucketed to the profiled grid; k = 0 charges the target alone.
   OOM check: B (seq_len + k + 1) 1.1 > block_size * num_gpu_blocks gives time 10000 s.
@@ -42,16 +42,16 @@ Where this module differs, and why:
   `num_accepted_tokens += accepted.sum()` counts every position that passed its acceptance test,
   including positions after the first rejection ("accepted may have True values inconsistent
   with causal acceptance"). An engine here reports accepted drafts up to the first rejection only
-  (POLICIES.md §0: later positions are never observed), so accepted/drafted is the censored ratio,
-  under i.i.d. acceptance a (1 - a^k) / ((1 - a) k) < a (0.34 at a = 0.7, k = 6).
+  (docs/policies.md §0: later positions are never observed), so accepted/drafted is the censored
+  ratio, under i.i.d. acceptance a (1 - a^k) / ((1 - a) k) < a (0.34 at a = 0.7, k = 6).
   `ema_input` chooses x: "censored" (default), the maximum-likelihood a from this policy object's
   (one per replica) running totals of what was observed: each accepted draft is a success, each
   first rejection a failure, later positions unobserved, so x = S / (S + F). It estimates what
   the prototype's lifetime counter estimates on vLLM V0 (the per-token acceptance rate), from
   the censored outcomes a real engine sees. "cumulative" is the running accepted/drafted ratio,
-  "step" the step's own ratio (POLICIES.md's reading), "inverted" the a that explains the step's
-  mean accepted drafts under i.i.d. acceptance (`alpha_from_mean_accepted`). "cumulative" and
-  "step" under-estimate a and plan shorter chains than the prototype would on vLLM V0.
+  "step" the step's own ratio (docs/policies.md's reading), "inverted" the a that explains the
+  step's mean accepted drafts under i.i.d. acceptance (`alpha_from_mean_accepted`). "cumulative"
+  and "step" under-estimate a and plan shorter chains than the prototype would on vLLM V0.
 - As in the prototype, k = 0 is absorbing while the batch's cost picture stays the same: without
   drafts nothing updates a, and the next plan sees the same a. Running totals move slowly, so one
   poor window rarely gets there; with "step" or "inverted" a few steps of a low-acceptance request
@@ -232,7 +232,7 @@ class Goodput(Policy):
         return tokens / ctx.cost.step_s(ks, contexts)
 
     def _plan_per_request(self, ctx: StepContext, k_cap: int) -> list[int]:
-        """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (POLICIES.md §3 option).
+        """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (docs/policies.md §3 option).
 
         Requests are ranked by their own estimate a_r (ties: shorter context first), and an
         allocation gives k nonincreasing along that ranking: at equal step cost, moving a draft

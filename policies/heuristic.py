@@ -2,7 +2,7 @@
 
 Both come from Hugging Face transformers, `src/transformers/generation/candidate_generator.py`
 (`AssistedCandidateGenerator.update_candidate_strategy`) and `stopping_criteria.py`
-(`ConfidenceCriteria`); POLICIES.md §6.
+(`ConfidenceCriteria`); docs/policies.md §6.
 
 heuristic (`num_assistant_tokens_schedule="heuristic"`): after each step, if every drafted token was
 accepted the draft length grows by 2, otherwise it shrinks by 1, never below 1; it starts at 5 (the
@@ -14,9 +14,9 @@ Per request or per generation? transformers builds one candidate generator per `
 and assisted generation runs one sequence at a time, so the length is per request. With
 `"heuristic"` the final length is written back into the assistant's generation config when the call
 ends (`_assisted_decoding`), so the *next* call starts where the last one stopped;
-`"heuristic_transient"` starts every call afresh. `carry_over=False` (the default, as POLICIES.md
-asks: initial 5 per request) is the transient form; `carry_over=True` starts each new request from
-the length the most recently finished request ended with.
+`"heuristic_transient"` starts every call afresh. `carry_over=False` (the default, as
+docs/policies.md asks: initial 5 per request) is the transient form; `carry_over=True` starts each
+new request from the length the most recently finished request ended with.
 
 confidence (transformers >= 4.45 defaults: `num_assistant_tokens=20`, schedule "constant",
 `assistant_confidence_threshold=0.4`): draft up to 20 tokens, stop as soon as the draft's

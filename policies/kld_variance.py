@@ -3,7 +3,7 @@
 Yang, Choi, Moon, Jang, Jeon 2025, "DSDE: Dynamic Speculative Decoding with KLD Stability for
 Real-World Serving", arXiv 2509.01083; authors' code: samsungsds-research-paper/DSDE,
 vllm/spec_decode/dynamic_scheduler.py (`KLScheduler`, `_weighted_intensity_ratio`, `_dsl_step`,
-`coordinate_batch_k`) and spec_decode_worker.py (how the KL history is fed). POLICIES.md §4.
+`coordinate_batch_k`) and spec_decode_worker.py (how the KL history is fed). docs/policies.md §4.
 
 Why: KL(target ‖ draft) measures how far the drafter is from the target at each drafted position.
 DSDE drafts long while that divergence is low *and* stable, and falls back to a short chain when it
@@ -25,22 +25,24 @@ Per request, with H the newest W (`activation_tokens`) per-position KL values:
 4. SL cap (`cap=True`): cap = ceil(mean of step-3 k over the batch's post-warm-up requests);
    k = min(k, cap), so one confident request does not make the whole batch verify long chains.
 
-Where POLICIES.md and the authors' code differ, this follows the code:
+Where docs/policies.md and the authors' code differ, this follows the code:
 - Warm-up's "otherwise keep k" is `max(k, k_min_cfg)` in the code (the same unless k < k_min_cfg).
 - The doubling test is `accepted >= k` against the scheduler's own k, not the drafted count (the
   code's engine may clamp the chain below k; so may ours, to its k_max).
 - The step that fills H adds nothing to the warm-up samples: the code collects samples only while
   the count is below W, then computes the bounds and already applies step 3 to that step.
 - `round` is Python's (half to even), as in the code; max_KL = 0 or no KL sample counts as 1.
-- R = 0 for n < 2 (the code's `_weighted_intensity_ratio`); POLICIES.md is silent.
+- R = 0 for n < 2 (the code's `_weighted_intensity_ratio`); docs/policies.md is silent.
 - D divides by (temperature + 1e-8) when |temperature| >= 1e-8, as `_dsl_step` does.
 - SL cap: the mean is over requests whose bounds existed before this step and that drafted
   (`coordinate_batch_k` step 1), and the cap then applies to every post-warm-up request, including
   one whose warm-up ended this step. The cap is computed after verification over the step's batch
   and shapes the next step's k, as in the code. The code's config leaves the cap off
-  (`sl_cap_activation` defaults to None); POLICIES.md asks for it on, so `cap=True`.
-- Defaults are POLICIES.md's: k_min_cfg 1 (the code's config: `min_spec_tokens` 6), k_max_cfg 20,
-  W 100 (`dsl_activation_tokens` 100), k_init 5 (`num_speculative_tokens or 5`).
+  (`sl_cap_activation` defaults to None); docs/policies.md asks for it on, so `cap=True`.
+- Defaults are docs/policies.md's: k_min_cfg 1 (the code's config: `min_spec_tokens` 6),
+  k_max_cfg 20, W 100 (`dsl_activation_tokens` 100), k_init 5 (`num_speculative_tokens or 5`;
+  lowered to k_max_cfg where that is smaller, so the tuner's k_max_cfg grid point 4 is a valid
+  setting).
 
 Forced by what a simulator can observe (only the accepted drafts and the first rejection): the code
 appends the KL of *every* drafted position (the target scored all k, after the first rejection on a
@@ -145,7 +147,8 @@ class KldVariance(Policy):
         "DSDE: per-request k from KL level and short/long variance ratio, batch SL cap")
     signals: ClassVar[frozenset[str]] = frozenset({"kl"})
 
-    k_init: int = field(default=5, metadata={"help": "k of a new request during warm-up"})
+    k_init: int | None = field(default=None, metadata={
+        "help": "k of a new request during warm-up (unset: min(5, k_max_cfg))"})
     k_min_cfg: int = field(default=1, metadata={
         "help": "lower bound of every k (DSDE's config default is 6)"})
     k_max_cfg: int = field(default=20, metadata={"help": "upper bound of every k",
@@ -168,6 +171,8 @@ class KldVariance(Policy):
 
         integer("k_max_cfg", 1, _K_LIMIT)
         integer("k_min_cfg", 0, self.k_max_cfg)
+        if self.k_init is None:  # DSDE's 5, within a searched k_max_cfg below it
+            self.k_init = max(self.k_min_cfg, min(5, self.k_max_cfg))
         integer("k_init", self.k_min_cfg, self.k_max_cfg)
         integer("activation_tokens", 1, 1_000_000)
         for key, ok, rule in (

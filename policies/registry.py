@@ -25,6 +25,9 @@ class ParamInfo:
     help: str
     grid: tuple[Any, ...] | None = None
     bounds: tuple[float, float] | None = None
+    #: values past the grid's top, tried in order while the best sits on the top (the last is
+    #: the hard cap): a grid is a guess at where the optimum lies, not a limit of the policy
+    extend: tuple[Any, ...] | None = None
 
     @property
     def searched(self) -> bool:
@@ -55,6 +58,12 @@ def _check_search_metadata(cls: type[Policy]) -> None:
             raise TypeError(f"{where}: grid must be a non-empty tuple")
         if bounds is not None and not (len(bounds) == 2 and bounds[0] < bounds[1]):
             raise TypeError(f"{where}: bounds must be (lo, hi) with lo < hi")
+        extend = f.metadata.get("extend")
+        if extend is not None and (grid is None or not isinstance(extend, tuple) or not extend
+                                   or list(extend) != sorted(set(extend))
+                                   or extend[0] <= max(grid)):
+            raise TypeError(f"{where}: extend must be a tuple of increasing values above the "
+                            "grid's top")
 
 
 def policy_names() -> list[str]:
@@ -82,7 +91,8 @@ def parameters(name: str) -> list[ParamInfo]:
             default = f.default_factory()
         help_text = f.metadata.get("help", "")
         out.append(ParamInfo(f.name, _type_name(hints[f.name]), default, help_text,
-                             f.metadata.get("grid"), f.metadata.get("bounds")))
+                             f.metadata.get("grid"), f.metadata.get("bounds"),
+                             f.metadata.get("extend")))
     return out
 
 

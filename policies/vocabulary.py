@@ -1,4 +1,4 @@
-"""The speculation vocabulary, defined once (see DESIGN.md "Vocabulary").
+"""The speculation vocabulary, defined once (see docs/design.md "Vocabulary").
 
 - `k`: draft tokens proposed for one request in one step; k = 0 is plain decoding.
 - `accepted`: drafts accepted in a step (0..k);

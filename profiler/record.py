@@ -1,4 +1,4 @@
-"""Record speculation traces by teacher forcing (DESIGN.md "Speculation traces").
+"""Record speculation traces by teacher forcing (docs/design.md "Speculation traces").
 
 Greedy decoding fixes the target's output, so per request: generate the target's greedy output
 (up to `max_tokens`, stopping after EOS inclusive), then run the drafter over prompt + output from

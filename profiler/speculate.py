@@ -10,7 +10,7 @@ token is the target's own argmax after a prefix that is the target's own output,
 the output equals target-only greedy decoding (up to fp rounding on exact near-ties: a q = n + 1
 pass and a q = 1 pass use different matmul shapes).
 
-Signals (POLICIES.md §7), for observed positions only (the accepted drafts and the first
+Signals (docs/policies.md §7), for observed positions only (the accepted drafts and the first
 rejected one), with p the target's and q the draft's distribution at a position:
   kl            KL(p ‖ q) = Σ p (log p − log q), probabilities clamped at 1e-8 inside the logs
                 (and the sum at 0: rounding, or the clamp's extra mass, can dip it below)

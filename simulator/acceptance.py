@@ -1,10 +1,10 @@
 """Acceptance replay: which drafts each simulated request gets accepted, from a speculation trace.
 
-A step that drafts k tokens at output position t accepts exactly min(k, run[t]) (DESIGN.md), so a
-recorded trace replays any policy's acceptance. Workload request i uses trace request i mod M; when
-the workload asks for more output tokens than were recorded, the recording is repeated (tiled) to
-the needed length, and when fewer, it is cut. A parametric trace is generated for the workload's own
-lengths, so nothing is tiled.
+A step that drafts k tokens at output position t accepts exactly min(k, run[t]) (docs/design.md), so
+a recorded trace replays any policy's acceptance. Workload request i uses trace request i mod M;
+when the workload asks for more output tokens than were recorded, the recording is repeated (tiled)
+to the needed length, and when fewer, it is cut. A parametric trace is generated for the workload's
+own lengths, so nothing is tiled.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Cost of one engine iteration, composed from a LatencyModel's forward passes.
 
-A speculative iteration with per-request k_r costs (DESIGN.md "Latency models"):
+A speculative iteration with per-request k_r costs (docs/design.md "Latency models"):
   the draft chain: max k_r draft passes, pass j over the requests still drafting (k_r >= j),
   one target verify pass over sum_r (k_r + 1) tokens (plus any prompt chunks in the batch),
   and the per-iteration overhead.

@@ -7,6 +7,7 @@ which apply. Long series are thinned so the page stays small and fast to open.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -54,26 +55,136 @@ def _fmt(v: float) -> str:
 
 
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    """Shared look; a two-line title (how to read the chart) gets room above the panels."""
+    top = 110 if "<br>" in title else 80
     fig.update_layout(title={"text": title, "x": 0.01}, height=height, template="plotly_white",
-                      margin={"t": 80, "l": 70, "r": 30, "b": 60},
+                      margin={"t": top, "l": 70, "r": 30, "b": 60},
                       legend={"title": {"text": ""}}, hoverlabel={"namelength": -1})
     return fig
 
 
 # -- tune ---------------------------------------------------------------------------------------
 
+BASELINE_LABEL = "fixed(k=0)"
+BASELINE_NAME = "plain decoding, fixed(k=0)"
+#: k=0 is the reference every policy is read against: dark, dashed, crosses
+BASELINE_STYLE = {"color": "#222222", "dash": "dash", "symbol": "x"}
+#: a marker and a dash per policy, on top of its colour, so lines that coincide stay told apart
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon", "triangle-down")
+DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot")
+PAIRED = ("paired: both ran on the same seeds, so the ratio of their means gets its interval "
+          "from the per-seed pairs (delta method, Student t)")
+CONSERVATIVE = ("conservative: the two 95% intervals divided end to end; it holds whenever "
+                "both do, but is wider than a paired interval (no per-seed values in tune.json)")
+#: an error bar reaching past this many times the largest point is cut at the panel's top
+BAR_CUT = 2.5
+SPEEDUP_COLUMNS = ("rate", "policy", "label", "speedup", "low", "high", "method")
+
+
+def seed_count(seeds) -> int:
+    """A row's number of seeds: tune writes a count; a list of seed ids counts by its length."""
+    if isinstance(seeds, (list, tuple)):
+        return len(seeds)
+    return int(seeds) if isinstance(seeds, numbers.Real) and math.isfinite(seeds) else 0
+
+
+def full_seed(cands: pd.DataFrame) -> pd.DataFrame:
+    """The rows that ran on every seed of their rate. Successive halving drops candidates after
+    the first seed; their means are over fewer trace windows, so ranking them with the
+    survivors (or dividing k=0 by them) would compare workloads, not policies."""
+    if "seeds" not in cands or not len(cands):
+        return cands
+    n = cands["seeds"].map(seed_count)
+    return cands[n == n.groupby(cands["rate"]).transform("max")]
+
+
+def is_baseline(cands: pd.DataFrame) -> pd.Series:
+    """Plain decoding: fixed with k=0, by its parameters or, where they are missing, its label."""
+    params = cands["params"] if "params" in cands else pd.Series(None, index=cands.index)
+    k0 = params.map(lambda p: isinstance(p, dict) and p.get("k") == 0)
+    return ((cands["policy"] == "fixed") & k0) | (cands["label"] == BASELINE_LABEL)
+
 
 def best_per_policy(cands: pd.DataFrame, direction: str) -> pd.DataFrame:
-    """The best candidate of each policy at each rate: a policy's curve at its own best setting."""
-    ok = cands.dropna(subset=["objective"])
+    """The best candidate of each policy at each rate, among those that ran on every seed: a
+    policy's curve at its own best setting."""
+    ok = full_seed(cands.dropna(subset=["objective"]))
     pick = ok.groupby(["policy", "rate"])["objective"]
     idx = pick.idxmin() if direction == "min" else pick.idxmax()
     return ok.loc[idx.values].sort_values(["policy", "rate"]).reset_index(drop=True)
 
 
-def latency_vs_rate(best: pd.DataFrame, objective_metric: str, slo: dict) -> go.Figure:
-    """Objective (with its confidence interval) and tail latencies against load, per policy,
-    with the SLO as a horizontal line where it applies."""
+def baseline_per_rate(cands: pd.DataFrame) -> pd.DataFrame:
+    """k=0 at each rate (its row that ran on every seed), by rate: the line every chart keeps,
+    whether or not it is the best fixed k."""
+    ok = full_seed(cands.dropna(subset=["objective"]))
+    base = ok[is_baseline(ok)].drop_duplicates("rate")
+    return base.sort_values("rate").reset_index(drop=True)
+
+
+def series_styles(policies: Iterable[str]) -> dict[str, dict]:
+    """Colour, marker and dash per policy, plus k=0's: the same in every tune chart."""
+    styles = {p: {"color": c, "symbol": SYMBOLS[i % len(SYMBOLS)], "dash": DASHES[i % len(DASHES)]}
+              for i, (p, c) in enumerate(colours(policies).items())}
+    styles[BASELINE_NAME] = BASELINE_STYLE
+    return styles
+
+
+def dodge(rates: Iterable[float], n: int) -> list[float]:
+    """x offsets that set n series at the same rates side by side, so coinciding points and
+    their error bars stay visible: 2% of the rate span apart, a third of the closest two
+    rates' gap at most in all. Hover shows the true rate."""
+    r = np.unique(np.asarray(list(rates), dtype=float))
+    if not len(r) or n < 2:
+        return [0.0] * n
+    step = 0.02 * ((r[-1] - r[0]) if len(r) > 1 else r[0])
+    if len(r) > 1:
+        step = min(step, float(np.diff(r).min()) / 3 / (n - 1))
+    return [(i - (n - 1) / 2) * step for i in range(n)]
+
+
+def _top(points: Iterable[float], highs: Iterable[float]) -> float | None:
+    """A y-axis top for a panel where an error bar would squash the curves to a flat line (a
+    wide interval from two seeds, an unbounded ratio): BAR_CUT times the largest point, the
+    longer bars running off the top. None: plotly's own range shows everything."""
+    p, h = np.asarray(list(points), dtype=float), np.asarray(list(highs), dtype=float)
+    p, h = p[np.isfinite(p)], h[~np.isnan(h)]
+    if not len(p) or not len(h) or p.max() <= 0 or h.max() <= BAR_CUT * p.max():
+        return None
+    return BAR_CUT * p.max() * 1.05
+
+
+def _series(best: pd.DataFrame, baseline: pd.DataFrame | None) -> list[tuple[str, pd.DataFrame]]:
+    """(name, rows by rate) per policy, then k=0's."""
+    out = list(best.groupby("policy", sort=False))
+    if baseline is not None and len(baseline):
+        out.append((BASELINE_NAME, baseline))
+    return out
+
+
+def _trace(g: pd.DataFrame, name: str, style: dict, dx: float) -> dict:
+    """What a rate-axis trace of one series has in common in every panel."""
+    return {"x": g["rate"] + dx, "customdata": g["rate"], "text": g["label"], "name": name,
+            "legendgroup": name, "mode": "lines+markers",
+            "line": {"color": style["color"], "dash": style["dash"], "width": 2},
+            "marker": {"symbol": style["symbol"], "size": 9, "color": style["color"],
+                       "line": {"width": 1, "color": "white"}}}
+
+
+def _ci_text(frames: Iterable[pd.DataFrame]) -> str:
+    """'95% CI' with its method where tune.json names one (e.g. log-normal over seeds)."""
+    methods = set()
+    for g in frames:
+        if "ci_method" in g:
+            methods.update(m for m in g["ci_method"] if isinstance(m, str) and "no interval"
+                           not in m)
+    return "95% CI" + (f", {' / '.join(sorted(methods))}" if methods else "")
+
+
+def latency_vs_rate(best: pd.DataFrame, objective_metric: str, slo: dict,
+                    baseline: pd.DataFrame | None = None) -> go.Figure:
+    """Objective (with its confidence interval) and tail latencies against load, per policy and
+    for plain decoding (k=0, dashed), with the SLO as a horizontal line where it applies."""
     panels = list(dict.fromkeys([objective_metric, "e2e_p99_s", "tpot_p99_s"]))
     if slo.get("ttft_s") is not None and "ttft_p99_s" not in panels:
         panels.append("ttft_p99_s")
@@ -81,25 +192,35 @@ def latency_vs_rate(best: pd.DataFrame, objective_metric: str, slo: dict) -> go.
     rows = math.ceil(len(panels) / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[metric_title(p) for p in panels],
                         horizontal_spacing=0.08, vertical_spacing=0.14)
-    colour = colours(best["policy"])
+    series = _series(best, baseline)
+    style = series_styles(best["policy"])
+    offsets = dodge(pd.concat([g["rate"] for _, g in series]), len(series))
+    cut = False
     for i, metric in enumerate(panels):
         r, c = divmod(i, cols)
-        for policy, g in best.groupby("policy", sort=False):
+        for (name, g), dx in zip(series, offsets):
             y = g["objective"] if metric == objective_metric else g["metrics"].map(
                 lambda m, k=metric: m.get(k) if isinstance(m, dict) else None)
             err = None
             if metric == objective_metric:
                 err = {"type": "data", "array": g["ci_high"] - g["objective"],
-                       "arrayminus": g["objective"] - g["ci_low"], "thickness": 1.2}
-            fig.add_scatter(x=g["rate"], y=y, error_y=err, name=policy, legendgroup=policy,
-                            showlegend=i == 0, mode="lines+markers", text=g["label"],
-                            line={"color": colour[policy]}, row=r + 1, col=c + 1,
-                            hovertemplate="%{text}<br>rate %{x:g} req/s<br>%{y:.4g}<extra></extra>")
+                       "arrayminus": g["objective"] - g["ci_low"], "thickness": 1.5, "width": 5}
+            fig.add_scatter(y=y, error_y=err, showlegend=i == 0, row=r + 1, col=c + 1,
+                            **_trace(g, name, style[name], dx),
+                            hovertemplate="%{text}<br>rate %{customdata:g} req/s<br>%{y:.4g}"
+                            "<extra></extra>")
         _slo_line(fig, metric, slo, r + 1, c + 1)
+        top = None if metric != objective_metric else _top(
+            pd.concat([g["objective"] for _, g in series]),
+            pd.concat([g["ci_high"] for _, g in series]))
+        cut = cut or top is not None
         fig.update_xaxes(title_text="arrival rate (req/s)", row=r + 1, col=c + 1)
-        fig.update_yaxes(title_text=metric_title(metric), rangemode="tozero", row=r + 1, col=c + 1)
-    return _layout(fig, "Latency vs arrival rate (best setting of each policy; bars: 95% CI)",
-                   360 * rows + 80)
+        fig.update_yaxes(title_text=metric_title(metric), rangemode="tozero", row=r + 1, col=c + 1,
+                         range=None if top is None else [0, top])
+    note = "; bars cut at the top run beyond it" if cut else ""
+    bars = _small(f"bars: {_ci_text(g for _, g in series)}{note}")
+    return _layout(fig, "Latency vs arrival rate (best setting of each policy, and plain "
+                   f"decoding k=0 dashed)<br>{bars}", 360 * rows + 100)
 
 
 def _slo_line(fig: go.Figure, metric: str, slo: dict, row: int, col: int) -> None:
@@ -128,26 +249,184 @@ def objective_heatmap(best: pd.DataFrame, objective_metric: str, direction: str)
                    f"{better} is better", 120 + 60 * max(len(table.index), 3))
 
 
-def k_over_time(traces: Sequence[tuple[str, pd.DataFrame]], per_sample: int = 8) -> go.Figure:
-    """How the policy's draft length k moves as the batch fills and drains, for a few requests
-    of each sample run (step lines: k holds until the next decision)."""
-    fig = make_subplots(rows=len(traces), cols=1, subplot_titles=[t for t, _ in traces],
+# -- speed-up over k=0 --------------------------------------------------------------------------
+
+
+def speedups(best: pd.DataFrame, baseline: pd.DataFrame, direction: str) -> pd.DataFrame:
+    """Each policy's best candidate against k=0 at the same rate: k=0's objective over the
+    policy's where lower is better (latency), the policy's over k=0's where higher is
+    (goodput); above 1 the policy beats plain decoding. With its interval and how it was got."""
+    base = {r["rate"]: r for r in baseline.to_dict("records")}
+    rows = []
+    for p in best.to_dict("records"):
+        b = base.get(p["rate"])
+        if b is None:
+            continue
+        num, den = (b, p) if direction == "min" else (p, b)
+        low, high, method = speedup_interval(num, den)
+        rows.append({"rate": p["rate"], "policy": p["policy"], "label": p["label"],
+                     "speedup": _ratio(num["objective"], den["objective"]), "low": low,
+                     "high": high, "method": method})
+    return pd.DataFrame(rows, columns=list(SPEEDUP_COLUMNS))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def _seed_values(row: dict) -> list[float]:
+    """Per-seed objective values in seed order, where tune.json has them ('per_seed') and all
+    are finite numbers (a seed where no request met the SLO has none): else none at all."""
+    values = row.get("per_seed")
+    if not isinstance(values, list) or not all(isinstance(v, numbers.Real) for v in values):
+        return []
+    return [float(v) for v in values] if all(map(math.isfinite, values)) else []
+
+
+def speedup_interval(num: dict, den: dict, level: float = 0.95) -> tuple[float, float, str]:
+    """The interval of num's objective / den's: paired where both carry per-seed values (the
+    seeds are common random numbers, so most of the noise cancels), else conservative
+    bounds from the two intervals."""
+    a, b = _seed_values(num), _seed_values(den)
+    n = min(len(a), len(b))
+    if n >= 2:
+        return (*paired_ratio_interval(a[:n], b[:n], level), PAIRED)
+    return (*bounds_ratio_interval(num, den), CONSERVATIVE)
+
+
+def paired_ratio_interval(a: Sequence[float], b: Sequence[float],
+                          level: float = 0.95) -> tuple[float, float]:
+    """Interval of mean(a) / mean(b) from pairs (a_i, b_i) on the same seed: the ratio
+    estimator's linearisation, R +- t * sd(a_i - R b_i) / (sqrt(n) mean(b)), clipped at 0."""
+    from scipy.stats import t
+
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not (np.isfinite(x).all() and np.isfinite(y).all()) or y.mean() <= 0:
+        return math.nan, math.nan
+    r = x.mean() / y.mean()
+    half = (t.ppf(0.5 + level / 2, len(x) - 1) * (x - r * y).std(ddof=1)
+            / (math.sqrt(len(x)) * y.mean()))
+    return max(r - half, 0.0), r + half
+
+
+def bounds_ratio_interval(num: dict, den: dict) -> tuple[float, float]:
+    """[num low / den high, num high / den low]: covers the ratio whenever both intervals
+    cover their means; unbounded above when den's interval reaches 0."""
+    lo_n, hi_n = _bound(num, "ci_low"), _bound(num, "ci_high")
+    lo_d, hi_d = _bound(den, "ci_low"), _bound(den, "ci_high")
+    if not all(map(math.isfinite, (lo_n, hi_n, lo_d, hi_d))) or hi_d <= 0:
+        return math.nan, math.nan
+    return max(lo_n, 0.0) / hi_d, (hi_n / lo_d if lo_d > 0 else math.inf)
+
+
+def _bound(row: dict, key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, numbers.Real) else math.nan
+
+
+def speedup_vs_rate(speed: pd.DataFrame, objective_metric: str, direction: str) -> go.Figure:
+    """Is speculation worth it at this load? Each policy's best setting against plain decoding,
+    per rate, with the interval of the ratio; the dashed line at 1 is k=0 itself."""
+    fig = go.Figure()
+    style = series_styles(speed["policy"])
+    groups = list(speed.groupby("policy", sort=False))
+    offsets = dodge(speed["rate"], len(groups) + 1)  # k=0's slot kept: the same x as above
+    top = _top(speed["speedup"], speed["high"])
+    for (policy, g), dx in zip(groups, offsets):
+        high = g["high"].where(np.isfinite(g["high"]), 10 * (top or g["speedup"].max()))
+        fig.add_scatter(y=g["speedup"], **_trace(g, policy, style[policy], dx),
+                        error_y={"type": "data", "array": high - g["speedup"],
+                                 "arrayminus": g["speedup"] - g["low"], "thickness": 1.5,
+                                 "width": 5},
+                        hovertemplate="%{text}<br>rate %{customdata:g} req/s<br>speed-up "
+                        "%{y:.3g}x<extra></extra>")
+    fig.add_hline(y=1, line={"dash": "dash", "color": BASELINE_STYLE["color"], "width": 1.5},
+                  annotation_text="1 = " + BASELINE_NAME, annotation_position="bottom right")
+    better = "lower" if direction == "min" else "higher"
+    ratio = ("k=0's / the policy's" if direction == "min" else "the policy's / k=0's")
+    methods = "; ".join(dict.fromkeys(m for m in speed["method"] if isinstance(m, str)))
+    fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_yaxes(title_text=f"speed-up over k=0 (x), {ratio}", rangemode="tozero",
+                     range=None if top is None else [0, top])
+    note = "; bars cut at the top run beyond it" if top is not None else ""
+    return _layout(fig, f"Speed-up over plain decoding, fixed(k=0): {ratio} "
+                   f"{metric_title(objective_metric)} ({better} is better), above 1 the "
+                   f"policy wins<br>{_small(f'bars: 95% interval, {methods}{note}')}", 500)
+
+
+def _small(text: str) -> str:
+    """A title's second line: how to read the chart, in a smaller font."""
+    return f"<span style='font-size:12px'>{text}</span>"
+
+
+# -- k over time --------------------------------------------------------------------------------
+
+
+def k_column(trace: pd.DataFrame) -> str:
+    """'drafted' where the sample recorded it; older samples have only the policy's k."""
+    return "drafted" if "drafted" in trace else "k"
+
+
+def k_over_time(traces: Sequence[tuple[str, pd.DataFrame]], per_sample: int = 8,
+                bins: int = 60) -> go.Figure:
+    """How many tokens requests really drafted per step as the batch fills and drains: dots for
+    a few requests of each sample run, a line for the mean over all of them. Drafted, not the
+    policy's nominal k: an n-gram drafter proposes only what it matched (a fixed k=10 drafts
+    0 or 10, about 6 on average), a stop rule cuts chains; the policy's mean choice is the
+    dotted line where it differs."""
+    fig = make_subplots(rows=len(traces), cols=1,
+                        subplot_titles=[_k_title(t, trace) for t, trace in traces],
                         vertical_spacing=0.3 / max(len(traces), 1))
     for row, (_, trace) in enumerate(traces, start=1):
+        col = k_column(trace)
         ids = pick_requests(trace, per_sample)
         colour = colours(str(i) for i in ids)
         for rid in ids:
-            g = _changes(trace[trace["request_id"] == rid].sort_values("time_s"))
-            fig.add_scatter(x=g["time_s"], y=g["k"], mode="lines", line_shape="hv",
-                            name=f"request {rid}", line={"color": colour[str(rid)]},
+            g = thin(trace[trace["request_id"] == rid].sort_values("time_s"))
+            fig.add_scatter(x=g["time_s"], y=g[col], mode="markers", name=f"request {rid}",
+                            marker={"color": colour[str(rid)], "size": 5, "opacity": 0.7},
                             showlegend=False, row=row, col=1,
-                            hovertemplate=f"request {rid}<br>t %{{x:.3f}} s<br>k %{{y}}"
+                            hovertemplate=f"request {rid}<br>t %{{x:.3f}} s<br>{col} %{{y}}"
+                            "<extra></extra>")
+        for name, mean, line in _k_means(trace, col, bins):
+            fig.add_scatter(x=mean["time_s"], y=mean[name], mode="lines", name=_K_NAMES[name],
+                            legendgroup=name, showlegend=row == 1, line=line, row=row, col=1,
+                            hovertemplate=f"{_K_NAMES[name]}<br>t %{{x:.3f}} s: %{{y:.2f}}"
                             "<extra></extra>")
         fig.update_xaxes(title_text="time (s)", row=row, col=1)
-        fig.update_yaxes(title_text="k (draft tokens)", rangemode="tozero", row=row, col=1)
-    return _layout(fig, "Draft length k over time (one colour per sample request; hover for "
-                   "its id)",
-                   280 * len(traces) + 100)
+        fig.update_yaxes(title_text="k drafted" if col == "drafted" else
+                         "k chosen (drafted not recorded)", rangemode="tozero", row=row, col=1)
+    return _layout(fig, "Draft length k over time: tokens drafted per step<br>" + _small(
+        f"dots: {per_sample} sample requests, one colour each (hover for the id); lines: mean "
+        f"over all requests' steps in each of {bins} time slices"), 300 * len(traces) + 120)
+
+
+_K_NAMES = {"drafted": "mean k drafted", "k": "mean k the policy chose"}
+
+
+def _k_means(trace: pd.DataFrame, col: str, bins: int) -> list[tuple[str, pd.DataFrame, dict]]:
+    """(column, its mean per time slice, line style): drafted (solid), and the policy's choice
+    (dotted) where it differs from what was drafted."""
+    cols = [col] + (["k"] if col == "drafted" and "k" in trace
+                    and not trace["k"].equals(trace["drafted"]) else [])
+    t = trace["time_s"].to_numpy(dtype=float)
+    if not len(t):
+        return []
+    edges = np.linspace(t.min(), t.max(), bins + 1)
+    slot = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    means = trace[cols].groupby(slot).mean().reindex(range(bins))  # empty slice: a gap
+    means["time_s"] = (edges[:-1] + edges[1:]) / 2
+    styles = {"drafted": {"color": "#222222", "width": 2.5},
+              "k": {"color": "#777777", "width": 2, "dash": "dot"}}
+    return [(c, means, styles[c]) for c in cols]
+
+
+def _k_title(title: str, trace: pd.DataFrame) -> str:
+    """The sample's name with its mean drafted k per step and the policy's mean choice."""
+    if not len(trace) or not {"drafted", "k"} <= set(trace.columns):
+        return title
+    return (f"{title}: {trace['drafted'].mean():.3g} drafted per step on average "
+            f"(the policy chose {trace['k'].mean():.3g})")
 
 
 def pick_requests(trace: pd.DataFrame, n: int) -> list:
@@ -158,13 +437,6 @@ def pick_requests(trace: pd.DataFrame, n: int) -> list:
     pool = many if len(many) >= n else first
     spots = np.unique(np.linspace(0, len(pool) - 1, min(n, len(pool))).astype(int))
     return list(pool.index[spots])
-
-
-def _changes(g: pd.DataFrame) -> pd.DataFrame:
-    """Only the steps where k changes (and the last): the same step line, far fewer points."""
-    keep = g["k"].ne(g["k"].shift()).to_numpy().copy()
-    keep[-1:] = True
-    return thin(g[keep])
 
 
 def latency_cdfs(samples: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:

@@ -15,14 +15,73 @@ from collections.abc import Sequence
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["simulate", *argv]  # the main job is the default subcommand
-    args = parser.parse_args(argv)
+    """Run one subcommand. Ctrl-C anywhere ends with one line on stderr and exit code 130
+    (a cached run says how much it kept), not a traceback; `--debug` shows one."""
+    debug = False
+    _print_notes_as_lines()
+    try:
+        parser = _parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if not argv:
+            return _start_here(parser)
+        if argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+            argv = ["simulate", *argv]  # flags alone: the main job is the default subcommand
+        args = parser.parse_args(argv)
+        debug = getattr(args, "debug", False)
+        return _run(args)
+    except KeyboardInterrupt as exc:
+        if debug:
+            raise
+        from spectune.console import interrupted_line
+
+        print(interrupted_line(exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _print_notes_as_lines() -> None:
+    """A `traces.UserNote` (input that was accepted but changed, like rows sorted by arrival)
+    prints as one `spectune: note:` line on stderr, each once, instead of a warning with its
+    source line."""
+    import warnings
+
+    from traces import UserNote
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, UserNote):
+            print(f"spectune: note: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    if getattr(shown, "spectune_notes", False):
+        return
+    show.spectune_notes = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+    warnings.filterwarnings("once", category=UserNote)
+
+
+START_HERE = """
+start here:
+  spectune tune              find the best speculation policy per request rate (~2 minutes):
+                             recommendations, engine configs and an HTML report in runs/tune/
+  spectune simulate          one simulation of the embedded default (a few seconds); add
+                             --help for the workload, model, acceptance and policy options"""
+
+
+def _start_here(parser: argparse.ArgumentParser) -> int:
+    """`spectune` alone: the commands and where to start, not a run the user did not ask for."""
+    parser.print_help()
+    print(START_HERE)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The subcommand's handler, with bad input as one line on stderr and exit code 2."""
     try:
         return args.handler(args)
     except BrokenPipeError:  # the reader went away (`spectune ... | head`): not an error
@@ -213,7 +272,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['name']}: {row['description']}")
         for p in row["parameters"]:
-            searched = (f"; tune searches {list(p['grid'])}" if p["grid"] is not None else
+            past = (f", then past its top up to {p['extend'][-1]} while the best sits there"
+                    if p.get("extend") else "")
+            searched = (f"; tune searches {list(p['grid'])}{past}" if p["grid"] is not None else
                         f"; tune searches [{p['bounds'][0]}, {p['bounds'][1]}]"
                         if p["bounds"] is not None else "")
             print(f"    {p['name']} ({p['type_name']}, default {p['default']}): {p['help']}"

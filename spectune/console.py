@@ -1,4 +1,5 @@
-"""What the torch-backed commands share: the torch check and a progress line on a terminal."""
+"""What the commands share on the console: the torch check, a progress line on a terminal, and
+the one line Ctrl-C prints."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def progress_line(template: str) -> Callable[[int, int], None] | None:
 def end_progress(report: Callable[[int, int], None] | None) -> None:
     if report is not None:
         print(file=sys.stderr)
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """The one line Ctrl-C prints instead of a traceback: how much a cached run (an
+    evaluate.Interrupted, carrying done/total/cache_dir) keeps, and that a rerun resumes."""
+    lead = "\n" if sys.stderr.isatty() else ""  # off the progress bar's line and the ^C
+    cache = getattr(exc, "cache_dir", None)
+    if cache is None:
+        return lead + "interrupted"
+    done, total = getattr(exc, "done", 0), getattr(exc, "total", 0)
+    return (f"{lead}interrupted; {done} of {total} simulations are cached in {cache}: "
+            "rerun the same command to resume")

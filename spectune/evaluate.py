@@ -10,17 +10,25 @@ Every candidate sees the same seeds (common random numbers), so their difference
 
 Each evaluation is written as one JSON file named by the hash of everything that determines it,
 atomically: an interrupted tune resumes where it stopped, and a rerun with other rates or
-policies reuses what it shares.
+policies reuses what it shares. "Everything" means contents, not names: the bytes of the workload,
+length, speculation-trace and profile files, the catalog entries the names resolve to, and the
+code version (the simulator's sources and shipped data), so an edited input or an upgrade is
+recomputed, never answered from a stale file.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
+import importlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -56,10 +64,110 @@ class Task:
     seed: int
 
     def key(self) -> str:
+        """The cache key: names and numbers, plus the contents they stand for (files, catalog
+        entries, code), so that editing any of them changes the key."""
         blob = json.dumps([asdict(self.scenario), asdict(self.scheduler), self.candidate.policy,
-                           [list(p) for p in self.candidate.params], self.rate, self.seed],
+                           [list(p) for p in self.candidate.params], self.rate, self.seed,
+                           input_contents(self.scenario), code_version()],
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+#: packages whose sources (and shipped data/) determine a simulation's result
+CODE_PACKAGES = ("simulator", "policies", "traces")
+#: modules of this package that evaluate() runs (of spectune.search it uses only Candidate, whose
+#: values the key holds: tuning the search must not throw the cached simulations away)
+CODE_MODULES = ("spectune.evaluate", "spectune.simulate")
+
+
+@functools.cache
+def code_version() -> str:
+    """sha256 over the simulator's sources and shipped data (built-in traces, recordings,
+    profiles), once per process: results cached by an older version are never reused."""
+    digest = hashlib.sha256()
+    for name, path in sorted(_code_files()):
+        data = path.read_bytes()
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _code_files() -> Iterator[tuple[str, Path]]:
+    """(stable name, path) of every .py source of CODE_PACKAGES and CODE_MODULES, and every
+    file under the packages' data/ folders but their READMEs (prose changes no result)."""
+    for package in CODE_PACKAGES:
+        root = Path(importlib.import_module(package).__file__).parent  # type: ignore[arg-type]
+        data = (p for p in (root / "data").rglob("*") if p.is_file() and p.suffix != ".md")
+        files = [*root.rglob("*.py"), *data]
+        for path in files:
+            if "__pycache__" not in path.parts:
+                yield f"{package}/{path.relative_to(root).as_posix()}", path
+    for module in CODE_MODULES:
+        yield module, Path(importlib.import_module(module).__file__)  # type: ignore[arg-type]
+
+
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes, hashed once per process per version of the file: a tune asks
+    for the same file for every task, while an edit (another size, mtime, ctime or inode, as an
+    editor's save or an atomic rewrite gives) is hashed again."""
+    file = Path(path).resolve()
+    st = file.stat()
+    stamp = (str(file), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if stamp not in _FILE_DIGESTS:
+        with open(file, "rb") as handle:
+            _FILE_DIGESTS[stamp] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return _FILE_DIGESTS[stamp]
+
+
+def _file_or_none(text: str | None) -> str | None:
+    """The digest of `text` if it names a file; None for names and specs (not files)."""
+    return file_digest(text) if text and Path(text).is_file() else None
+
+
+def input_contents(scenario: SimulationSpec) -> dict[str, object]:
+    """What the scenario's names stand for, by content. Mirrors how simulate.py resolves each
+    name (a built-in name wins over a file of that name; built-ins are in code_version())."""
+    from traces import builtin_names
+    from traces.builtin import speculation_names
+
+    lengths = (scenario.lengths or "").strip()
+    return {
+        "workload": (None if scenario.workload in (*SYNTHETIC, *builtin_names())
+                     else _file_or_none(scenario.workload)),
+        "lengths": None if lengths in builtin_names() else _file_or_none(lengths),
+        "acceptance": (None if scenario.acceptance in speculation_names()
+                       else _file_or_none(scenario.acceptance)),
+        "profile": _profile_contents(scenario.profile),
+        "catalog": _catalog_entries(scenario),
+    }
+
+
+def _profile_contents(profile: str | None) -> list[str | None] | None:
+    """The digests of a profile's table (latency.csv, latency.meta.json)."""
+    if profile is None:
+        return None
+    from simulator.builtin_profiles import resolve_profile
+    from simulator.latency_table import table_paths
+
+    return [_file_or_none(str(p)) for p in table_paths(resolve_profile(profile))]
+
+
+def _catalog_entries(scenario: SimulationSpec) -> list[dict] | None:
+    """The catalog entries the roofline uses, field by field (the defaults are build_latency's);
+    None with a profile, which brings its own models."""
+    if scenario.profile is not None:
+        return None
+    from simulator import get_gpu, get_model
+
+    draft = scenario.draft or "Llama-68M"
+    entries = [get_model(scenario.target or "Llama-3.1-8B"), get_gpu(scenario.hardware or
+                                                                    "H100-SXM")]
+    if draft.lower() not in ("none", "ngram", ""):
+        entries.append(get_model(draft))
+    return [asdict(e) for e in entries]
 
 
 def flat_metrics(summary: dict) -> dict[str, float | None]:
@@ -74,24 +182,34 @@ def flat_metrics(summary: dict) -> dict[str, float | None]:
     return {k: (None if v is None or not np.isfinite(v) else float(v)) for k, v in out.items()}
 
 
+def _whole_trace(workload: str):
+    """A whole trace workload, loaded once per process and version of its file."""
+    return _load_trace(workload, _file_or_none(workload))
+
+
 @functools.lru_cache(maxsize=4)
-def _whole_trace(scenario: SimulationSpec):
-    """A whole trace workload, loaded once per process (every task of a tune shares it)."""
+def _load_trace(workload: str, digest: str | None):
+    """(`digest` keys the cache only: an edited file is loaded again, not served from here.)"""
     from traces import builtin_names, builtin_workload, load_workload
 
-    if scenario.workload in builtin_names():
-        return builtin_workload(scenario.workload)
-    return load_workload(scenario.workload)  # a file: trace workloads are built-in or files
+    if workload in builtin_names():
+        return builtin_workload(workload)
+    return load_workload(workload)  # a file: trace workloads are built-in or files
 
 
-@functools.lru_cache(maxsize=4)
 def _recording(name: str) -> SpeculationTrace | None:
-    """A recorded speculation trace loaded once per process; None for a parametric spec."""
+    """A recorded speculation trace loaded once per process and version of its file; None for a
+    parametric spec."""
     from traces.builtin import speculation_names
 
     if name in speculation_names() or name.endswith(".npz") or Path(name).exists():
-        return build_acceptance(name, None, np.random.default_rng(0))  # type: ignore[arg-type]
+        return _load_recording(name, _file_or_none(name))
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def _load_recording(name: str, digest: str | None) -> SpeculationTrace:
+    return build_acceptance(name, None, np.random.default_rng(0))  # type: ignore[arg-type]
 
 
 def seeded_inputs(task: Task):
@@ -101,7 +219,7 @@ def seeded_inputs(task: Task):
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(task.seed).spawn(3)]
     if scenario.workload not in SYNTHETIC:  # one window of the trace per seed, then the rate
         n = scenario.requests or 1000
-        whole = _whole_trace(replace(task.scenario, rate=None, seed=0))
+        whole = _whole_trace(scenario.workload)
         workload = rescale_to_rate(whole.window(task.seed * n, n), task.rate)
     else:
         workload = build_workload(scenario, rngs[0])
@@ -131,8 +249,20 @@ def slo_of(scenario: SimulationSpec) -> Slo | None:
     return Slo(ttft_s=scenario.slo_ttft, tpot_s=scenario.slo_tpot)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, with what is saved: `done` of `total` results are in `cache_dir`
+    (None: nothing is cached), so the command line can say how to resume in one line."""
+
+    def __init__(self, done: int, total: int, cache_dir: Path | None) -> None:
+        super().__init__(done, total, cache_dir)
+        self.done, self.total, self.cache_dir = done, total, cache_dir
+
+
 class Runner:
-    """Runs tasks in parallel over `jobs` processes, answering from `cache_dir` what is done."""
+    """Runs tasks in parallel over `jobs` processes, answering from `cache_dir` what is done.
+
+    Ctrl-C (KeyboardInterrupt) inside run() or the `with` block tears the pool down at once
+    (pending tasks cancelled, workers terminated) and is raised again as `Interrupted`."""
 
     def __init__(self, cache_dir: Path | None, jobs: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> None:
@@ -145,31 +275,60 @@ class Runner:
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if kind is None:
+            self.close()
+            return
+        self.abort()
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise self._interrupted() from exc
 
     def close(self) -> None:
+        """Wait for the workers to finish and exit (the normal end of a run)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
 
+    def abort(self) -> None:
+        """Stop now: cancel what has not started, terminate the workers (SIGTERM, then SIGKILL
+        after a second), and wait for them, so none outlives the parent."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        deadline = time.monotonic() + 1.0
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+
+    def _interrupted(self) -> Interrupted:
+        return Interrupted(self.done, self.total, self.cache_dir)
+
     def _workers(self, first: Task) -> ProcessPoolExecutor:
         """One pool for the runner's life, forked after the parent has loaded the trace and
-        the recording once (the workers inherit them instead of each loading its own)."""
+        the recording once (the workers inherit them instead of each loading its own). The
+        workers ignore Ctrl-C (the parent handles it) and die with the parent (_worker_init)."""
         if self._pool is None:
             import multiprocessing
 
             seeded_inputs(first)  # fill the per-process caches before forking
             methods = multiprocessing.get_all_start_methods()
             context = multiprocessing.get_context("fork" if "fork" in methods else None)
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=context)
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=context,
+                                             initializer=_worker_init, initargs=(os.getpid(),))
         return self._pool
 
-    def _path(self, task: Task) -> Path | None:
-        return None if self.cache_dir is None else self.cache_dir / f"{task.key()}.json"
+    def _path(self, key: str) -> Path | None:
+        return None if self.cache_dir is None else self.cache_dir / f"{key}.json"
 
-    def _load(self, task: Task) -> dict | None:
-        path = self._path(task)
+    def _load(self, key: str) -> dict | None:
+        path = self._path(key)
         if path is None or not path.is_file():
             return None
         try:
@@ -177,17 +336,28 @@ class Runner:
         except (OSError, ValueError, KeyError):
             return None  # a damaged entry is recomputed
 
-    def _store(self, task: Task, metrics: dict) -> None:
+    def _store(self, key: str, task: Task, metrics: dict) -> None:
         from spectune.files import write_json
 
-        path = self._path(task)
+        path = self._path(key)
         if path is not None:
             write_json(path, {"task": {"candidate": task.candidate.label, "rate": task.rate,
                                        "seed": task.seed}, "metrics": metrics})
 
     def run(self, tasks: Sequence[Task]) -> list[dict]:
-        """Metrics per task, in order."""
-        out: list[dict | None] = [self._load(t) for t in tasks]
+        """Metrics per task, in order. The keys are taken once, before simulating, so a file
+        edited meanwhile cannot file an old result under its new contents."""
+        try:
+            return self._run(tasks)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt as exc:
+            self.abort()
+            raise self._interrupted() from exc
+
+    def _run(self, tasks: Sequence[Task]) -> list[dict]:
+        keys = [t.key() for t in tasks]
+        out: list[dict | None] = [self._load(k) for k in keys]
         todo = [i for i, m in enumerate(out) if m is None]
         self.cached += len(tasks) - len(todo)
         self.total += len(tasks)
@@ -196,14 +366,14 @@ class Runner:
         if len(todo) > 1 and self.jobs > 1:
             pool = self._workers(tasks[todo[0]])
             for i, metrics in zip(todo, pool.map(evaluate, [tasks[i] for i in todo])):
-                out[i] = self._finish(tasks[i], metrics)
+                out[i] = self._finish(keys[i], tasks[i], metrics)
         else:
             for i in todo:
-                out[i] = self._finish(tasks[i], evaluate(tasks[i]))
+                out[i] = self._finish(keys[i], tasks[i], evaluate(tasks[i]))
         return out  # type: ignore[return-value]
 
-    def _finish(self, task: Task, metrics: dict) -> dict:
-        self._store(task, metrics)
+    def _finish(self, key: str, task: Task, metrics: dict) -> dict:
+        self._store(key, task, metrics)
         self.done += 1
         self._tick()
         return metrics
@@ -211,6 +381,42 @@ class Runner:
     def _tick(self) -> None:
         if self.progress is not None:
             self.progress(self.done, self.total)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker: leave Ctrl-C to the parent (a terminal sends SIGINT to the whole process
+    group; the parent tears the pool down, and the workers print no tracebacks), and die with
+    the parent even when it is killed outright (kill -9 leaves no chance to terminate them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _death_signal():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="spectune-parent-watch").start()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _death_signal() -> bool:
+    """Linux: have the kernel SIGKILL this process when its parent dies (prctl
+    PR_SET_PDEATHSIG). Strictly, when the parent's thread that forked it exits: the pool forks
+    from the thread that first calls run(), the main thread of the command line. False where
+    unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int, every_s: float = 0.5) -> None:
+    """Elsewhere: poll the parent; once it is gone (this process was re-parented), exit."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def progress_bar(label: str) -> Callable[[int, int], None] | None:

@@ -2,7 +2,9 @@
 
 Why: spectune finds the best k per load, and each engine can switch k by batch size at run time
 in its own format. Every config is checked against its engine's rules before it is written, so a
-bad table fails here with a clear message instead of at server start, or silently.
+bad table fails here with a clear message instead of at server start, or silently. A schedule
+is only worth its drafter: each config names the drafter that was tuned (`Drafter`), or is not
+written, with the reason, where the engine cannot switch that drafter's k by batch size.
 
 vLLM (docs/features/speculative_decoding/dynamic_speculative_decoding.md; vllm/config/
 speculative.py; vllm/v1/spec_decode/dynamic/utils.py): `speculative_config.
@@ -27,6 +29,26 @@ settings or are ignored. Limits: EAGLE/EAGLE3, topk 1; batch-size keys need SGLa
 #24055 (older releases ignore them). A batch is padded to the next CUDA-graph batch size before
 its range is chosen. The code accepts step 0 (its default has a [0] slot),
 although the docs say positive.
+
+Drafters, per engine (the tuned drafter's family: n-gram lookup, a draft model, an EAGLE head):
+- vLLM (vllm/config/speculative.py `SpeculativeMethod`): method "ngram" with prompt_lookup_min/
+  max, "draft_model" with model, "eagle3" (or "eagle" for EAGLE-1 heads) with model. The table is
+  a field of any method; the dynamic-SD doc's limits: tested with EAGLE, EAGLE-3 and DFlash,
+  others "may or may not work" (PR #32374, which added it, wired the step's K into the n-gram
+  proposer, where its review found it unused at first), so `how_to_use` says to check the
+  logged K for ngram and draft_model.
+- TensorRT-LLM (llm_args.py; speculative-decoding.md): decoding_type "NGram" with
+  max_matching_ngram_size, "DraftTarget" with speculative_model, "Eagle3" with speculative_model;
+  draft_len_schedule sits on DecodingBaseConfig, is tested with NGram and DraftTarget
+  (tests/unittest/_torch/speculative/test_draft_len_schedule.py) and Eagle3 one-model
+  (`support_dynamic_draft_len`, _torch/speculative/interface.py). Static trees (eagle_choices)
+  are deprecated and fix their depth.
+- SGLang (adaptive_spec_params.py `adaptive_unsupported_reason`): the adaptive config runs only
+  with --speculative-algorithm EAGLE or EAGLE3 and --speculative-eagle-topk 1, so neither NGRAM
+  nor STANDALONE (a draft model) nor a tree (topk > 1) can take a table: not written.
+- No engine drafts with the target's own first layers (an early exit), with EAGLE taking an
+  n-gram lookup's token on a suffix match (spectune's eagle+ngram), or cuts a static tree at a
+  depth per batch size: for those drafters nothing is written, and the reason says so.
 """
 
 from __future__ import annotations
@@ -40,7 +62,7 @@ from fractions import Fraction
 from itertools import pairwise
 from math import isfinite
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from spectune.files import write_json
 
@@ -123,25 +145,278 @@ def _ranges(schedule: BatchSchedule) -> list[list[int]]:
     return [[lo, bs, k] for lo, (bs, k) in zip(los, schedule.steps)]
 
 
-def to_vllm(schedule: BatchSchedule) -> dict:
+# -- the drafter ----------------------------------------------------------------------------------
+
+#: Drafter families: a model-free n-gram lookup, a separate draft model, an EAGLE head drafting a
+#: chain, the head drafting a static tree, the head taking an n-gram lookup's token, and an early
+#: exit (the target's own first layers). The drafter names of profiler/drafters.py map onto them.
+DRAFTER_KINDS = ("ngram", "draft-model", "eagle", "eagle-tree", "eagle-ngram", "early-exit")
+_EAGLE_KINDS = {"eagle": "eagle", "eagle+ngram": "eagle-ngram", "eagle-tree": "eagle-tree"}
+_HEAD_KINDS = ("eagle", "eagle-tree", "eagle-ngram", "early-exit")  # drafted by the target's parts
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """The drafter a tune simulated, which every export must name. `model` is the draft model an
+    engine runs (kind draft-model) and `checkpoint` its weights where the catalog knows them;
+    `ngram` is the lookup's (min, max) match length (kind ngram). `tuned` says what was simulated;
+    `caveat`, where the latency and the acceptance describe different drafters, which one the
+    export follows."""
+
+    kind: str
+    model: str | None = None
+    checkpoint: str | None = None
+    ngram: tuple[int, int] = (1, 3)
+    tuned: str = ""
+    caveat: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAFTER_KINDS:
+            raise ExportError(f"drafter kind {self.kind!r}: choose from "
+                              f"{', '.join(DRAFTER_KINDS)}")
+        if self.kind == "draft-model" and not self.model:
+            raise ExportError("a draft-model drafter needs the draft model's name")
+        if not (len(self.ngram) == 2 and all(map(_is_int, self.ngram))
+                and 1 <= self.ngram[0] <= self.ngram[1]):
+            raise ExportError(f"drafter ngram={self.ngram!r}: need 1 <= min <= max match length")
+
+    def describe(self) -> str:
+        """In words, e.g. "draft model Llama-68M (JackFram/llama-68m)"."""
+        if self.kind == "ngram":
+            return f"n-gram lookup (matches of {self.ngram[0]}-{self.ngram[1]} tokens)"
+        if self.kind == "draft-model":
+            where = f" ({self.checkpoint})" if self.checkpoint else ""
+            return f"draft model {self.model}{where}"
+        return {"eagle": "an EAGLE head drafting a chain",
+                "eagle-tree": "an EAGLE head drafting a static tree",
+                "eagle-ngram": "an EAGLE head taking an n-gram lookup's token on a suffix match",
+                "early-exit": "an early exit (the target's first layers)"}[self.kind]
+
+
+class _Recorded(NamedTuple):
+    """A recording's drafter as a family; kind "" for a name spectune does not know."""
+
+    kind: str
+    model: str | None = None
+    ngram: tuple[int, int] = (1, 3)
+
+
+def _recorded(name: str) -> _Recorded:
+    """meta["drafter"] of a recording, as profiler/drafters.py `make_drafter` names them:
+    ngram[:MIN-MAX], early-exit:L[:lens], quant:BITS, eagle[@int8][:PATH], eagle+ngram[...],
+    eagle-tree[...], model:SHAPE."""
+    head, _, arg = name.partition(":")
+    base = head.partition("@")[0]
+    if base == "ngram":
+        lo, _, hi = arg.partition("-")
+        ok = lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)
+        return _Recorded("ngram", ngram=(int(lo), int(hi)) if ok else (1, 3))
+    if base in _EAGLE_KINDS:
+        return _Recorded(_EAGLE_KINDS[base])
+    if base == "early-exit":
+        return _Recorded("early-exit")
+    if base in ("model", "quant"):  # quant:BITS: a rounded copy of the target, run as a draft
+        return _Recorded("draft-model", arg if base == "model" and arg else None)
+    return _Recorded("")
+
+
+def _checkpoint(source: str) -> str | None:
+    """The Hugging Face repository of a catalog shape ("config.json of REPO"), else None."""
+    prefix = "config.json of "
+    return source[len(prefix):] if source.startswith(prefix) else None
+
+
+def drafter_from(draft: Any, acceptance_meta: Mapping, acceptance: str = "") -> Drafter:
+    """The drafter of a scenario from its two halves: `draft`, the model its latency costs (a
+    ModelShape: name, source; None for model-free drafting), and the acceptance's meta, whose
+    "drafter" names a recording's drafter (a parametric acceptance has none). Where they
+    disagree the latency side wins: an engine must run the drafter whose cost was simulated. An
+    EAGLE head or early exit is costed as a draft model, so that pairing is no disagreement."""
+    name = acceptance_meta.get("drafter")
+    rec = _recorded(name) if isinstance(name, str) and name else None
+    tuned = _tuned(draft, name if rec else None, acceptance_meta, acceptance)
+    if draft is None:
+        return _model_free(rec, name, tuned)
+    if rec is not None and rec.kind in _HEAD_KINDS:
+        return Drafter(rec.kind, tuned=tuned)
+    return Drafter("draft-model", draft.name, _checkpoint(draft.source), tuned=tuned,
+                   caveat=_model_caveat(rec, name, draft.name))
+
+
+def _tuned(draft: Any, name: str | None, meta: Mapping, acceptance: str) -> str:
+    cost = (f"{draft.name} costs each draft pass" if draft is not None
+            else "no draft pass is costed (model-free drafting)")
+    label = f"{acceptance}, " if acceptance else ""
+    acc = (f"{label}recorded with drafter {name} for {meta.get('target', '?')}" if name
+           else f"{label}parametric (no drafter recorded)")
+    return f"latency: {cost}; acceptance: {acc}"
+
+
+def _model_free(rec: _Recorded | None, name: Any, tuned: str) -> Drafter:
+    if rec is None or rec.kind == "ngram":
+        return Drafter("ngram", ngram=rec.ngram if rec else (1, 3), tuned=tuned)
+    return Drafter("ngram", tuned=tuned, caveat=(
+        f"the acceptance was recorded with drafter {name}, but the latency costs no draft model: "
+        "exported as the model-free drafter (n-gram lookup) the latency simulated, whose own "
+        f"acceptance is not {name}'s. Re-tune with an n-gram recording (smollm2-ngram), or cost "
+        f"{name} with --draft or --profile"))
+
+
+def _model_caveat(rec: _Recorded | None, name: Any, model: str) -> str:
+    if rec is None or (rec.kind == "draft-model"
+                       and (rec.model is None or rec.model.lower() == model.lower())):
+        return ""
+    return (f"the acceptance was recorded with drafter {name}, but the latency costs draft model "
+            f"{model}: exported as {model}, the drafter the simulated engine ran and paid for, "
+            f"whose acceptance is not {name}'s. Re-tune with a recording of {model}, or with "
+            "--draft none for a model-free drafter")
+
+
+def scenario_drafter(scenario: Any, scheduler: Any) -> Drafter:
+    """The Drafter a tune of `scenario` (a SimulationSpec, run under `scheduler`) simulated: the
+    draft model its latency model costs, and the drafter its acceptance was recorded with."""
+    from spectune.simulate import build_latency
+
+    latency, _ = build_latency(scenario, scheduler)
+    return drafter_from(_costed_draft(latency), _acceptance_meta(scenario.acceptance),
+                        scenario.acceptance)
+
+
+def _costed_draft(latency: Any) -> Any:
+    """The draft ModelShape a latency model times (a profile's table names it; the roofline
+    holds it), or None when no draft pass is costed."""
+    if not latency.has_draft_model:
+        return None
+    table = getattr(latency, "table", None)
+    return table.draft if table is not None else latency.draft
+
+
+def _acceptance_meta(spec: str) -> Mapping:
+    """The meta of a recorded acceptance (a shipped name or a .npz); {} for a parametric one.
+    The same lookup order as spectune.simulate.build_acceptance."""
+    from importlib import resources
+
+    from traces import SpeculationTrace
+    from traces.builtin import builtin_speculation_path, speculation_names
+
+    if spec in speculation_names():
+        with resources.as_file(builtin_speculation_path(spec)) as path:
+            return SpeculationTrace.load(path).meta
+    if spec.endswith(".npz") or Path(spec).exists():
+        return SpeculationTrace.load(spec).meta
+    return {}
+
+
+# -- each engine's name for the drafter -----------------------------------------------------------
+
+#: Why no engine can switch these drafters' k by batch size, and what to do instead.
+_NO_ENGINE = {
+    "eagle-tree": ("its k is the depth of a static tree, and the engines' per-batch-size draft "
+                   "lengths set a chain's length (SGLang's adaptive steps need "
+                   "--speculative-eagle-topk 1; TensorRT-LLM's static trees, eagle_choices, are "
+                   "deprecated and fix their depth)",
+                   "Tune an EAGLE chain (a recording of spectune record --drafter eagle), or set "
+                   "the tree by hand"),
+    "eagle-ngram": ("no engine drafts EAGLE taking an n-gram lookup's token on a suffix match "
+                    "(the nearest, TensorRT-LLM's Eagle3 with sa_config, matches otherwise and "
+                    "was not tuned)",
+                    "Tune an EAGLE chain (spectune record --drafter eagle) or the lookup alone "
+                    "(--acceptance smollm2-ngram --draft none)"),
+    "early-exit": ("no engine drafts with the target's own first layers",
+                   "Save those layers and the head as a draft checkpoint and tune it as a draft "
+                   "model (--draft or --profile)"),
+}
+_SGLANG_NAMES = {"ngram": "NGRAM", "draft-model": "STANDALONE"}
+
+
+def _unsupported(engine: str, drafter: Drafter, why: str, todo: str) -> ExportError:
+    return ExportError(f"{engine}: the tune drafted with {drafter.describe()}; {why}. {todo}")
+
+
+def _no_engine(engine: str, drafter: Drafter) -> ExportError:
+    return _unsupported(engine, drafter, *_NO_ENGINE[drafter.kind])
+
+
+def _vllm_method(drafter: Drafter) -> dict:
+    """speculative_config's method fields (vllm/config/speculative.py SpeculativeMethod)."""
+    if drafter.kind == "ngram":
+        lo, hi = drafter.ngram
+        return {"method": "ngram", "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if drafter.kind == "draft-model":
+        return {"method": "draft_model",
+                **({"model": drafter.checkpoint} if drafter.checkpoint else {})}
+    if drafter.kind == "eagle":
+        return {"method": "eagle3"}  # spectune's head fuses layers, as EAGLE-3 does
+    raise _no_engine("vllm", drafter)
+
+
+def _trtllm_method(drafter: Drafter) -> dict:
+    """speculative_config's decoding_type fields (llm_args.py *DecodingConfig)."""
+    if drafter.kind == "ngram":
+        return {"decoding_type": "NGram", "max_matching_ngram_size": drafter.ngram[1]}
+    if drafter.kind == "draft-model":
+        return {"decoding_type": "DraftTarget",
+                **({"speculative_model": drafter.checkpoint} if drafter.checkpoint else {})}
+    if drafter.kind == "eagle":
+        return {"decoding_type": "Eagle3"}
+    raise _no_engine("trtllm", drafter)
+
+
+def _sglang_algorithm(drafter: Drafter) -> str:
+    """--speculative-algorithm, where the adaptive config can run it (EAGLE/EAGLE3 only)."""
+    if drafter.kind == "eagle":
+        return "EAGLE3"
+    if drafter.kind in _NO_ENGINE:
+        raise _no_engine("sglang", drafter)
+    name = _SGLANG_NAMES[drafter.kind]
+    raise _unsupported(
+        "sglang", drafter, f"SGLang runs it as --speculative-algorithm {name}, but its "
+        "per-batch-size steps (--speculative-adaptive-config) run only with EAGLE/EAGLE3 at "
+        "topk 1 (adaptive_spec_params.py adaptive_unsupported_reason)",
+        f"Use the vLLM or TensorRT-LLM config, or run SGLang {name} at one fixed draft length")
+
+
+def _missing_model(drafter: Drafter) -> str | None:
+    """What the user must add as the draft weights, where the export cannot name them."""
+    if drafter.kind == "eagle":
+        return "<EAGLE-3 head trained for <model>>"
+    if drafter.kind == "draft-model" and not drafter.checkpoint:
+        return f"<checkpoint of {drafter.model}>"
+    return None
+
+
+# -- engine configs -------------------------------------------------------------------------------
+
+def to_vllm(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
+    """vLLM's speculative_config: the drafter's method (none given: the table alone), the
+    maximum draft window and the table."""
     if schedule.k_max < 1:
         raise ExportError(f"vllm: num_speculative_tokens = k_max = {schedule.k_max}: vLLM needs "
                           ">= 1; give the engine's maximum draft length as k_max")
-    return {"speculative_config": {"num_speculative_tokens": schedule.k_max,
+    method = _vllm_method(drafter) if drafter is not None else {}
+    return {"speculative_config": {**method, "num_speculative_tokens": schedule.k_max,
                                    "num_speculative_tokens_per_batch_size": _ranges(schedule)}}
 
 
-def to_trtllm(schedule: BatchSchedule) -> dict:
+def to_trtllm(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
+    """TensorRT-LLM's speculative_config: decoding_type (none given: the table alone),
+    max_draft_len and draft_len_schedule."""
+    method = _trtllm_method(drafter) if drafter is not None else {}
     first, top = schedule.steps[0][1], max(k for _, k in schedule.steps)
     if first < top or top == 0:
         raise ExportError(f"trtllm: k is {first} at batch size 1 and at most {top}; TensorRT-LLM "
                           "needs the k at its smallest key to be max_draft_len >= 1, the largest"
                           " k. Smooth the schedule so k never rises, or export other engines")
     table = {str(bs): k for bs, k in schedule.steps}  # JSON keys are strings
-    return {"speculative_config": {"max_draft_len": first, "draft_len_schedule": table}}
+    return {"speculative_config": {**method, "max_draft_len": first,
+                                   "draft_len_schedule": table}}
 
 
-def to_sglang(schedule: BatchSchedule) -> dict:
+def to_sglang(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
+    """SGLang's adaptive config, one candidate step per range. It has no algorithm key: the
+    drafter is checked here and named on the launch command (`how_to_use`)."""
+    if drafter is not None:
+        _sglang_algorithm(drafter)
     return {str(lo): {"candidate_steps": [k]} for lo, _, k in _ranges(schedule)}
 
 
@@ -279,28 +554,61 @@ def _k_from_config(engine: str, config: Mapping, batch_size: int) -> int:
     return slots[max(0, bisect_right([b for b, _ in slots], batch_size) - 1)][1]
 
 
-def _how_to_use(engine: str, schedule: BatchSchedule, config: Mapping) -> str:
-    (last, last_k), ks = schedule.steps[-1], [k for _, k in schedule.steps]
-    if engine == "vllm":
-        spec = json.dumps({"method": "<eagle3|mtp|...>", "model": "<draft model>",
-                           **config["speculative_config"]}, separators=(",", ":"))
-        return (f"vllm serve <model> --speculative-config '{spec}'. Batch sizes above {last} "
-                f"keep K={last_k}. vLLM ignores the table when --data-parallel-size > 1.")
-    if engine == "trtllm":
-        return ("Copy speculative_config into the YAML for trtllm-serve/trtllm-bench --config, "
-                "adding decoding_type (e.g. Eagle3) and speculative_model; no max_concurrency. "
-                "Needs TensorRT-LLM with upper-bound keys (main since PR #10860)."
-                + (f" Batches above {last} get 0 (no speculation): keep max_batch_size <= "
-                   f"{last} to match the schedule." if last_k else ""))
+def _how_vllm(schedule: BatchSchedule, config: Mapping, drafter: Drafter) -> str:
+    (last, last_k), missing = schedule.steps[-1], _missing_model(drafter)
+    spec = json.dumps({**config["speculative_config"], **({"model": missing} if missing else {})},
+                      separators=(",", ":"))
+    return (f"vllm serve <model> --speculative-config '{spec}'. Batch sizes above {last} keep "
+            f"K={last_k}. vLLM ignores the table when --data-parallel-size > 1."
+            + (" An EAGLE-1 head takes method eagle." if drafter.kind == "eagle" else
+               " vLLM's docs list the table as tested with EAGLE, EAGLE-3 and DFlash: check in "
+               "its log that K follows the batch size."))
+
+
+def _how_trtllm(schedule: BatchSchedule, config: Mapping, drafter: Drafter) -> str:
+    (last, last_k), missing = schedule.steps[-1], _missing_model(drafter)
+    return ("Copy speculative_config into the YAML for trtllm-serve/trtllm-bench --config"
+            + (f", adding speculative_model: {missing}" if missing else "")
+            + "; no max_concurrency."
+            + (" Set disable_overlap_scheduler: true, as the docs' NGram and DraftTarget examples"
+               " do." if drafter.kind != "eagle" else "")
+            + " Needs TensorRT-LLM with upper-bound keys (main since PR #10860)."
+            + (f" Batches above {last} get 0 (no speculation): keep max_batch_size <= "
+               f"{last} to match the schedule." if last_k else ""))
+
+
+def _how_sglang(schedule: BatchSchedule, config: Mapping, drafter: Drafter) -> str:
+    ks = [k for _, k in schedule.steps]
     ends, top = [bs for bs, _ in schedule.steps[:-1]], max(1, *ks)
     pad = (f" SGLang pads a batch to the next CUDA-graph batch size before picking its range: "
            f"put {ends} in --cuda-graph-bs for an exact match." if ends else "")
-    return ("python -m sglang.launch_server --model-path <model> --speculative-algorithm EAGLE3 "
-            "--speculative-draft-model-path <draft> --speculative-eagle-topk 1 "
+    return (f"python -m sglang.launch_server --model-path <model> --speculative-algorithm "
+            f"{_sglang_algorithm(drafter)} --speculative-draft-model-path "
+            f"{_missing_model(drafter)} --speculative-eagle-topk 1 "
             f"--speculative-num-steps {top} --speculative-num-draft-tokens {top + 1} "
             "--speculative-adaptive --speculative-adaptive-config <this file> (SGLang with "
-            "batch-size keys, PR #24055). No attention DP."
+            "batch-size keys, PR #24055; an EAGLE-1 head takes EAGLE). No attention DP."
             + pad + (" Step 0 needs an SGLang that accepts 0 steps." if 0 in ks else ""))
+
+
+def _engine_method(engine: str, config: Mapping, drafter: Drafter) -> str:
+    """The drafter's method as `engine` spells it."""
+    if engine == "vllm":
+        return config["speculative_config"]["method"]
+    if engine == "trtllm":
+        return config["speculative_config"]["decoding_type"]
+    return _sglang_algorithm(drafter)
+
+
+def _note(engine: str, schedule: BatchSchedule, config: Mapping, drafter: Drafter) -> dict:
+    """The "_spectune" note: where the schedule came from, the drafter tuned, how to use it."""
+    how = {"vllm": _how_vllm, "trtllm": _how_trtllm, "sglang": _how_sglang}[engine]
+    named = {"kind": drafter.kind, "model": drafter.model, "checkpoint": drafter.checkpoint,
+             "method": _engine_method(engine, config, drafter), "tuned": drafter.tuned,
+             **({"caveat": drafter.caveat} if drafter.caveat else {})}
+    return {"source": schedule.source, "schedule": [list(s) for s in schedule.steps],
+            "k_max": schedule.k_max, "drafter": named,
+            "how_to_use": how(schedule, config, drafter)}
 
 
 EXPORTERS: dict[str, tuple[Callable[..., dict], Callable[..., None], str]] = {
@@ -310,11 +618,12 @@ EXPORTERS: dict[str, tuple[Callable[..., dict], Callable[..., None], str]] = {
 }
 
 
-def write_exports(folder: Path, schedule: BatchSchedule,
+def write_exports(folder: Path, schedule: BatchSchedule, drafter: Drafter,
                   engines: Sequence[str] | None = None) -> dict[str, str]:
-    """Write every engine's config (validated first) as JSON under folder, each with a
-    "_spectune" note {source, schedule, k_max, how_to_use}; return {engine: relative filename}.
-    All or nothing: if any engine cannot express the schedule, nothing is written."""
+    """Write every engine's config for `drafter` (validated first) as JSON under folder, each
+    with a "_spectune" note {source, schedule, k_max, drafter, how_to_use}; return {engine:
+    relative filename}. All or nothing: if any engine cannot express the schedule or the
+    drafter, nothing is written."""
     names = list(EXPORTERS) if engines is None else list(engines)
     if set(names) - set(EXPORTERS):
         raise ExportError(f"unknown engine in {names}; choose from {sorted(EXPORTERS)}")
@@ -322,17 +631,17 @@ def write_exports(folder: Path, schedule: BatchSchedule,
     for name in names:
         to_fn, validate, _ = EXPORTERS[name]
         try:
-            config = to_fn(schedule)
+            config = to_fn(schedule, drafter)
             validate(config)
         except ExportError as exc:
             problems.append(str(exc))
             continue
-        configs[name] = {**config, "_spectune": {
-            "source": schedule.source, "schedule": [list(s) for s in schedule.steps],
-            "k_max": schedule.k_max, "how_to_use": _how_to_use(name, schedule, config)}}
+        configs[name] = {**config, "_spectune": _note(name, schedule, config, drafter)}
+    if len(problems) == len(names) == 1:
+        raise ExportError(problems[0])  # nothing else was held back
     if problems:
         raise ExportError("nothing written: " + " | ".join(problems)
-                          + ". Fix the schedule, or pass engines= without those engines")
+                          + ". Fix it, or pass engines= without those engines")
     for name, config in configs.items():
         write_json(Path(folder) / EXPORTERS[name][2], config)
     return {name: EXPORTERS[name][2] for name in configs}

@@ -20,8 +20,12 @@ def _inner(tp: Any) -> tuple[Any, bool]:
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str,
-                        skip: tuple[str, ...] = ()) -> None:
-    """One `--field-name` flag per dataclass field, typed and documented from the field."""
+                        skip: tuple[str, ...] = (), shown: dict[str, str] | None = None) -> None:
+    """One `--field-name` flag per dataclass field, typed and documented from the field.
+
+    The help shows the default the job really uses: `shown[name]` where the job has its own
+    (tune drafts by n-gram lookup where simulate drafts with Llama-68M), else the field's
+    `unset` metadata (what None stands for), else the field's default."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
@@ -30,14 +34,20 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str,
         base, _ = _inner(hints[f.name])
         default = f.default if f.default is not MISSING else None
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
+        help_text = _escape(f.metadata.get("help", ""))
+        text = (shown or {}).get(f.name, f.metadata.get("unset", default))
+        suffix = "" if text is None else f" (default: {_escape(str(text))})"
         if base is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=default, help=f"{help_text} (default: {default})")
+                               default=default, help=f"{help_text}{suffix}")
         else:
-            shown = "" if default is None else f" (default: {default})"
             group.add_argument(flag, dest=f.name, type=base, default=default,
-                               metavar=base.__name__.upper(), help=f"{help_text}{shown}")
+                               metavar=base.__name__.upper(), help=f"{help_text}{suffix}")
+
+
+def _escape(text: str) -> str:
+    """argparse formats help with %: a literal % must be doubled."""
+    return text.replace("%", "%%")
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:

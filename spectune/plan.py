@@ -22,7 +22,7 @@ from pathlib import Path
 from simulator import ConfigError, SchedulerConfig, get_gpu
 from spectune.evaluate import Runner, Task, slo_of
 from spectune.search import Candidate
-from spectune.simulate import SimulationSpec
+from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
 
 MAX_RATE = 4096.0
 MIN_RATE = 0.01  # below this a replica serves nothing useful: reported as no capacity
@@ -44,6 +44,8 @@ class PlanSpec:
     jobs: int = field(default=0, metadata={"help": "worker processes (0: one per core)"})
 
     def __post_init__(self) -> None:
+        if self.jobs < 0:
+            raise ConfigError(f"--jobs must be >= 0 (0: one worker per core), got {self.jobs}")
         if not 0 < self.attainment <= 1:
             raise ConfigError(f"--attainment must be in (0, 1], got {self.attainment}")
         if self.target_rate is not None and not self.target_rate > 0:
@@ -52,7 +54,10 @@ class PlanSpec:
             raise ConfigError(f"--tolerance must be in (0, 0.5), got {self.tolerance}")
         for name in self.hardware_list():
             get_gpu(name)  # unknown hardware: the catalog's error names the known ones
-        self.price_map()
+        for name in self.price_map():
+            if name not in self.hardware_list():
+                raise ConfigError(f"--prices: {name!r} is not among --hardware-options "
+                                  f"({self.hardware_options}); price the hardware you compare")
 
     def hardware_list(self) -> list[str]:
         return [h.strip() for h in self.hardware_options.split(",") if h.strip()]
@@ -105,6 +110,11 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     started = time.perf_counter()
     options = [None] if scenario.profile else spec.hardware_list()
     brackets = [_Bracket(c, h) for c in _candidates(spec.policies) for h in options]
+    if scenario.requests is not None and scenario.workload not in SYNTHETIC:
+        from spectune.evaluate import seeded_inputs
+
+        first = Task(_scenario(scenario, options[0]), scheduler, brackets[0].candidate, 1.0, 0)
+        note_short_trace(scenario.requests, seeded_inputs(first)[0])
     curves: list[dict] = []
     with Runner(out / "evals" if out else None, spec.jobs, progress) as runner:
 
@@ -128,6 +138,9 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
         checks = {(id(b), "below" if r < b.lo else "above"): {"rate": r, "slo_attainment":
                   m["slo_attainment"]} for (b, r), m in zip(probes, attain(probes))}
     plans = _plans(spec, scenario, brackets, checks)
+    for plan in plans:
+        if plan["max_rate_per_replica"] is None:
+            plan["why_no_capacity"] = why_no_capacity(plan, curves, slo, spec.attainment)
     result = {"kind": "plan", "meta": {
         "workload": scenario.workload, "acceptance": scenario.acceptance,
         "slo": {k: v for k, v in asdict(slo).items() if v is not None},
@@ -143,6 +156,28 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
 
         write_json(out / "plan.json", result)
     return result
+
+
+def why_no_capacity(plan: dict, curves: list[dict], slo, attainment: float) -> str:
+    """Why no rate met the SLOs, from the lowest rate tried: its attainment and each p99 that
+    exceeds its SLO ("even at 0.0078 req/s, p99 TTFT is 95.2 ms > the SLO of 1 us")."""
+    mine = [c for c in curves if c["label"] == plan["label"] and c["hardware"] == plan["hardware"]]
+    lowest = min(mine, key=lambda c: c["rate"])
+    reached = lowest["slo_attainment"] or 0.0
+    parts = [f"{reached:.1%} of requests met the SLOs (< {attainment:.0%})"]
+    for name, metric, bound in (("TTFT", "ttft_p99_s", slo.ttft_s), ("TPOT", "tpot_p99_s",
+                                                                   slo.tpot_s)):
+        value = lowest.get(metric)
+        if bound is not None and value is not None and value > bound:
+            parts.append(f"p99 {name} is {_seconds(value)} > the SLO of {_seconds(bound)}")
+    return f"even at the lowest rate tried, {lowest['rate']:.3g} req/s, " + "; ".join(parts)
+
+
+def _seconds(value: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= scale or unit == "us":
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:g} s"
 
 
 def _scenario(scenario: SimulationSpec, hardware: str | None) -> SimulationSpec:
@@ -205,22 +240,23 @@ def _exact(value) -> str:
 
 def add_plan_parser(sub) -> argparse.ArgumentParser:
     from spectune.flags import add_dataclass_flags
-    from spectune.tune import TUNE_SCENARIO
+    from spectune.tune import SCENARIO_SHOWN, TUNE_SCENARIO
 
     p = sub.add_parser("plan", help="maximum request rate per replica under SLOs; replicas",
                        description="For each policy and hardware option: the highest request "
                        "rate one replica sustains with the SLOs met (bisection over "
                        "simulations), replicas for --target-rate and their cost.")
     add_dataclass_flags(p, SimulationSpec, "scenario: workload, models, acceptance, SLOs",
-                        skip=("rate", "policy", "hardware", "duration"))
-    p.set_defaults(**TUNE_SCENARIO, slo_ttft=2.0, slo_tpot=0.05)
+                        skip=("rate", "policy", "hardware", "duration"), shown=SCENARIO_SHOWN)
+    p.set_defaults(**TUNE_SCENARIO)
     add_dataclass_flags(p, PlanSpec, "plan")
     add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
     p.add_argument("--from-tune", type=Path, metavar="DIR",
                    help="plan for what a tune recommended: its scenario, scheduler and "
                         "recommended policies (with the best fixed k and plain decoding) from "
                         "DIR/tune.json; the SLOs and plan flags still come from here")
-    p.add_argument("--out", type=Path, default=Path("runs/plan"))
+    p.add_argument("--out", type=Path, default=Path("runs/plan"),
+                   help="folder for plan.json and evals/ (a rerun resumes) (default: runs/plan)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(handler=cmd_plan)
@@ -242,22 +278,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = run_plan(spec, scenario, scheduler, args.out, progress_bar("plan"))
     if args.format == "json":
         keys = ("policy", "params", "hardware", "max_rate_per_replica", "replicas_needed",
-                "cost_per_hour")
-        print(to_json({"plans": [{k: p[k] for k in keys} for p in result["plans"]]}))
+                "cost_per_hour", "why_no_capacity")
+        print(to_json({"plans": [{k: p.get(k) for k in keys} for p in result["plans"]]}))
         return 0
+    print(format_plan(result))
     m = result["meta"]
-    print(f"SLO {m['slo']} met by {m['attainment_target']:.0%} of requests; workload "
-          f"{m['workload']}, acceptance {m['acceptance']}")
-    print(f"{'policy':<28}{'hardware':<14}{'max req/s':>10}{'replicas':>10}{'cost/h':>9}"
-          f"{'at 0.95x':>10}{'at 1.05x':>10}")
-    for p in result["plans"]:
-        def fmt(v, f):
-            return "-" if v is None else format(v, f)
-        below = p["checks"].get("below", {}).get("slo_attainment")
-        above = p["checks"].get("above", {}).get("slo_attainment")
-        print(f"{p['label'][:27]:<28}{p['hardware'][:13]:<14}"
-              f"{fmt(p['max_rate_per_replica'], '.2f'):>10}{fmt(p['replicas_needed'], 'd'):>10}"
-              f"{fmt(p['cost_per_hour'], '.2f'):>9}{fmt(below, '.1%'):>10}{fmt(above, '.1%'):>10}")
     print(f"\nwritten to {args.out}/plan.json ({m['simulations']} simulations, "
           f"{m['wall_s']:.0f} s)")
     return 0
+
+
+def format_plan(result: dict) -> str:
+    """One block per policy, its full label on a line of its own (never cut), a row per
+    hardware option; a policy with no capacity says why."""
+    m = result["meta"]
+    slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {_seconds(v)}" for k, v in m["slo"].items())
+    lines = [f"SLO {slo} met by {m['attainment_target']:.0%} of requests; workload "
+             f"{m['workload']}, acceptance {m['acceptance']}"]
+    header = ("hardware", "max req/s", "replicas", "cost/h", "at 0.95x", "at 1.05x")
+
+    def fmt(v, f):
+        return "-" if v is None else format(v, f)
+
+    cells = {}
+    for p in result["plans"]:
+        below = p["checks"].get("below", {}).get("slo_attainment")
+        above = p["checks"].get("above", {}).get("slo_attainment")
+        cells[id(p)] = (p["hardware"], fmt(p["max_rate_per_replica"], ".2f"),
+                        fmt(p["replicas_needed"], "d"), fmt(p["cost_per_hour"], ".2f"),
+                        fmt(below, ".1%"), fmt(above, ".1%"))
+    widths = [max(len(h), *(len(c[i]) for c in cells.values())) for i, h in enumerate(header)]
+
+    def row(values) -> str:
+        return "    " + "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                  for i, (v, w) in enumerate(zip(values, widths)))
+
+    lines.append(row(header))
+    for label in dict.fromkeys(p["label"] for p in result["plans"]):
+        lines.append(label)
+        for p in (p for p in result["plans"] if p["label"] == label):
+            lines.append(row(cells[id(p)]))
+            if p.get("why_no_capacity"):
+                lines.append(f"      no capacity: {p['why_no_capacity']}")
+    return "\n".join(lines)

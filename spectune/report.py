@@ -34,6 +34,7 @@ from spectune.report_html import (
 KNOWN = ("tune.json", "plan.json", "validate.json")
 REQUEST_COLUMNS = ("request_id", "arrival_s", "first_token_s", "finish_s", "output_tokens")
 TRACE_COLUMNS = ("time_s", "request_id", "k")
+DRAFTS_COLUMNS = ("time_s", "request_id", "drafted")
 
 
 class ReportError(ValueError):
@@ -65,6 +66,11 @@ def write_report(folder: Path, out: Path | None = None, title: str | None = None
 def load_folder(folder: Path) -> dict[str, dict]:
     """The job results present in `folder`, parsed; at least one, or a ReportError."""
     hint = f"run spectune tune/plan/validate --out {folder} first"
+    if folder.is_file() and folder.name in KNOWN:
+        raise ReportError(f"{folder}: a file; give its folder: spectune report {folder.parent}")
+    if folder.exists() and not folder.is_dir():
+        raise ReportError(f"{folder}: a file, not a folder; give a folder written by spectune "
+                          f"tune, plan or validate (with {', '.join(KNOWN)})")
     if not folder.is_dir():
         raise ReportError(f"{folder}: no such folder; {hint}")
     docs = {}
@@ -143,10 +149,7 @@ def tune_section(folder: Path, doc: dict) -> Section:
     metric, direction = meta.get("objective_metric", "objective"), meta.get("direction", "min")
     section = Section("Tuning: which policy and setting per arrival rate", tune_source(meta))
     if len(cands):
-        cands = _with_ci(cands)
-        best = charts.best_per_policy(cands, direction)
-        section.parts += [charts.latency_vs_rate(best, metric, slo),
-                          charts.objective_heatmap(best, metric, direction)]
+        section.parts += rate_charts(cands, metric, direction, slo)
     samples = _need(doc, "samples", list, path) if "samples" in doc else []
     traces, requests = _samples(folder, samples, f"{where} samples")
     if traces:
@@ -163,6 +166,20 @@ def tune_section(folder: Path, doc: dict) -> Section:
     return section
 
 
+def rate_charts(cands: pd.DataFrame, metric: str, direction: str, slo: dict) -> list:
+    """Per rate: each policy's best with k=0 beside it, the speed-up over k=0, the heat map.
+    k=0 has its own line because it is the comparison a reader wants first, also where it is
+    not the best fixed k. `cands`: tune.json's candidates as a frame."""
+    cands = _with_ci(cands.copy())
+    best = charts.best_per_policy(cands, direction)
+    baseline = charts.baseline_per_rate(cands)
+    parts = [charts.latency_vs_rate(best, metric, slo, baseline)]
+    speed = charts.speedups(best, baseline, direction)
+    if len(speed):
+        parts.append(charts.speedup_vs_rate(speed, metric, direction))
+    return [*parts, charts.objective_heatmap(best, metric, direction)]
+
+
 def _with_ci(cands: pd.DataFrame) -> pd.DataFrame:
     """Missing interval bounds (one seed) collapse to the point: no bar rather than an error."""
     for col in ("ci_low", "ci_high"):
@@ -174,14 +191,22 @@ def _with_ci(cands: pd.DataFrame) -> pd.DataFrame:
 
 
 def _samples(folder: Path, samples: list, where: str) -> tuple[list, list]:
-    """(title, k trace) and (title, requests) of each sample run that has them."""
-    found: dict[str, list] = {"k_trace_csv": [], "requests_csv": []}
-    columns = {"k_trace_csv": TRACE_COLUMNS, "requests_csv": REQUEST_COLUMNS}
-    for i, s in enumerate(samples):
-        name = f"{_dict(s).get('label', '?')} at {_num(_dict(s).get('rate'), 'g')} req/s"
-        for key in (k for k in found if k in _dict(s)):
-            found[key].append((name, read_csv(folder, s[key], columns[key], f"{where}[{i}].{key}")))
-    return found["k_trace_csv"], found["requests_csv"]
+    """(title, k trace) and (title, requests) of each sample run that has them. The k trace is
+    drafts.csv (k drafted per step) where the run wrote one, else k_trace.csv (k chosen);
+    runs that never drafted (k=0) have no k to show."""
+    traces, requests = [], []
+    for i, s in enumerate(map(_dict, samples)):
+        name = f"{s.get('label', '?')} at {_num(s.get('rate'), 'g')} req/s"
+        key = next((k for k in ("drafts_csv", "k_trace_csv") if k in s), None)
+        if key is not None:
+            columns = DRAFTS_COLUMNS if key == "drafts_csv" else TRACE_COLUMNS
+            trace = read_csv(folder, s[key], columns, f"{where}[{i}].{key}")
+            if trace[charts.k_column(trace)].any():
+                traces.append((name, trace))
+        if "requests_csv" in s:
+            requests.append((name, read_csv(folder, s["requests_csv"], REQUEST_COLUMNS,
+                                            f"{where}[{i}].requests_csv")))
+    return traces, requests
 
 
 def plan_section(folder: Path, doc: dict) -> Section:

@@ -103,7 +103,7 @@ def mean_score(scores: Scores, candidate: Candidate) -> float:
     return float(np.mean(values)) if values else math.inf
 
 
-def _run(evaluate: Evaluate, scores: Scores, cands: Sequence[Candidate],
+def evaluate_on_seeds(evaluate: Evaluate, scores: Scores, cands: Sequence[Candidate],
          seeds: Sequence[int]) -> None:
     """Evaluate each candidate on the seeds it has not run yet (seed order kept)."""
     todo = [(c, s) for c in cands for s in seeds[len(scores.get(c, [])):]]
@@ -121,15 +121,15 @@ def successive_halving(cands: Sequence[Candidate], seeds: Sequence[int], evaluat
     scores: Scores = {}
     cands = list(dict.fromkeys(cands))
     if len(seeds) == 1 or len(cands) <= eta:
-        _run(evaluate, scores, cands, seeds)
+        evaluate_on_seeds(evaluate, scores, cands, seeds)
     else:
-        _run(evaluate, scores, cands, seeds[:1])
+        evaluate_on_seeds(evaluate, scores, cands, seeds[:1])
         keep = sorted(cands, key=lambda c: mean_score(scores, c))[: math.ceil(len(cands) / eta)]
-        _run(evaluate, scores, keep, seeds)
+        evaluate_on_seeds(evaluate, scores, keep, seeds)
     best = best_candidate(scores, len(seeds))
     refined = _refinements(best, refine_points, refine_seed, fixed)
     if refined:
-        _run(evaluate, scores, refined, seeds)
+        evaluate_on_seeds(evaluate, scores, refined, seeds)
     return scores
 
 
@@ -160,13 +160,48 @@ def best_candidate(scores: Scores, n_seeds: int) -> Candidate:
     return min(full, key=lambda c: (mean_score(scores, c), c))
 
 
-def confidence_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Student-t interval of the mean over seeds; (mean, mean) with a single seed."""
+@dataclass(frozen=True)
+class Interval:
+    """A confidence interval of a mean over seeds; low/high are None where none can be given
+    (one seed, or a seed with no finite value). `method` is what the output names."""
+
+    low: float | None
+    high: float | None
+    method: str
+
+    @property
+    def given(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+def confidence_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The interval of the mean of `values` (one per seed), never below zero.
+
+    Latencies and throughputs are positive and right-skewed, and a tune has few seeds, so a
+    Student-t interval (symmetric) can reach below zero. All values > 0: the modified Cox interval
+    for the mean of a log-normal (Olsson 2005, J. Stat. Educ. 13(1)), exp(ybar + s^2/2 +- t sqrt(
+    s^2/n + s^4/(2(n-1)))) over y = log x; it is positive by construction. A zero among them (a
+    goodput where no request met the SLO): Student-t, clipped at zero. One seed: no interval.
+    """
     from scipy.stats import t
 
     x = np.asarray(values, dtype=float)
-    mean = float(x.mean())
     if len(x) < 2:
-        return mean, mean
-    half = float(t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return mean - half, mean + half
+        return Interval(None, None, f"no interval ({len(x)} seed)")
+    if not np.all(np.isfinite(x)):
+        return Interval(None, None, "no interval (a seed has no value)")
+    quantile = float(t.ppf(0.5 + level / 2, len(x) - 1))
+    if np.all(x > 0):
+        y = np.log(x)
+        var = float(y.var(ddof=1))
+        centre = float(y.mean()) + var / 2
+        half = quantile * math.sqrt(var / len(x) + var**2 / (2 * (len(x) - 1)))
+        return Interval(math.exp(centre - half), math.exp(centre + half), LOG_NORMAL)
+    mean = float(x.mean())
+    half = quantile * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return Interval(max(mean - half, 0.0), mean + half, STUDENT_T)
+
+
+#: how an interval was computed, as the output names it
+LOG_NORMAL = "log-normal (modified Cox) over seeds"
+STUDENT_T = "Student-t over seeds, clipped at 0"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,6 +29,7 @@ from simulator import (
 from traces import (
     SpeculationTrace,
     TraceError,
+    UserNote,
     Workload,
     builtin_names,
     builtin_workload,
@@ -37,6 +40,7 @@ from traces import (
     rescale_to_rate,
     synthetic_workload,
 )
+from traces.builtin import speculation_names
 
 SYNTHETIC = ("poisson", "gamma")
 
@@ -48,32 +52,32 @@ class SimulationSpec:
     workload: str = field(default="azure-conv", metadata={
         "help": "azure-conv, azure-code, poisson, gamma, or a workload file (.csv/.jsonl)"})
     rate: float | None = field(default=None, metadata={
-        "help": "requests/s: rescales a trace's arrivals, or the rate of poisson/gamma "
-                "(2 if unset)"})
+        "help": "requests/s: rescales a trace's arrivals (unset: the trace's own), or the "
+                "rate of poisson/gamma", "unset": "the trace's own; 2 for poisson/gamma"})
     cv: float | None = field(default=None, metadata={
-        "help": "gamma arrivals only: burstiness, the CV of the gaps (2 if unset)"})
+        "help": "gamma arrivals only: burstiness, the CV of the gaps", "unset": "2"})
     lengths: str | None = field(default=None, metadata={
-        "help": "poisson/gamma only: azure-conv (if unset), azure-code, fixed:PROMPT,OUTPUT, "
-                "or a workload file to draw (prompt, output) pairs from"})
+        "help": "poisson/gamma only: azure-conv, azure-code, fixed:PROMPT,OUTPUT, or a "
+                "workload file to draw (prompt, output) pairs from", "unset": "azure-conv"})
     requests: int | None = field(default=None, metadata={
-        "help": "the first N requests of a trace, or N synthetic ones (1000 if neither this "
-                "nor --duration is set)"})
+        "help": "the first N requests of a trace, or N synthetic ones",
+        "unset": "1000, unless --duration is set"})
     duration: float | None = field(default=None, metadata={
         "help": "keep requests arriving in the first S seconds"})
     target: str | None = field(default=None, metadata={
-        "help": "target model shape (Llama-3.1-8B if unset; a --profile brings its own)"})
+        "help": "target model shape (a --profile brings its own)", "unset": "Llama-3.1-8B"})
     draft: str | None = field(default=None, metadata={
         "help": "draft model shape, or 'none' for a model-free drafter (n-gram lookup) "
-                "(Llama-68M if unset; a --profile brings its own)"})
+                "(a --profile brings its own)", "unset": "Llama-68M"})
     hardware: str | None = field(default=None, metadata={
-        "help": "GPU of each replica, for the roofline (H100-SXM if unset)"})
+        "help": "GPU of each replica, for the roofline", "unset": "H100-SXM"})
     profile: str | None = field(default=None, metadata={
         "help": "latency from a profile instead of the roofline: a folder written by "
                 "`spectune profile`, or a shipped one (cpu-smollm2-135m)"})
     acceptance: str = field(default="beta:7,3", metadata={
         "help": "iid:ALPHA, beta:A,B, markov:A1,A2@L (each optionally ~C: per-token "
                 "variation around alpha), a speculation trace (.npz), or a shipped recording: "
-                "smollm2-ngram, smollm2-early-exit-24-lens, smollm2-early-exit-20"})
+                + ", ".join(speculation_names())})
     policy: str = field(default="fixed", metadata={
         "help": "speculation-length policy (`spectune policies` lists them)"})
     seed: int = field(default=0, metadata={"help": "seed of every random draw"})
@@ -87,6 +91,8 @@ class SimulationSpec:
             raise ConfigError(f"--requests must be >= 1, got {self.requests}")
         if self.duration is not None and not self.duration > 0:
             raise ConfigError(f"--duration must be > 0 seconds, got {self.duration}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed}")
         if self.cv is not None and not self.cv > 0:
             raise ConfigError(f"--cv must be > 0, got {self.cv}")
         if self.cv is not None and self.workload != "gamma":
@@ -129,6 +135,8 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
             raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
                              "or a path to a .csv/.jsonl workload file")
         n = spec.requests or default_n
+        if spec.requests is not None:
+            note_short_trace(spec.requests, wl)
         if n is not None:
             wl = wl.head(min(n, len(wl)))
         if spec.rate is not None:
@@ -136,6 +144,15 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
     if spec.duration is not None:
         wl = wl.within(spec.duration)
     return wl
+
+
+def note_short_trace(requested: int, trace: Workload, per_seed: bool = False) -> None:
+    """A user who asks for more requests than a trace holds hears so (a UserNote)."""
+    if requested > len(trace):
+        what = ("every seed serves the whole trace, so the seeds differ only in acceptance "
+                "order" if per_seed else f"all {len(trace):,} are simulated")
+        warnings.warn(f"--requests {requested:,} is more than the {len(trace):,} requests of "
+                      f"the trace: {what}", UserNote, stacklevel=2)
 
 
 def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) -> SpeculationTrace:
@@ -146,6 +163,12 @@ def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) ->
             return SpeculationTrace.load(path)
     if spec.endswith(".npz") or Path(spec).exists():
         return SpeculationTrace.load(spec)
+    if ":" not in spec:  # not a parametric spec: a misspelt name or a missing file
+        close = difflib.get_close_matches(spec, speculation_names(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TraceError(f"--acceptance {spec!r}: no such shipped recording or file; {hint}"
+                         f"shipped recordings: {', '.join(speculation_names())}; or a "
+                         "speculation trace (.npz), or iid:ALPHA, beta:A,B, markov:A1,A2@L")
     parse_acceptance(spec)  # a clear error for a malformed spec before any work
     return parametric_trace(spec, workload.output_tokens, rng)
 

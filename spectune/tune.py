@@ -25,13 +25,16 @@ from spectune.objectives import Objective, get_objective
 from spectune.search import (
     Candidate,
     Scores,
+    best_candidate,
     candidates,
     confidence_interval,
+    evaluate_on_seeds,
     exhaustive_grid,
     mean_score,
+    searched_parameters,
     successive_halving,
 )
-from spectune.simulate import SimulationSpec
+from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
 
 DEFAULT_POLICIES = "fixed,batch_adaptive,goodput"
 DEFAULT_RATES = (4.0, 12.0, 24.0)
@@ -39,6 +42,9 @@ BASELINE = Candidate("fixed", (("k", 0),))
 #: the embedded default scenario of `spectune tune` (where it differs from `simulate`'s): the
 #: shipped n-gram recording (real Spec-Bench text) drafting for Llama-3.1-8B on H100
 TUNE_SCENARIO = {"draft": "none", "acceptance": "smollm2-ngram", "requests": 300}
+#: those defaults as the help of tune and plan shows them
+SCENARIO_SHOWN = {"draft": "none, n-gram lookup", "acceptance": TUNE_SCENARIO["acceptance"],
+                  "requests": str(TUNE_SCENARIO["requests"])}
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class TuneSpec:
     def __post_init__(self) -> None:
         if not self.rates or not all(r > 0 and np.isfinite(r) for r in self.rates):
             raise ConfigError(f"--rates must be positive req/s, got {self.rates}")
+        if self.jobs < 0:
+            raise ConfigError(f"--jobs must be >= 0 (0: one worker per core), got {self.jobs}")
         if self.seeds < 1 or self.points < 1:
             raise ConfigError("--seeds and --points must be >= 1")
         if self.search not in ("halving", "grid"):
@@ -99,38 +107,151 @@ def pinned_values(name: str, pinned: dict[str, str]) -> dict:
 
 
 class _Search:
-    """The evaluations of one tune: scores per (rate, candidate), metrics per evaluation."""
+    """The evaluations of one tune: scores per (rate, candidate), metrics per evaluation, and
+    notes on what the search space left open."""
 
-    def __init__(self, scenario, scheduler, objective: Objective, runner: Runner, seeds):
+    def __init__(self, scenario, scheduler, objective: Objective, runner: Runner, seeds,
+                 k_max_given: bool = True):
         self.scenario, self.scheduler, self.objective = scenario, scheduler, objective
         self.runner, self.seeds = runner, list(seeds)
+        self.k_max_given = k_max_given
+        self.k_limit = _replayable_k(scenario, scheduler)
         self.metrics: dict[tuple[float, Candidate], list[dict]] = {}
+        self.notes: dict[str, list[float]] = {}  # note -> the rates it applies to
+
+    def note(self, text: str, rate: float) -> None:
+        rates = self.notes.setdefault(text, [])
+        if rate not in rates:
+            rates.append(rate)
+
+    def scheduler_for(self, c: Candidate) -> SchedulerConfig:
+        """A fixed k past a k_max the user did not set runs with k_max = k: the engine's
+        num_speculative_tokens is then k (the KV look-ahead grows with it)."""
+        k = c.params_dict.get("k") if c.policy == "fixed" else None
+        if k is not None and k > self.scheduler.k_max and not self.k_max_given:
+            return replace(self.scheduler, k_max=int(k))
+        return self.scheduler
 
     def evaluator(self, rate: float):
         def evaluate(pairs: list[tuple[Candidate, int]]) -> list[float]:
-            tasks = [Task(self.scenario, self.scheduler, c, rate, s) for c, s in pairs]
+            tasks = [Task(self.scenario, self.scheduler_for(c), c, rate, s) for c, s in pairs]
             results = self.runner.run(tasks)
             for (c, _), m in zip(pairs, results):
                 self.metrics.setdefault((rate, c), []).append(m)
             return [self.objective.score(m) for m in results]
         return evaluate
 
-    def feasible(self, cands: list[Candidate]) -> list[Candidate]:
-        """A fixed k above the engine's k_max is refused by the engine: not a candidate."""
+    def feasible(self, cands: list[Candidate], rate: float) -> list[Candidate]:
+        """Candidates the engine would run: a fixed k above a k_max the user set is refused,
+        and a combination the policy rejects (a pinned value against a grid value) is skipped
+        with a note."""
+        from policies import PolicyError, make_policy
+
         k_max = self.scheduler.k_max
-        return [c for c in cands if not (c.policy == "fixed" and c.params_dict["k"] > k_max)]
+        out = []
+        for c in cands:
+            k = c.params_dict.get("k") if c.policy == "fixed" else None
+            if k is not None and (k > self.k_limit or (self.k_max_given and k > k_max)):
+                continue
+            try:
+                make_policy(c.policy, c.params_dict)
+            except PolicyError as exc:
+                self.note(f"skipped {c.label}: {exc}", rate)
+                continue
+            out.append(c)
+        return out
 
     def policy(self, rate: float, name: str, pinned: dict, spec: TuneSpec) -> Scores:
         evaluate = self.evaluator(rate)
-        if spec.search == "grid":
-            cands = self.feasible(exhaustive_grid(name, pinned, spec.points))
+        grid = spec.search == "grid"
+        cands = self.feasible(exhaustive_grid(name, pinned, spec.points) if grid
+                              else candidates(name, pinned, spec.points), rate)
+        if not cands:
+            raise ConfigError(f"--policies {name}: no parameter setting the policy accepts "
+                              f"({'; '.join(self.notes)})")
+        if grid:
             scores: Scores = {}
             for c, v in zip(cands, _chunks(evaluate([(c, s) for c in cands for s in self.seeds]),
                                           len(self.seeds))):
                 scores[c] = v
-            return scores
-        cands = self.feasible(candidates(name, pinned, spec.points))
-        return successive_halving(cands, self.seeds, evaluate, fixed=pinned)
+        else:
+            scores = successive_halving(cands, self.seeds, evaluate, fixed=pinned)
+        self.extend(rate, name, pinned, scores, evaluate)
+        return scores
+
+    def extend(self, rate: float, name: str, pinned: dict, scores: Scores, evaluate) -> None:
+        """While the policy's best sits on the top of a grid that declares `extend` values, try
+        the next one (on every seed), up to the last (the stated hard cap)."""
+        while True:
+            best = best_candidate(scores, len(self.seeds))
+            nxt = [c for c in self.feasible(_past_the_top(best, pinned, scores), rate)
+                   if c not in scores]
+            if not nxt:
+                return
+            evaluate_on_seeds(evaluate, scores, nxt, self.seeds)
+
+
+def _replayable_k(scenario: SimulationSpec, scheduler: SchedulerConfig) -> int:
+    """The largest k the acceptance can replay: a recording's longest run (a run there means
+    'at least that many'), unless its draft tree ends there; any k for a parametric model."""
+    from spectune.evaluate import seeded_inputs
+
+    acceptance = seeded_inputs(Task(scenario, scheduler, BASELINE, 1.0, 0))[2]
+    max_run, tree = acceptance.meta.get("max_run"), acceptance.meta.get("tree")
+    if isinstance(max_run, int) and not (tree and max_run == max(len(p) for p in tree)):
+        return max(max_run, scheduler.k_max)
+    return 64
+
+
+def _past_the_top(best: Candidate, pinned: dict, scores: Scores) -> list[Candidate]:
+    """`best` with each extendable parameter moved to its next value, for the parameters whose
+    value in `best` is the largest tried."""
+    out = []
+    chosen = best.params_dict
+    for p in searched_parameters(best.policy, pinned):
+        value = chosen.get(p.name)
+        if p.extend is None or value is None:
+            continue
+        tried = [c.params_dict.get(p.name) for c in scores if c.policy == best.policy]
+        if value < max(v for v in tried if v is not None) or value < max(p.grid):
+            continue
+        above = [v for v in p.extend if v > value]
+        if above:
+            out.append(Candidate(best.policy, tuple(sorted({**chosen, p.name: above[0]}.items()))))
+    return out
+
+
+def edge_notes(best: Candidate, pinned: dict, search: _Search) -> list[str]:
+    """Where the best candidate sits on a bound of its search space that the user did not set:
+    the top of a grid (past its hard cap, if it extends), or within 1/16 of a range's edge."""
+    out = []
+    chosen = best.params_dict
+    for p in searched_parameters(best.policy, pinned):
+        value = chosen.get(p.name)
+        if value is None or isinstance(value, bool):
+            continue
+        if p.grid is not None:
+            top = max((*p.grid, *(p.extend or ())))
+            if best.policy == "fixed" and p.name == "k":
+                if search.k_max_given and value >= search.scheduler.k_max:
+                    continue  # the user's own --k-max
+                if value >= search.k_limit:
+                    out.append(f"fixed k={value} is the longest run the speculation trace "
+                               "records: a larger k cannot be replayed, and may be better")
+                    continue
+            if value >= top:
+                cap = "hard cap" if p.extend else "grid's top"
+                out.append(f"{best.policy} {p.name}={value} is the {cap} of the search "
+                           f"({top}); the optimum may lie beyond it")
+        elif p.bounds is not None:
+            lo, hi = p.bounds
+            margin = (hi - lo) / 16
+            side = "bottom" if value <= lo + margin else "top" if value >= hi - margin else None
+            if side:
+                out.append(f"{best.policy} {p.name}={value} is at the {side} of its searched "
+                           f"range [{lo:g}, {hi:g}]; the optimum may lie beyond it (pin "
+                           f"{best.policy}:{p.name}=VALUE in --policies to look)")
+    return out
 
 
 def _chunks(values: list[float], n: int) -> list[list[float]]:
@@ -138,24 +259,30 @@ def _chunks(values: list[float], n: int) -> list[list[float]]:
 
 
 def _row(rate: float, c: Candidate, values: list[float], metrics: list[dict],
-         objective: Objective) -> dict:
-    low, high = confidence_interval([objective.value(v) for v in values])
+         objective: Objective, k_max: int) -> dict:
+    interval = confidence_interval([objective.value(v) for v in values])
     mean_metrics = {}
     for key in METRICS:
         vals = [m[key] for m in metrics if m.get(key) is not None]
         mean_metrics[key] = float(np.mean(vals)) if len(vals) == len(metrics) else None
     return {"rate": rate, "policy": c.policy, "params": c.params_dict, "label": c.label,
             "seeds": len(values), "objective": objective.value(float(np.mean(values))),
-            "ci_low": min(low, high), "ci_high": max(low, high), "metrics": mean_metrics}
+            "per_seed": [objective.value(v) for v in values],
+            "ci_low": interval.low, "ci_high": interval.high, "ci_method": interval.method,
+            "k_max": k_max, "metrics": mean_metrics}
 
 
 def run_tune(spec: TuneSpec, scenario: SimulationSpec, scheduler: SchedulerConfig,
-             out: Path | None, progress=None) -> dict:
-    """Search every policy at every rate; write tune.json (and samples, exports) to `out`."""
+             out: Path | None, progress=None, k_max_given: bool = True) -> dict:
+    """Search every policy at every rate; write tune.json (and samples, exports) to `out`.
+
+    `k_max_given`: the user set the scheduler's k_max. When not, a fixed k may go past it (up to
+    the `extend` cap of fixed's k), each such run with k_max raised to its k."""
     started = time.perf_counter()
     objective = get_objective(spec.objective, slo_of(scenario) is not None)
     with Runner(out / "evals" if out is not None else None, spec.jobs, progress) as runner:
-        return _tune(spec, scenario, scheduler, objective, runner, out, started)
+        search = _Search(scenario, scheduler, objective, runner, range(spec.seeds), k_max_given)
+        return _tune(spec, search, out, started)
 
 
 def _best(scores: Scores) -> Candidate:
@@ -163,9 +290,9 @@ def _best(scores: Scores) -> Candidate:
     return min(scores, key=lambda c: (mean_score(scores, c), c.policy != "fixed", c))
 
 
-def _tune(spec, scenario, scheduler, objective, runner, out, started) -> dict:
-    seeds = list(range(spec.seeds))
-    search = _Search(scenario, scheduler, objective, runner, seeds)
+def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> dict:
+    scenario, scheduler, objective = search.scenario, search.scheduler, search.objective
+    runner, seeds = search.runner, search.seeds
     specs = [(name, pinned_values(name, pinned)) for name, pinned in spec.policy_specs()]
     rows, recommendations, best_fixed = [], [], []
     for rate in spec.rates:
@@ -174,8 +301,8 @@ def _tune(spec, scenario, scheduler, objective, runner, out, started) -> dict:
             scores.update(search.policy(rate, name, pinned, spec))
         scores.update(successive_halving([BASELINE], seeds, search.evaluator(rate)))
         full = {c: v for c, v in scores.items() if len(v) == len(seeds)}
-        rate_rows = {c: _row(rate, c, v, search.metrics[(rate, c)][-len(v):], objective)
-                     for c, v in scores.items()}
+        rate_rows = {c: _row(rate, c, v, search.metrics[(rate, c)][-len(v):], objective,
+                             search.scheduler_for(c).k_max) for c, v in scores.items()}
         rows += list(rate_rows.values())
         best = _best(full)
         recommendation = dict(rate_rows[best])
@@ -186,10 +313,21 @@ def _tune(spec, scenario, scheduler, objective, runner, out, started) -> dict:
         if fixed:
             k_best = _best({c: full[c] for c in fixed})
             best_fixed.append(rate_rows[k_best])
+        for c in dict.fromkeys([best, *([k_best] if fixed else [])]):
+            for text in edge_notes(c, dict(specs).get(c.policy, {}), search):
+                search.note(text, rate)
+        past = [c.params_dict["k"] for c in full
+                if c.policy == "fixed" and search.scheduler_for(c).k_max > scheduler.k_max]
+        if past:
+            search.note(f"fixed k was searched past the grid's top up to k={max(past)}, as the "
+                        "best sat on the top (runs past k_max ran with k_max = k; --k-max sets "
+                        "a limit)", rate)
     result = {"kind": "tune", "meta": _meta(spec, scenario, scheduler, objective, runner,
                                             started),
               "recommendations": recommendations, "best_fixed": best_fixed,
-              "candidates": rows, "samples": [], "exports": {}}
+              "candidates": rows, "samples": [], "exports": {},
+              "notes": [f"{text} (at {', '.join(f'{r:g}' for r in rates)} req/s)"
+                        for text, rates in search.notes.items()]}
     if out is not None:
         _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out)
         result["meta"]["wall_s"] = time.perf_counter() - started
@@ -205,6 +343,8 @@ def _meta(spec, scenario, scheduler, objective, runner, started) -> dict:
     workload, latency, acceptance, kv, slo = seeded_inputs(
         Task(scenario, scheduler, BASELINE, spec.rates[0], 0))
     acc = acceptance.meta
+    if scenario.requests is not None and scenario.workload not in SYNTHETIC:
+        note_short_trace(scenario.requests, workload, per_seed=True)
     return {"workload": workload.source.rsplit(", requests", 1)[0]
             + f", {len(workload)} requests per seed (seed i: the i-th window), rescaled to "
               "each rate",
@@ -231,30 +371,35 @@ def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed
             for c in dict.fromkeys([Candidate(rec["policy"], tuple(sorted(rec["params"].items()))),
                                     BASELINE]):
                 folder = out / "samples" / f"rate{rec['rate']:g}" / slug(c.label)
-                paths = write_sample(Task(scenario, scheduler, c, rec["rate"], 0), folder)
+                k_max = rec.get("k_max", scheduler.k_max) if c != BASELINE else scheduler.k_max
+                paths = write_sample(Task(scenario, replace(scheduler, k_max=k_max), c,
+                                          rec["rate"], 0), folder)
                 result["samples"].append({"rate": rec["rate"], "label": c.label, **{
                     k: str(Path(v).relative_to(out)) for k, v in paths.items()}})
     if best_fixed:
-        from spectune.export import schedule_from_points
+        from spectune.export import scenario_drafter, schedule_from_points
 
         points = [(r["metrics"]["mean_batch_size"] or 1.0, int(r["params"]["k"]))
                   for r in best_fixed]
         schedule = schedule_from_points(
-            points, k_max=scheduler.k_max, max_batch=scheduler.max_num_seqs,
+            points, k_max=max(scheduler.k_max, *(k for _, k in points)),
+            max_batch=scheduler.max_num_seqs,
             source="spectune tune: the best fixed k at each rate, placed at the mean batch "
                    f"size it ran at ({', '.join(f'{b:.1f}->{k}' for b, k in points)})")
-        result["exports"], result["export_problems"] = _export_each(out / "exports", schedule)
+        result["exports"], result["export_problems"] = _export_each(
+            out / "exports", schedule, scenario_drafter(scenario, scheduler))
 
 
-def _export_each(folder: Path, schedule) -> tuple[dict[str, str], dict[str, str]]:
-    """Every engine that can express the schedule gets its config; the others say why not
-    (TensorRT-LLM, e.g., needs the largest draft length at batch size 1)."""
+def _export_each(folder: Path, schedule, drafter) -> tuple[dict[str, str], dict[str, str]]:
+    """Every engine that can express the schedule with the tuned drafter gets its config,
+    naming that drafter; the others say why not (TensorRT-LLM needs the largest draft length
+    at batch size 1; SGLang switches steps by batch size for EAGLE only)."""
     from spectune.export import EXPORTERS, ExportError, write_exports
 
     written, problems = {}, {}
     for engine in EXPORTERS:
         try:
-            for name, file in write_exports(folder, schedule, engines=[engine]).items():
+            for name, file in write_exports(folder, schedule, drafter, engines=[engine]).items():
                 written[name] = f"exports/{file}"
         except ExportError as exc:
             problems[engine] = str(exc)

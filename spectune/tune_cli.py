@@ -7,7 +7,13 @@ import math
 import sys
 from pathlib import Path
 
-from spectune.tune import TUNE_SCENARIO, TuneSpec, replace_scenario_defaults, run_tune
+from spectune.tune import (
+    SCENARIO_SHOWN,
+    TUNE_SCENARIO,
+    TuneSpec,
+    replace_scenario_defaults,
+    run_tune,
+)
 
 
 def add_tune_parser(sub) -> argparse.ArgumentParser:
@@ -18,18 +24,23 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "tune", help="find the best speculation policy and parameters per request rate",
         description="Search each policy's parameters at each request rate over several seeds "
-        "(successive halving), recommend the best with a 95%% confidence interval, export the "
+        "(successive halving), recommend the best with a 95% confidence interval, export the "
         "engines' draft-length tables (vLLM, TensorRT-LLM, SGLang) and write an HTML report. "
         "With no options: the Azure conversation trace (300 requests per seed), Llama-3.1-8B "
         "on H100 (roofline) drafting by n-gram lookup, acceptance from the shipped n-gram "
         "recording of SmolLM2 on Spec-Bench.")
     add_dataclass_flags(p, SimulationSpec, "scenario: workload, models, acceptance, SLOs",
-                        skip=("rate", "policy", "seed"))
+                        skip=("rate", "policy", "seed"), shown={
+                            **SCENARIO_SHOWN, "requests": f"{TUNE_SCENARIO['requests']} per "
+                            "seed (seed i: the i-th window of a trace)"})
     p.set_defaults(**{k: None for k in TUNE_SCENARIO})
     add_dataclass_flags(p, TuneSpec, "search", skip=("rates",))
     p.add_argument("--rates", nargs="+", type=float, default=None, metavar="REQ_PER_S",
                    help=f"request rates (default: {' '.join(f'{r:g}' for r in TuneSpec.rates)})")
-    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)",
+                        shown={"k_max": f"{SchedulerConfig.k_max}; unset, a fixed k may go past "
+                               "it up to the stated cap when the best sits on it"})
+    p.set_defaults(k_max=None)
     p.add_argument("--out", type=Path, default=Path("runs/tune"),
                    help="folder for tune.json, evals/ (a rerun resumes), samples/, exports/ "
                         "and report.html")
@@ -55,10 +66,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     scenario = replace_scenario_defaults(scenario, given)
     spec = dataclass_from_args(TuneSpec, args, rates=tuple(args.rates) if args.rates
                                else TuneSpec.rates)
-    scheduler = dataclass_from_args(SchedulerConfig, args)
+    k_max_given = args.k_max is not None
+    scheduler = dataclass_from_args(SchedulerConfig, args, **(
+        {} if k_max_given else {"k_max": SchedulerConfig.k_max}))
     prepare_out(args.out)
     bar = progress_bar("tune")
-    result = run_tune(spec, scenario, scheduler, args.out, bar)
+    result = run_tune(spec, scenario, scheduler, args.out, bar, k_max_given=k_max_given)
     if bar is not None:
         print(file=sys.stderr)
     report = None
@@ -84,36 +97,69 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _value(v: float | None, unit: str) -> str:
+    """A value with its unit; seconds below one in ms, and a negative value keeps its sign and
+    its unit (-1.660 s, never -1,660.1 ms)."""
     if v is None or not math.isfinite(v):
         return "-"
     if unit == "s":
-        return f"{v * 1e3:,.1f} ms" if v < 1 else f"{v:,.3f} s"
+        return f"{v * 1e3:,.1f} ms" if abs(v) < 1 else f"{v:,.3f} s"
     return f"{v:,.0f} {unit}"
 
 
+def interval_text(row: dict, unit: str) -> str:
+    """"[low, high]", or why there is none ("no interval (1 seed)")."""
+    if row.get("ci_low") is None or row.get("ci_high") is None:
+        return row.get("ci_method") or "no interval"
+    return f"[{_value(row['ci_low'], unit)}, {_value(row['ci_high'], unit)}]"
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def format_table(result: dict) -> str:
+    """The recommendation per rate. Columns are as wide as their widest cell, and the policy's
+    parameters get a line of their own: nothing is ever cut."""
     m = result["meta"]
     unit = m["unit"]
     slo = ", ".join(f"{k} <= {v:g} s" for k, v in m["slo"].items()) or "none"
+    methods = sorted({r.get("ci_method") for r in result["recommendations"]
+                      if r.get("ci_low") is not None} - {None})
+    ci_what = f"95% CI: {'; '.join(methods)}" if methods else "no interval"
     lines = [f"workload     {m['workload']}",
              f"latency      {m['latency_model']}",
              f"acceptance   {m['acceptance']}",
              f"objective    {m['objective']} ({m['objective_metric']}, "
              f"{'lower' if m['direction'] == 'min' else 'higher'} is better); SLO: {slo}; "
-             f"{len(m['seeds'])} seeds, 95% CI over seeds",
+             f"{_seeds(len(m['seeds']))}, {ci_what}",
              f"search       {m['spec']['search']}: {m['simulations']} simulations "
              f"({m['reused_from_cache']} reused), {m['wall_s']:.0f} s", ""]
-    header = (f"{'rate':>6}  {'recommended':<46}{'objective':>12}{'95% CI':>24}"
-              f"{'vs k=0':>9}  best fixed k")
-    lines += [header, "-" * len(header)]
     fixed = {r["rate"]: r for r in result.get("best_fixed", [])}
+    rows = []
     for r in result["recommendations"]:
         base = r["baseline"]["objective"]
         change = (f"{(r['objective'] - base) / base * 100:+.0f}%"
                   if base and math.isfinite(base) else "-")
-        ci = f"[{_value(r['ci_low'], unit)}, {_value(r['ci_high'], unit)}]"
         bf = fixed.get(r["rate"])
-        bf_text = (f"k={bf['params']['k']} ({_value(bf['objective'], unit)})" if bf else "-")
-        lines.append(f"{r['rate']:>6g}  {r['label'][:45]:<46}{_value(r['objective'], unit):>12}"
-                     f"{ci:>24}{change:>9}  {bf_text}")
+        rows.append((f"{r['rate']:g}", _value(r["objective"], unit), interval_text(r, unit),
+                     _value(base, unit), change,
+                     f"k={bf['params']['k']} ({_value(bf['objective'], unit)})" if bf else "-",
+                     r["label"]))
+    header = ("rate", "objective", "95% CI", "k=0", "vs k=0", "best fixed k")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+
+    def line(cells) -> str:
+        return "  ".join(c.rjust(w) if i < 5 else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines += [line(header), "-" * len(line(header))]
+    for row in rows:
+        lines += [line(row[:6]), f"{'':>{widths[0]}}  recommended: {row[6]}"]
+    lines += _notes(result)
     return "\n".join(lines)
+
+
+def _notes(result: dict) -> list[str]:
+    """What the user must know about the search space (edges the best value sits on)."""
+    notes = result.get("notes", [])
+    return ["", *(f"note: {n}" for n in notes)] if notes else []

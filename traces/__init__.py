@@ -6,7 +6,7 @@ standard library, and importing it does no I/O (built-in traces load on first us
 
 from traces._atomic import atomic_write
 from traces.builtin import DEFAULT_WORKLOAD, builtin_names, builtin_workload
-from traces.errors import TraceError
+from traces.errors import TraceError, UserNote
 from traces.loaders import load_workload, save_workload
 from traces.parametric import ParametricAcceptance, parametric_trace, parse_acceptance
 from traces.speculation import SIGNALS, RequestSpeculation, SpeculationTrace, run_from_matches
@@ -31,6 +31,7 @@ __all__ = [
     "RequestSpeculation",
     "SpeculationTrace",
     "TraceError",
+    "UserNote",
     "Workload",
     "atomic_write",
     "builtin_names",

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from traces._atomic import atomic_write
-from traces.errors import TraceError
+from traces.errors import TraceError, UserNote
 from traces.workload import Workload
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -397,6 +398,11 @@ def _build(*, name: str, source: str, arrival: np.ndarray, prompt: np.ndarray,
     order = np.argsort(arrival, kind="stable")
     if np.all(order[1:] > order[:-1]):
         order = slice(None)
+    else:
+        first = int(np.argmax(np.diff(arrival) < 0)) + 1
+        warnings.warn(f"{name}: line {lines[first]}: arrivals are not in time order "
+                      f"({arrival[first]:g} s after {arrival[first - 1]:g} s); the requests were "
+                      "sorted by arrival_s", UserNote, stacklevel=2)
     return Workload(
         arrival_s=arrival[order],
         prompt_tokens=prompt[order],

@@ -335,7 +335,7 @@ def test_refusals(target, prompts):
 
 
 def teacher_forced_runs(target, prompts, drafter_name) -> list[np.ndarray]:
-    """run[t] per request from the target's greedy output (DESIGN.md "Speculation traces")."""
+    """run[t] per request from the target's greedy output (docs/design.md "Speculation traces")."""
     runs = []
     for prompt, n in zip(prompts, OUTPUTS):
         out, _ = greedy_reference(target, prompt, n)

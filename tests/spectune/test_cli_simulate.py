@@ -17,12 +17,19 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_no_arguments_runs_the_embedded_default(capsys):
-    assert main([]) == 0
+def test_simulate_without_options_runs_the_embedded_default(capsys):
+    assert main(["simulate"]) == 0
     out = capsys.readouterr().out
     assert "Azure" in out and "roofline" in out
     for label in ("TTFT", "TPOT", "E2E", "mean emitted per step"):
         assert label in out
+
+
+def test_no_arguments_print_the_help_and_where_to_start(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "start here:" in out and "spectune tune" in out and "usage: spectune" in out
+    assert "TTFT" not in out  # no simulation the user did not ask for
 
 
 def test_json_summary_has_the_documented_keys(capsys):

@@ -1,4 +1,5 @@
-"""spectune.export: schedules from measured points, three engine formats, and their validators."""
+"""spectune.export: schedules from measured points, three engine formats, their validators, and
+the drafter each export names (the one tuned) or the reason it is not written."""
 
 from __future__ import annotations
 
@@ -6,15 +7,21 @@ import json
 from bisect import bisect_left
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator import SchedulerConfig, get_model
+from spectune.cli import main
 from spectune.export import (
     EXPORTERS,
     BatchSchedule,
+    Drafter,
     ExportError,
     _k_from_config,
+    drafter_from,
+    scenario_drafter,
     schedule_from_points,
     to_sglang,
     to_trtllm,
@@ -24,8 +31,11 @@ from spectune.export import (
     validate_vllm,
     write_exports,
 )
+from spectune.simulate import SimulationSpec
+from traces import RequestSpeculation, SpeculationTrace
 
 ENGINES = ("vllm", "trtllm", "sglang")
+EAGLE = Drafter("eagle")  # the one drafter every engine can switch by batch size
 
 
 def schedule_k(schedule: BatchSchedule, batch_size: int) -> int:
@@ -232,14 +242,14 @@ def test_validate_sglang_rejects(config, k_max, match):
 
 def test_write_exports(tmp_path):
     s = schedule_from_points([(1.5, 4), (12.0, 2), (40.0, 1)], 8, 64, source="unit test")
-    written = write_exports(tmp_path / "out", s)
+    written = write_exports(tmp_path / "out", s, EAGLE)
     assert sorted(written) == sorted(ENGINES)
     for engine, name in written.items():
         config = json.loads((tmp_path / "out" / name).read_text())
         EXPORTERS[engine][1](config)
         note = config["_spectune"]
         assert note["source"] == "unit test" and note["schedule"] == [[6, 4], [25, 2], [64, 1]]
-        assert note["how_to_use"]
+        assert note["how_to_use"] and note["drafter"]["kind"] == "eagle"
         assert [_k_from_config(engine, config, b) for b in range(1, 65)] == \
             [schedule_k(s, b) for b in range(1, 65)]
     trt = json.loads((tmp_path / "out" / written["trtllm"]).read_text())
@@ -251,10 +261,160 @@ def test_write_exports(tmp_path):
 def test_write_exports_all_or_nothing(tmp_path):
     rising = BatchSchedule(((4, 2), (16, 4), (64, 0)), k_max=4)  # k rises: no TensorRT-LLM form
     with pytest.raises(ExportError, match="nothing written: trtllm: k is 2 at batch size 1"):
-        write_exports(tmp_path, rising)
+        write_exports(tmp_path, rising, EAGLE)
     assert list(tmp_path.iterdir()) == []
-    assert write_exports(tmp_path, rising, engines=["vllm", "sglang"]) == {
+    assert write_exports(tmp_path, rising, EAGLE, engines=["vllm", "sglang"]) == {
         "vllm": "vllm_speculative_config.json", "sglang": "sglang_adaptive_config.json"}
     with pytest.raises(ExportError, match="unknown engine"):
-        write_exports(tmp_path, rising, engines=["tgi"])
+        write_exports(tmp_path, rising, EAGLE, engines=["tgi"])
 
+
+
+# -- the drafter: every export names the one tuned, or is not written --------------------------
+
+SCHEDULE = schedule_from_points([(1.5, 4), (12.0, 2), (40.0, 0)], k_max=8, max_batch=64,
+                                source="unit test")
+
+
+def export_one(tmp_path, drafter: Drafter, engine: str) -> dict:
+    """The written config of one engine (write_exports writes it or raises)."""
+    name = write_exports(tmp_path, SCHEDULE, drafter, engines=[engine])[engine]
+    return json.loads((tmp_path / name).read_text())
+
+
+def spec_of(config: dict) -> dict:
+    return config["speculative_config"]
+
+
+def names_eagle(text: str) -> bool:
+    """Does an export's text launch or configure an EAGLE drafter (any engine's spelling)?"""
+    return any(s in text for s in ('"eagle', '"Eagle', "--speculative-algorithm EAGLE"))
+
+
+def test_ngram_exports_ngram_and_sglang_says_why_not(tmp_path):
+    ngram = Drafter("ngram", ngram=(1, 3), tuned="unit test")
+    vllm = export_one(tmp_path, ngram, "vllm")
+    assert {k: spec_of(vllm)[k] for k in ("method", "prompt_lookup_min", "prompt_lookup_max")} \
+        == {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert vllm["_spectune"]["drafter"]["method"] == "ngram"
+    assert "\"method\":\"ngram\"" in vllm["_spectune"]["how_to_use"]
+    trt = export_one(tmp_path, ngram, "trtllm")
+    assert spec_of(trt)["decoding_type"] == "NGram"
+    assert spec_of(trt)["max_matching_ngram_size"] == 3
+    with pytest.raises(ExportError, match=r"sglang: .*n-gram lookup.*NGRAM.*only with EAGLE"):
+        export_one(tmp_path, ngram, "sglang")
+    assert not (tmp_path / EXPORTERS["sglang"][2]).exists()
+    assert not names_eagle(json.dumps([vllm, trt]))  # nor a drafter that was not tuned
+
+
+def test_draft_model_exports_name_the_model(tmp_path):
+    drafter = scenario_drafter(SimulationSpec(draft="Llama-160M", acceptance="beta:7,3"),
+                               SchedulerConfig())
+    assert (drafter.kind, drafter.model, drafter.checkpoint) == \
+        ("draft-model", "Llama-160M", "JackFram/llama-160m")
+    vllm = export_one(tmp_path, drafter, "vllm")
+    assert (spec_of(vllm)["method"], spec_of(vllm)["model"]) == \
+        ("draft_model", "JackFram/llama-160m")
+    assert vllm["_spectune"]["drafter"]["model"] == "Llama-160M"
+    trt = export_one(tmp_path, drafter, "trtllm")
+    assert (spec_of(trt)["decoding_type"], spec_of(trt)["speculative_model"]) == \
+        ("DraftTarget", "JackFram/llama-160m")
+    with pytest.raises(ExportError, match="STANDALONE"):
+        export_one(tmp_path, drafter, "sglang")
+    uncatalogued = Drafter("draft-model", model="SmolLM2-135M-EE4")
+    assert "<checkpoint of SmolLM2-135M-EE4>" in \
+        export_one(tmp_path, uncatalogued, "vllm")["_spectune"]["how_to_use"]
+
+
+def eagle_recording(path, drafter: str = "eagle"):
+    SpeculationTrace(requests=(RequestSpeculation(run=np.array([0, 2, 1, 0])),),
+                     meta={"drafter": drafter, "target": "SmolLM2-135M-Instruct"}).save(path)
+    return str(path)
+
+
+def test_eagle_recording_names_eagle(tmp_path):
+    acceptance = eagle_recording(tmp_path / "eagle.npz")
+    drafter = scenario_drafter(SimulationSpec(draft="Llama-68M", acceptance=acceptance),
+                               SchedulerConfig())
+    assert (drafter.kind, drafter.caveat) == ("eagle", "")  # the draft shape costs the head
+    assert names_eagle(json.dumps(export_one(tmp_path, drafter, "vllm")))
+    assert spec_of(export_one(tmp_path, drafter, "vllm"))["method"] == "eagle3"
+    assert spec_of(export_one(tmp_path, drafter, "trtllm"))["decoding_type"] == "Eagle3"
+    sglang = export_one(tmp_path, drafter, "sglang")
+    assert "--speculative-algorithm EAGLE3" in sglang["_spectune"]["how_to_use"]
+    assert sglang["_spectune"]["drafter"]["method"] == "EAGLE3"
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("eagle-tree", "static tree"), ("eagle-ngram", "n-gram lookup's token"),
+    ("early-exit", "first layers")])
+def test_drafters_no_engine_runs_are_not_written(tmp_path, kind, why):
+    for engine in ENGINES:
+        with pytest.raises(ExportError, match=f"{engine}: the tune drafted with .*{why}"):
+            export_one(tmp_path, Drafter(kind), engine)
+    assert list(tmp_path.iterdir()) == []
+
+
+SHAPE = get_model("Llama-68M")
+
+
+@pytest.mark.parametrize(("draft", "meta", "kind", "caveat"), [
+    (None, {}, "ngram", ""),  # parametric acceptance, model-free latency
+    (None, {"drafter": "ngram:2-4"}, "ngram", ""),
+    (SHAPE, {}, "draft-model", ""),
+    (SHAPE, {"drafter": "model:llama-68m"}, "draft-model", ""),
+    (SHAPE, {"drafter": "quant:4"}, "draft-model", ""),
+    (SHAPE, {"drafter": "eagle@int8"}, "eagle", ""),
+    (SHAPE, {"drafter": "eagle-tree", "tree": [[0]]}, "eagle-tree", ""),
+    (SHAPE, {"drafter": "eagle+ngram"}, "eagle-ngram", ""),
+    (SHAPE, {"drafter": "early-exit:24:lens"}, "early-exit", ""),
+    # They disagree: the latency side is what the engine must run; the caveat says so.
+    (SHAPE, {"drafter": "ngram"}, "draft-model", "recorded with drafter ngram"),
+    (SHAPE, {"drafter": "model:Llama-160M"}, "draft-model", "exported as Llama-68M"),
+    (None, {"drafter": "eagle"}, "ngram", "costs no draft model"),
+    (None, {"drafter": "mystery"}, "ngram", "recorded with drafter mystery"),
+])
+def test_drafter_from_the_scenario_halves(draft, meta, kind, caveat):
+    drafter = drafter_from(draft, meta, "acc")
+    assert drafter.kind == kind
+    assert (caveat in drafter.caveat) if caveat else drafter.caveat == ""
+    assert drafter.tuned.startswith("latency: ") and "acceptance: acc, " in drafter.tuned
+    if meta.get("drafter") == "ngram:2-4":
+        assert drafter.ngram == (2, 4)
+
+
+def test_caveat_reaches_the_file(tmp_path):
+    drafter = drafter_from(SHAPE, {"drafter": "ngram", "target": "t"}, "smollm2-ngram")
+    note = export_one(tmp_path, drafter, "vllm")["_spectune"]["drafter"]
+    assert note["model"] == "Llama-68M" and "recorded with drafter ngram" in note["caveat"]
+    assert "smollm2-ngram" in note["tuned"]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"kind": "medusa"}, "drafter kind 'medusa'"),
+    ({"kind": "draft-model"}, "needs the draft model's name"),
+    ({"kind": "ngram", "ngram": (3, 1)}, "1 <= min <= max"),
+])
+def test_drafter_rejected(kwargs, match):
+    with pytest.raises(ExportError, match=match):
+        Drafter(**kwargs)
+
+
+@pytest.mark.parametrize(("args", "method"), [
+    ([], "ngram"),  # the embedded tune: model-free latency, the shipped n-gram recording
+    (["--draft", "Llama-68M", "--acceptance", "iid:0.7"], "draft_model"),
+])
+def test_tune_cli_exports_the_tuned_drafter(tmp_path, capsys, args, method):
+    out = tmp_path / "tune"
+    assert main(["tune", "--rates", "4", "--seeds", "1", "--requests", "40", "--policies",
+                 "fixed", "--no-samples", "--jobs", "1", "--no-report", "--out", str(out),
+                 *args]) == 0
+    tune = json.loads((out / "tune.json").read_text())
+    vllm = json.loads((out / tune["exports"]["vllm"]).read_text())
+    assert spec_of(vllm)["method"] == method
+    assert "sglang" not in tune["exports"]
+    assert not (out / "exports" / EXPORTERS["sglang"][2]).exists()
+    assert "only with EAGLE/EAGLE3" in tune["export_problems"]["sglang"]
+    assert "no sglang config" in capsys.readouterr().out
+    for file in (out / "exports").iterdir():
+        assert not names_eagle(file.read_text())  # nor a drafter that was not tuned

@@ -18,12 +18,13 @@ import pandas as pd
 import pytest
 
 from spectune import charts
-from spectune.report import ReportError, add_report_parser, write_report
+from spectune.report import ReportError, add_report_parser, rate_charts, write_report
 
 RATES = (4.0, 12.0, 24.0)
 POLICIES = {"fixed": [{"k": 0}, {"k": 2}, {"k": 4}], "goodput": [{"k0_bonus": 1.0},
                                                                  {"k0_bonus": 1.05}]}
-TUNE_TITLES = ("Latency vs arrival rate", "Objective by policy and rate",
+TUNE_TITLES = ("Latency vs arrival rate", "Speed-up over plain decoding",
+               "Objective by policy and rate",
                "Draft length k over time", "Latency distributions of the sample runs")
 PLAN_TITLES = ("Capacity per replica", "SLO attainment vs arrival rate")
 VALIDATE_TITLES = ("Simulated vs measured",)
@@ -60,13 +61,45 @@ def _requests(rng: np.random.Generator, rate: float, n: int = 300) -> pd.DataFra
                          "accepted": out})
 
 
-def _k_trace(rng: np.random.Generator, req: pd.DataFrame) -> pd.DataFrame:
+def _drafts(rng: np.random.Generator, req: pd.DataFrame, plain: bool = False) -> pd.DataFrame:
+    """drafts.csv: k chosen per request per step, and fewer drafted where the drafter ran out
+    of proposals (as an n-gram lookup does); all zero for plain decoding."""
     parts = []
     for r in req.itertuples():
         t = np.linspace(r.first_token_s, r.finish_s, max(int(r.steps), 2))
         k = np.clip(np.round(3 - 2 * np.sin(t / 3) + rng.normal(0, 0.6, len(t))), 0, 6)
-        parts.append(pd.DataFrame({"time_s": t, "request_id": r.request_id, "k": k.astype(int)}))
+        k = np.zeros(len(t)) if plain else k
+        drafted = np.minimum(k, rng.integers(0, 7, len(t)))
+        parts.append(pd.DataFrame({"time_s": t, "request_id": r.request_id, "k": k.astype(int),
+                                   "drafted": drafted.astype(int),
+                                   "accepted": (drafted // 2).astype(int)}))
     return pd.concat(parts, ignore_index=True)
+
+
+def _candidate(rng: np.random.Generator, rate: float, policy: str, params: dict,
+               e2e: float, seeds: int = 3) -> dict:
+    """A candidate row as tune writes it: the mean over seeds, its interval, per-seed values."""
+    per_seed = list(e2e * (1 + rng.normal(0, 0.05, seeds)))
+    mean = float(np.mean(per_seed))
+    half = mean * rng.uniform(0.02, 0.06) if seeds > 1 else 0.0
+    return {"rate": rate, "policy": policy, "params": params, "label": _label(policy, params),
+            "seeds": seeds, "objective": mean, "ci_low": mean - half, "ci_high": mean + half,
+            "per_seed": per_seed, "metrics": _metrics(rng, mean, rate)}
+
+
+def _write_sample(rng: np.random.Generator, folder: Path, sub: Path, rate: float,
+                  plain: bool) -> dict:
+    """requests.csv, k_trace.csv (k chosen) and drafts.csv (k drafted) of one sample run."""
+    (folder / sub).mkdir(parents=True, exist_ok=True)
+    req = _requests(rng, rate)
+    drafts = _drafts(rng, req, plain)
+    req["drafted"] = drafts.groupby("request_id")["drafted"].sum().reindex(req["request_id"],
+                                                                           fill_value=0).values
+    req.to_csv(folder / sub / "requests.csv", index=False)
+    drafts[["time_s", "request_id", "k"]].to_csv(folder / sub / "k_trace.csv", index=False)
+    drafts.to_csv(folder / sub / "drafts.csv", index=False)
+    return {name.replace(".", "_"): str(sub / name)
+            for name in ("requests.csv", "k_trace.csv", "drafts.csv")}
 
 
 def make_tune(folder: Path, seed: int = 0) -> Path:
@@ -76,27 +109,20 @@ def make_tune(folder: Path, seed: int = 0) -> Path:
         rows = []
         for policy, grid in POLICIES.items():
             for params in grid:
-                e2e = (0.4 + rate / 30) * (1.3 if policy == "fixed" else 1.0) * rng.uniform(0.9,
-                                                                                          1.2)
-                half = e2e * rng.uniform(0.02, 0.06)
-                rows.append({"rate": rate, "policy": policy, "params": params,
-                             "label": _label(policy, params), "seeds": [0, 1, 2],
-                             "objective": e2e, "ci_low": e2e - half, "ci_high": e2e + half,
-                             "metrics": _metrics(rng, e2e, rate)})
-        cands += rows
+                slower = 1.4 if params == {"k": 0} else 1.3 if policy == "fixed" else 1.0
+                e2e = (0.4 + rate / 30) * slower * rng.uniform(0.9, 1.2)
+                rows.append(_candidate(rng, rate, policy, params, e2e))
+        # dropped by successive halving after one seed: the best-looking number, not comparable
+        cands += [*rows, _candidate(rng, rate, "fixed", {"k": 6}, 0.1, seeds=1)]
         best = min(rows, key=lambda r: r["objective"])
         base = next(r for r in rows if r["label"] == "fixed(k=0)")
         recs.append({**{k: best[k] for k in ("rate", "policy", "params", "label", "objective",
                                               "ci_low", "ci_high", "metrics")},
                      "baseline": {"label": base["label"], "objective": base["objective"]}})
-        sub = Path("samples") / f"rate{rate:g}" / best["policy"]
-        (folder / sub).mkdir(parents=True, exist_ok=True)
-        req = _requests(rng, rate)
-        req.to_csv(folder / sub / "requests.csv", index=False)
-        _k_trace(rng, req).to_csv(folder / sub / "k_trace.csv", index=False)
-        samples.append({"rate": rate, "label": best["label"],
-                        "requests_csv": str(sub / "requests.csv"),
-                        "k_trace_csv": str(sub / "k_trace.csv")})
+        for row in (best, base):
+            sub = Path("samples") / f"rate{rate:g}" / row["label"].replace("=", "")
+            samples.append({"rate": rate, "label": row["label"],
+                            **_write_sample(rng, folder, sub, rate, row is base)})
     meta = {"workload": "azure-conv", "latency_model": "roofline H100",
             "acceptance": "parametric alpha=0.7", "objective": "mean-e2e",
             "objective_metric": "e2e_mean_s", "direction": "min",
@@ -254,7 +280,9 @@ def test_large_series_are_thinned():
     trace = pd.DataFrame({"time_s": np.arange(50_000) * 0.01, "request_id": 7,
                           "k": rng.integers(0, 6, 50_000)})
     fig = charts.k_over_time([("one request", trace)])
-    assert len(fig.data) == 1 and len(fig.data[0].x) <= charts.MAX_POINTS
+    request = [t for t in fig.data if t.name == "request 7"]
+    assert len(request) == 1 and len(request[0].x) <= charts.MAX_POINTS
+    assert request[0].x[-1] == trace["time_s"].iloc[-1]  # the end is kept
 
 
 def test_best_per_policy_follows_direction():
@@ -262,6 +290,153 @@ def test_best_per_policy_follows_direction():
                           "label": ["a1", "a2", "b"], "objective": [3.0, 5.0, 4.0]})
     assert list(charts.best_per_policy(cands, "min")["label"]) == ["a1", "b"]
     assert list(charts.best_per_policy(cands, "max")["label"]) == ["a2", "b"]
+
+
+def test_best_per_policy_ignores_candidates_dropped_after_one_seed():
+    """Successive halving's losers ran on seed 0 only: their mean is over another workload."""
+    cands = pd.DataFrame({"policy": ["a", "a", "a"], "rate": [1.0, 1.0, 2.0],
+                          "label": ["a1", "a2", "a1"], "seeds": [3, 1, 3],
+                          "objective": [3.0, 1.0, 4.0]})
+    assert list(charts.best_per_policy(cands, "min")["label"]) == ["a1", "a1"]
+
+
+# -- k=0, the speed-up over it, the k really drafted ---------------------------------------------
+
+
+def _tune_charts(doc: dict, direction: str = "min") -> list:
+    """The per-rate charts the report draws from tune.json: latency, speed-up, heat map."""
+    return rate_charts(pd.DataFrame(doc["candidates"]), doc["meta"]["objective_metric"],
+                       direction, doc["meta"]["slo"])
+
+
+def _k0(doc: dict, rate: float) -> dict:
+    return next(c for c in doc["candidates"] if c["label"] == "fixed(k=0)" and c["rate"] == rate)
+
+
+def _best(doc: dict, rate: float, policy: str) -> dict:
+    """The policy's best at `rate` among the candidates that ran on all three seeds."""
+    return min((c for c in doc["candidates"] if c["rate"] == rate and c["policy"] == policy
+                and c["seeds"] == 3), key=lambda c: c["objective"])
+
+
+def test_latency_chart_has_plain_decoding_in_every_panel(tmp_path):
+    doc = json.loads((make_tune(tmp_path) / "tune.json").read_text())
+    latency = _tune_charts(doc)[0]
+    k0 = [t for t in latency.data if t.name == charts.BASELINE_NAME]
+    assert len(k0) == len({t.yaxis for t in latency.data}) == 4  # mean E2E, p99 E2E, TPOT, TTFT
+    base = [_k0(doc, rate) for rate in RATES]
+    assert list(k0[0].customdata) == list(RATES)
+    assert list(k0[0].y) == pytest.approx([c["objective"] for c in base])
+    assert list(k0[1].y) == pytest.approx([c["metrics"]["e2e_p99_s"] for c in base])
+    assert list(k0[0].error_y.array) == pytest.approx([c["ci_high"] - c["objective"]
+                                                       for c in base])
+    assert all(t.line.dash == "dash" for t in k0)
+    fixed = next(t for t in latency.data if t.name == "fixed")
+    assert "fixed(k=0)" not in fixed.text and "fixed(k=6)" not in fixed.text  # not fixed's best
+
+
+def test_overlapping_policy_lines_stay_apart(tmp_path):
+    doc = json.loads((make_tune(tmp_path) / "tune.json").read_text())
+    for c in doc["candidates"]:  # every policy exactly as good: the lines coincide
+        c["objective"], c["ci_low"], c["ci_high"] = 1.0, 0.9, 1.1
+    first = [t for t in _tune_charts(doc)[0].data if t.yaxis == "y"]
+    assert [t.name for t in first] == ["fixed", "goodput", charts.BASELINE_NAME]
+    assert len({t.marker.symbol for t in first}) == len({t.line.dash for t in first}) == 3
+    xs = [t.x[0] for t in first]
+    assert len(set(xs)) == 3 and max(xs) - min(xs) < (RATES[1] - RATES[0]) / 2  # side by side
+    assert all(t.customdata[0] == RATES[0] for t in first)  # hover: the true rate
+
+
+def test_speedup_panel_is_k0_over_each_policys_best_with_a_paired_interval(tmp_path):
+    from scipy.stats import t as student
+
+    doc = json.loads((make_tune(tmp_path) / "tune.json").read_text())
+    speed = _tune_charts(doc)[1]
+    assert speed.layout.title.text.startswith("Speed-up over plain decoding")
+    assert "paired" in speed.layout.title.text
+    assert sorted(t.name for t in speed.data) == sorted(POLICIES)
+    for trace in speed.data:
+        bars = zip(trace.customdata, trace.y, trace.error_y.array, trace.error_y.arrayminus)
+        for rate, y, up, down in bars:
+            base, best = _k0(doc, rate), _best(doc, rate, trace.name)
+            assert y == pytest.approx(base["objective"] / best["objective"])
+            a, b = np.array(base["per_seed"]), np.array(best["per_seed"])
+            r = a.mean() / b.mean()
+            half = student.ppf(0.975, 2) * np.std(a - r * b, ddof=1) / (np.sqrt(3) * b.mean())
+            assert (y - down, y + up) == pytest.approx((max(r - half, 0), r + half))
+    assert len(speed.data[0].y) == len(RATES)
+
+
+def test_speedup_without_per_seed_values_is_conservative_and_says_so(tmp_path):
+    doc = json.loads((make_tune(tmp_path) / "tune.json").read_text())
+    for c in doc["candidates"]:
+        c.pop("per_seed")
+    speed = _tune_charts(doc)[1]
+    assert "conservative" in speed.layout.title.text
+    for trace in speed.data:
+        for rate, y, up, down in zip(trace.customdata, trace.y, trace.error_y.array,
+                                     trace.error_y.arrayminus):
+            base, best = _k0(doc, rate), _best(doc, rate, trace.name)
+            assert (y - down, y + up) == pytest.approx((base["ci_low"] / best["ci_high"],
+                                                        base["ci_high"] / best["ci_low"]))
+
+
+def test_speedup_of_a_higher_is_better_objective_is_policy_over_k0():
+    row = {"rate": 4.0, "seeds": 2, "metrics": {}}
+    best = pd.DataFrame([{**row, "policy": "goodput", "label": "goodput()", "objective": 300.0,
+                          "ci_low": 270.0, "ci_high": 330.0}])
+    base = pd.DataFrame([{**row, "policy": "fixed", "label": "fixed(k=0)", "objective": 200.0,
+                          "ci_low": 190.0, "ci_high": 220.0}])
+    got = charts.speedups(best, base, "max").iloc[0]
+    assert got["speedup"] == pytest.approx(1.5)
+    assert (got["low"], got["high"]) == pytest.approx((270 / 220, 330 / 190))
+
+
+def test_k_over_time_plots_the_k_drafted_not_the_k_chosen(tmp_path):
+    folder = make_tune(tmp_path)
+    doc = json.loads((folder / "tune.json").read_text())
+    drafts = pd.read_csv(folder / doc["samples"][0]["drafts_csv"])
+    assert (drafts["drafted"] < drafts["k"]).mean() > 0.3  # the drafter often ran out
+    fig = charts.k_over_time([("best at 4 req/s", drafts)])
+    assert fig.layout.yaxis.title.text == "k drafted"
+    dots = [t for t in fig.data if t.name.startswith("request ")]
+    assert len(dots) == 8
+    for dot in dots:
+        want = drafts[drafts["request_id"] == int(dot.name.split()[1])].sort_values("time_s")
+        assert list(dot.y) == list(want["drafted"])
+        assert list(dot.x) == pytest.approx(want["time_s"])
+    mean = next(t for t in fig.data if t.name == "mean k drafted")
+    edges = np.linspace(drafts["time_s"].min(), drafts["time_s"].max(), 61)
+    inside = drafts[(drafts["time_s"] >= edges[10]) & (drafts["time_s"] < edges[11])]
+    assert mean.y[10] == pytest.approx(inside["drafted"].mean())
+    chosen = next(t for t in fig.data if t.name == "mean k the policy chose")
+    assert np.nanmean(chosen.y) > np.nanmean(mean.y)
+    page = _read(write_report(folder))
+    assert page.count("drafted per step on average") == len(RATES)  # k=0 samples: no panel
+
+
+def test_sample_run_records_the_k_drafted(tmp_path):
+    """An n-gram drafter proposes only what it matched: fixed k=10 drafts less, and drafts.csv
+    adds up to what requests.csv counts per request."""
+    from simulator import SchedulerConfig
+    from spectune.evaluate import Task
+    from spectune.samples import write_sample
+    from spectune.search import Candidate
+    from spectune.simulate import SimulationSpec
+
+    scenario = SimulationSpec(workload="poisson", requests=30, lengths="fixed:100,40",
+                              acceptance="smollm2-ngram", draft="none")
+    paths = write_sample(Task(scenario, SchedulerConfig(), Candidate("fixed", (("k", 10),)),
+                              4.0, 0), tmp_path)
+    drafts, req = pd.read_csv(paths["drafts_csv"]), pd.read_csv(paths["requests_csv"])
+    assert list(drafts.columns) == ["time_s", "request_id", "k", "drafted", "accepted"]
+    assert (drafts["k"] == 10).all() and 0 < drafts["drafted"].mean() < 9
+    per = drafts.groupby("request_id")
+    counted = req.set_index("request_id").loc[per.size().index]
+    assert (per["drafted"].sum() == counted["drafted"]).all()
+    assert (per["accepted"].sum() == counted["accepted"]).all()
+    assert (per.size() == counted["steps"]).all()
+    assert len(pd.read_csv(paths["k_trace_csv"])) == len(drafts)
 
 
 # -- bad input ----------------------------------------------------------------------------------
@@ -293,12 +468,12 @@ def test_missing_key(tmp_path):
 
 def test_missing_csv(tmp_path):
     folder = make_tune(tmp_path)
-    victim = folder / json.loads((folder / "tune.json").read_text())["samples"][1]["k_trace_csv"]
+    victim = folder / json.loads((folder / "tune.json").read_text())["samples"][1]["drafts_csv"]
     victim.unlink()
     with pytest.raises(ReportError) as err:
         write_report(folder)
     message = str(err.value)
-    assert str(victim) in message and "samples[1].k_trace_csv" in message
+    assert str(victim) in message and "samples[1].drafts_csv" in message
     assert "run the job again" in message
     assert not (folder / "report.html").exists()
 
@@ -425,7 +600,7 @@ def test_sparse_inputs_still_chart(tmp_path):
     rows[0]["measured"] = None
     _dump(folder / "validate.json", {"rows": rows, "meta": {}})
     page = _read(write_report(folder))
-    assert _charts(page) == 2 + len(PLAN_TITLES) + 1
+    assert _charts(page) == 3 + len(PLAN_TITLES) + 1
     assert "Draft length k" not in page and "SLO TTFT" not in page and "3 replicas" not in page
     assert "SLO: none" in page and "no target rate" in page
 

@@ -79,10 +79,29 @@ def test_successive_halving_finds_the_grid_optimum_with_fewer_evaluations():
     assert n_tuned < len(calls)
 
 
-def test_confidence_interval():
-    assert confidence_interval([2.0]) == (2.0, 2.0)
-    low, high = confidence_interval([1.0, 2.0, 3.0])
-    assert low == pytest.approx(2.0 - 4.302653 / math.sqrt(3)) and high > 2.0  # t(0.975, 2)
+def test_confidence_interval_is_log_normal_and_never_below_zero():
+    one = confidence_interval([2.0])
+    assert (one.low, one.high) == (None, None) and one.method == "no interval (1 seed)"
+    ci = confidence_interval([1.0, 2.0, 3.0])
+    y = np.log([1.0, 2.0, 3.0])  # modified Cox: exp(ybar + s2/2 +- t sqrt(s2/n + s2^2/(2(n-1))))
+    half = 4.302653 * math.sqrt(y.var(ddof=1) / 3 + y.var(ddof=1) ** 2 / 4)
+    assert ci.low == pytest.approx(math.exp(y.mean() + y.var(ddof=1) / 2 - half))
+    assert ci.high == pytest.approx(math.exp(y.mean() + y.var(ddof=1) / 2 + half))
+    assert "log-normal" in ci.method
+    # the skewed pair that gave [-15.3 ms, 2.974 s] under Student-t: positive now
+    skewed = confidence_interval([0.1, 1.4])
+    assert 0 < skewed.low < 0.1 and skewed.high > 1.4
+    zero = confidence_interval([0.0, 50.0, 100.0])  # a goodput of 0: Student-t, clipped at 0
+    assert zero.low == 0.0 and zero.high > 50.0 and "clipped" in zero.method
+    assert confidence_interval([1.0, math.inf]).low is None
+
+
+def test_seconds_keep_their_sign_and_unit():
+    from spectune.tune_cli import _value
+
+    assert _value(-1.6601, "s") == "-1.660 s"
+    assert _value(-0.0153, "s") == "-15.3 ms"
+    assert _value(0.5, "s") == "500.0 ms"
 
 
 def test_registry_checks_search_metadata():
@@ -206,3 +225,76 @@ def test_plan_from_tune_reads_its_scenario_and_recommendations(tuned, tmp_path):
         assert (rec["policy"], tuple(sorted(rec["params"].items()))) in planned
     with pytest.raises(ConfigError, match="not a folder written by spectune tune"):
         from_tune(tmp_path, slos)
+
+
+# -- the edge of the search space -------------------------------------------------------------
+
+
+def _fixed_tune(acceptance: str, k_max_given: bool) -> dict:
+    scenario = SimulationSpec(workload="poisson", requests=40, lengths="fixed:100,200",
+                              acceptance=acceptance, draft="none")
+    spec = TuneSpec(rates=(2.0,), policies="fixed", seeds=2, points=2, jobs=1, samples=False)
+    return run_tune(spec, scenario, SchedulerConfig(), None, k_max_given=k_max_given)
+
+
+def test_a_best_k_on_the_grids_top_extends_the_search_to_the_stated_cap():
+    """Free drafting at 99% acceptance: every longer k is better, so the search runs past the
+    grid's top (10) to fixed's hard cap (32) and says the optimum may lie beyond it."""
+    result = _fixed_tune("iid:0.99", k_max_given=False)
+    tried = sorted(c["params"]["k"] for c in result["candidates"])
+    assert tried[-4:] == [12, 16, 24, 32]
+    rec = result["recommendations"][0]
+    assert rec["label"] == "fixed(k=32)" and rec["k_max"] == 32
+    assert any("hard cap" in n and "may lie beyond" in n for n in result["notes"])
+
+
+def test_the_users_k_max_is_not_extended_and_an_inner_optimum_is_silent():
+    capped = _fixed_tune("iid:0.99", k_max_given=True)
+    assert max(c["params"]["k"] for c in capped["candidates"]) == 10
+    assert capped["recommendations"][0]["label"] == "fixed(k=10)" and capped["notes"] == []
+    inner = _fixed_tune("iid:0.3", k_max_given=False)
+    assert max(c["params"]["k"] for c in inner["candidates"]) == 10
+    assert inner["recommendations"][0]["params"]["k"] < 10 and inner["notes"] == []
+
+
+def test_a_continuous_parameter_on_its_bound_gets_a_note():
+    from spectune.tune import edge_notes
+
+    class Search:  # what edge_notes reads of a search
+        k_max_given, k_limit, scheduler = False, 64, SchedulerConfig()
+
+    lo, hi = next(p.bounds for p in parameters("goodput") if p.name == "ema_keep")
+    on_edge = Candidate("goodput", (("ema_keep", hi), ("k0_bonus", 1.15), ("per_request", False)))
+    inside = Candidate("goodput", (("ema_keep", (lo + hi) / 2), ("k0_bonus", 1.15),
+                                   ("per_request", False)))
+    assert any("ema_keep" in n and "top" in n for n in edge_notes(on_edge, {}, Search()))
+    assert edge_notes(inside, {}, Search()) == []
+    assert edge_notes(on_edge, {"ema_keep": hi}, Search()) == []  # pinned by the user
+
+
+def test_kld_variance_tunes_over_its_k_max_grid():
+    """The README's first tune failed: the grid's k_max_cfg=4 against k_init's default 5."""
+    from policies import make_policy
+
+    assert make_policy("kld_variance", {"k_max_cfg": "4"}).k_init == 4
+    assert make_policy("kld_variance").k_init == 5
+    with pytest.raises(ValueError, match="k_init"):
+        make_policy("kld_variance", {"k_max_cfg": "4", "k_init": "5"})
+    scenario = SimulationSpec(workload="poisson", requests=30, lengths="fixed:100,40",
+                              acceptance="iid:0.7~20", draft="none")
+    spec = TuneSpec(rates=(4.0,), policies="kld_variance", seeds=1, points=1, jobs=1,
+                    samples=False)
+    result = run_tune(spec, scenario, SchedulerConfig(), None)
+    assert {c["params"]["k_max_cfg"] for c in result["candidates"]
+            if c["policy"] == "kld_variance"} == {4, 8, 20}
+
+
+def test_a_pinned_value_that_clashes_with_a_grid_value_is_skipped_with_a_note():
+    scenario = SimulationSpec(workload="poisson", requests=30, lengths="fixed:100,40",
+                              acceptance="iid:0.7~20", draft="none")
+    spec = TuneSpec(rates=(4.0,), policies="kld_variance:k_init=6", seeds=1, points=1, jobs=1,
+                    samples=False)
+    result = run_tune(spec, scenario, SchedulerConfig(), None)
+    grids = {c["params"]["k_max_cfg"] for c in result["candidates"] if c["policy"] != "fixed"}
+    assert grids == {8, 20}
+    assert any("skipped" in n and "k_max_cfg=4" in n for n in result["notes"])

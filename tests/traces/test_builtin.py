@@ -11,7 +11,7 @@ import pytest
 
 from traces import DEFAULT_WORKLOAD, TraceError, builtin_names, builtin_workload
 
-# From /work/shared/data/traces/README.md (neither file has zero-token rows, so none are dropped).
+# From traces/data/README.md (neither file has zero-token rows, so none are dropped).
 EXPECTED = {
     "azure-conv": ("AzureLLMInferenceTrace_conv.csv.gz", 19_366, 5.53,
                    "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces import TraceError, Workload, load_workload, save_workload
+from traces import TraceError, UserNote, Workload, load_workload, save_workload
 
 AZURE = (
     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -30,7 +30,8 @@ def write(tmp_path, name, text):
 def test_csv_sorts_stably_and_numbers_rows(tmp_path):
     text = "arrival_s,prompt_tokens,output_tokens\n2,20,2\n1,10,1\n2,30,3\n"
     path = write(tmp_path, "w.csv", text)
-    w = load_workload(path)
+    with pytest.warns(UserNote, match=r"line 3: arrivals are not in time order"):
+        w = load_workload(path)
     assert list(w.arrival_s) == [1.0, 2.0, 2.0]
     assert list(w.request_ids) == [1, 0, 2]
     assert list(w.prompt_tokens) == [10, 20, 30]
@@ -52,7 +53,8 @@ def test_jsonl_with_optional_keys(tmp_path):
          "category": "b"},
     ]
     text = "\n".join(json.dumps(line) for line in lines) + "\n\n"
-    w = load_workload(write(tmp_path, "w.jsonl", text))
+    with pytest.warns(UserNote, match="line 2: arrivals are not in time order"):
+        w = load_workload(write(tmp_path, "w.jsonl", text))
     assert list(w.request_ids) == [1, 0]
     assert w.prompts == ("p1", "p0") and w.categories == ("b", "a")
     assert list(w.output_tokens) == [3, 2]

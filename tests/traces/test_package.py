@@ -10,7 +10,8 @@ from pathlib import Path
 import traces
 
 PUBLIC = {
-    "Request", "Workload", "TraceError", "atomic_write", "load_workload", "save_workload",
+    "Request", "Workload", "TraceError", "UserNote", "atomic_write", "load_workload",
+    "save_workload",
     "builtin_workload",
     "builtin_names", "DEFAULT_WORKLOAD", "poisson_arrivals", "gamma_arrivals",
     "synthetic_workload", "rescale_to_rate", "parse_lengths", "EmpiricalLengths", "FixedLengths",

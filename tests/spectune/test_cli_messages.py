@@ -1,0 +1,72 @@
+"""Input that used to be accepted in silence: each gets a word now, a note when the input was
+changed and the run goes on, a one-line error (exit 2) when it cannot mean anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectune.cli import main
+
+TINY = ["--requests", "5", "--format", "json"]
+
+
+def _err(capsys, argv: list[str], code: int) -> str:
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_unsorted_arrivals_are_sorted_with_a_note(tmp_path, capsys):
+    path = tmp_path / "w.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n2,10,5\n1,10,5\n")
+    err = _err(capsys, ["simulate", "--workload", str(path), *TINY], 0)
+    assert f"spectune: note: {path}: line 4: arrivals are not in time order" in err
+    assert "sorted by arrival_s" in err
+
+
+def test_more_requests_than_the_trace_holds_get_a_note(capsys):
+    err = _err(capsys, ["simulate", "--workload", "azure-code", "--requests", "100000",
+                        "--rate", "50", "--format", "json"], 0)
+    assert "note: --requests 100,000 is more than the 8,819 requests of the trace" in err
+
+
+def test_a_tune_whose_windows_cover_the_whole_trace_says_the_seeds_repeat(tmp_path, capsys):
+    path = tmp_path / "w.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                    + "".join(f"{i},50,10\n" for i in range(6)))
+    err = _err(capsys, ["tune", "--workload", str(path), "--requests", "10", "--rates", "4",
+                        "--seeds", "2", "--policies", "fixed:k=2", "--jobs", "1",
+                        "--no-samples", "--no-report", "--out", str(tmp_path / "t")], 0)
+    assert "every seed serves the whole trace" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["simulate", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["tune", "--jobs", "-3"], "--jobs must be >= 0"),
+    (["plan", "--slo-ttft", "1", "--jobs", "-3"], "--jobs must be >= 0"),
+    (["plan", "--slo-ttft", "1", "--prices", "TPU=3"], "--prices: 'TPU' is not among"),
+    (["simulate", "--acceptance", "smollm2-ngramm"], "did you mean 'smollm2-ngram'?"),
+])
+def test_bad_values_name_their_flag(argv, message, tmp_path, capsys):
+    err = _err(capsys, [*argv, *(["--out", str(tmp_path)] if argv[0] != "simulate" else [])],
+               2)
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_misspelt_recording_lists_the_shipped_ones(capsys):
+    from traces.builtin import speculation_names
+
+    err = _err(capsys, ["simulate", "--acceptance", "smollm2-ngramm"], 2)
+    assert all(name in err for name in speculation_names())
+
+
+def test_report_on_a_file_says_it_is_a_file(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("x")
+    err = _err(capsys, ["report", str(text)], 2)
+    assert "a file, not a folder" in err and "no such folder" not in err
+    tune = tmp_path / "tune.json"
+    tune.write_text("{}")
+    assert f"give its folder: spectune report {tmp_path}" in _err(capsys, ["report", str(tune)],
+                                                                   2)
