@@ -163,7 +163,18 @@ def tune_section(folder: Path, doc: dict) -> Section:
         listed = ", ".join(f"{html.escape(k)}: <code>{html.escape(str(v))}</code>"
                            for k, v in exports.items())
         section.parts.append(f"<p>Engine settings for the recommendations: {listed}</p>")
+    section.parts += _listed("Not written", [f"{engine}: {why}" for engine, why in
+                                             (doc.get("export_problems") or {}).items()])
+    section.parts += _listed("Notes on the search", doc.get("notes") or [])
     return section
+
+
+def _listed(title: str, items: list) -> list[str]:
+    """An HTML list under a bold title; nothing for no items."""
+    if not items:
+        return []
+    rows = "".join(f"<li>{html.escape(str(item))}</li>" for item in items)
+    return [f"<p><b>{html.escape(title)}</b></p><ul>{rows}</ul>"]
 
 
 def rate_charts(cands: pd.DataFrame, metric: str, direction: str, slo: dict) -> list:

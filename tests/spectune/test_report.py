@@ -130,7 +130,9 @@ def make_tune(folder: Path, seed: int = 0) -> Path:
             "created": "2025-01-01T00:00:00", "wall_s": 80.1}
     _dump(folder / "tune.json", {"kind": "tune", "meta": meta, "recommendations": recs,
                                  "candidates": cands, "samples": samples,
-                                 "exports": {"vllm": "exports/vllm.json"}})
+                                 "exports": {"vllm": "exports/vllm.json"},
+                                 "export_problems": {"sglang": "ngram <has no table>"},
+                                 "notes": ["fixed k=16 is the longest run (at 4 req/s)"]})
     return folder
 
 
@@ -220,6 +222,8 @@ def test_tune_report(tmp_path):
     assert "SLO TTFT 2 s" in page and "SLO TPOT 0.05 s" in page  # the SLO lines
     assert "azure-conv" in page and "roofline H100" in page  # where the numbers come from
     assert "exports/vllm.json" in page
+    assert "sglang: ngram &lt;has no table&gt;" in page  # why an engine got no file, escaped
+    assert "<li>fixed k=16 is the longest run (at 4 req/s)</li>" in page  # the search's notes
     assert not list(out.parent.glob(".report.html.*"))  # no temp file left behind
 
 
