@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -195,9 +194,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _fmt_s(value: float) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.3f} s"
+    from spectune.console import seconds
+
+    return seconds(value)
 
 
 def _acceptance_line(acc: dict) -> str:

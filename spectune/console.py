@@ -3,6 +3,7 @@ the one line Ctrl-C prints."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -42,3 +43,16 @@ def interrupted_line(exc: KeyboardInterrupt) -> str:
     done, total = getattr(exc, "done", 0), getattr(exc, "total", 0)
     return (f"{lead}interrupted; {done} of {total} simulations are cached in {cache}: "
             "rerun the same command to resume")
+
+
+def seconds(value: float | None) -> str:
+    """A duration for a person: "1.453 s", "95.2 ms", "1.0 us"; a negative one keeps its sign
+    and its unit ("-1.660 s", never "-1,660.1 ms"); "-" where there is none."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    size = abs(value)
+    if size >= 1 or size == 0:
+        return f"{value:,.3f} s"
+    if size >= 1e-3:
+        return f"{value * 1e3:,.1f} ms"
+    return f"{value * 1e6:,.1f} us"

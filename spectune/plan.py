@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from simulator import ConfigError, SchedulerConfig, get_gpu
+from spectune.console import seconds
 from spectune.evaluate import Runner, Task, slo_of
 from spectune.search import Candidate
 from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
@@ -169,15 +170,8 @@ def why_no_capacity(plan: dict, curves: list[dict], slo, attainment: float) -> s
                                                                    slo.tpot_s)):
         value = lowest.get(metric)
         if bound is not None and value is not None and value > bound:
-            parts.append(f"p99 {name} is {_seconds(value)} > the SLO of {_seconds(bound)}")
+            parts.append(f"p99 {name} is {seconds(value)} > the SLO of {seconds(bound)}")
     return f"even at the lowest rate tried, {lowest['rate']:.3g} req/s, " + "; ".join(parts)
-
-
-def _seconds(value: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(value) >= scale or unit == "us":
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:g} s"
 
 
 def _scenario(scenario: SimulationSpec, hardware: str | None) -> SimulationSpec:
@@ -292,7 +286,7 @@ def format_plan(result: dict) -> str:
     """One block per policy, its full label on a line of its own (never cut), a row per
     hardware option; a policy with no capacity says why."""
     m = result["meta"]
-    slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {_seconds(v)}" for k, v in m["slo"].items())
+    slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {seconds(v)}" for k, v in m["slo"].items())
     lines = [f"SLO {slo} met by {m['attainment_target']:.0%} of requests; workload "
              f"{m['workload']}, acceptance {m['acceptance']}"]
     header = ("hardware", "max req/s", "replicas", "cost/h", "at 0.95x", "at 1.05x")

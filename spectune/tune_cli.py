@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from spectune.console import seconds
 from spectune.tune import (
     SCENARIO_SHOWN,
     TUNE_SCENARIO,
@@ -97,12 +98,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _value(v: float | None, unit: str) -> str:
-    """A value with its unit; seconds below one in ms, and a negative value keeps its sign and
-    its unit (-1.660 s, never -1,660.1 ms)."""
+    """A value with its unit (seconds as console.seconds writes them)."""
+    if unit == "s":
+        return seconds(v)
     if v is None or not math.isfinite(v):
         return "-"
-    if unit == "s":
-        return f"{v * 1e3:,.1f} ms" if abs(v) < 1 else f"{v:,.3f} s"
     return f"{v:,.0f} {unit}"
 
 

@@ -64,7 +64,7 @@ def test_plan_without_capacity_says_why(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "no capacity: even at the lowest rate tried" in out
-    assert re.search(r"p99 TTFT is [\d.]+ ms > the SLO of 1 us", out)
+    assert re.search(r"p99 TTFT is [\d.]+ ms > the SLO of 1.0 us", out)
     assert main([*argv, "--format", "json"]) == 0
     import json
 

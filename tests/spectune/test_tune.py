@@ -102,6 +102,8 @@ def test_seconds_keep_their_sign_and_unit():
     assert _value(-1.6601, "s") == "-1.660 s"
     assert _value(-0.0153, "s") == "-15.3 ms"
     assert _value(0.5, "s") == "500.0 ms"
+    assert _value(2e-6, "s") == "2.0 us" and _value(None, "s") == "-"
+    assert _value(-1002.4, "tok/s") == "-1,002 tok/s"
 
 
 def test_registry_checks_search_metadata():
