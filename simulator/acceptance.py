@@ -65,6 +65,15 @@ class AcceptanceReplay:
         return meta
 
 
+def signals_needed(policy) -> set[str]:
+    """The per-position signals a policy reads from a trace (its own, and the draft's top-1 and
+    entropy where it stops a chain early)."""
+    needed = set(type(policy).signals)
+    if type(policy).uses_draft_stop:
+        needed |= {"draft_top1", "draft_entropy"}
+    return needed
+
+
 def replay_for(acceptance: SpeculationTrace, output_tokens: np.ndarray, policy,
                k_max: int) -> AcceptanceReplay:
     """The replay of `acceptance` for these output lengths, refused with a clear error when the
@@ -80,9 +89,7 @@ def replay_for(acceptance: SpeculationTrace, output_tokens: np.ndarray, policy,
             f"use --k-max {max_run} or record with a larger max run"
         )
     replay = AcceptanceReplay(acceptance, output_tokens)
-    needed = set(type(policy).signals)
-    if type(policy).uses_draft_stop:
-        needed |= {"draft_top1", "draft_entropy"}
+    needed = signals_needed(policy)
     if needed - replay.available:
         missing = ", ".join(sorted(needed - replay.available))
         raise ConfigError(f"policy {policy.name!r} needs signals the speculation trace lacks: "

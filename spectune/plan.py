@@ -104,7 +104,11 @@ def _candidates(text: str) -> list[Candidate]:
 
 
 def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfig,
-             out: Path | None, progress=None) -> dict:
+             out: Path | None, progress=None, k_max_given: bool = True) -> dict:
+    """The plan of every (policy, hardware) pair; written to `out`/plan.json. As in tune, a fixed
+    k past a k_max the user did not set (`k_max_given`) runs with k_max = k."""
+    from spectune.tune import scheduler_for
+
     slo = slo_of(scenario)
     if slo is None:
         raise ConfigError("plan needs an SLO: give --slo-ttft and/or --slo-tpot")
@@ -114,13 +118,15 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     if scenario.requests is not None and scenario.workload not in SYNTHETIC:
         from spectune.evaluate import seeded_inputs
 
-        first = Task(_scenario(scenario, options[0]), scheduler, brackets[0].candidate, 1.0, 0)
+        first = Task(_scenario(scenario, options[0]), scheduler, Candidate("fixed", (("k", 0),)),
+                     1.0, 0)
         note_short_trace(scenario.requests, seeded_inputs(first)[0])
     curves: list[dict] = []
     with Runner(out / "evals" if out else None, spec.jobs, progress) as runner:
 
         def attain(pairs: list[tuple[_Bracket, float]]) -> list[dict]:
-            tasks = [Task(_scenario(scenario, b.hardware), scheduler, b.candidate, r, 0)
+            tasks = [Task(_scenario(scenario, b.hardware),
+                          scheduler_for(scheduler, b.candidate, k_max_given), b.candidate, r, 0)
                      for b, r in pairs]
             results = runner.run(tasks)
             for (b, r), m in zip(pairs, results):
@@ -201,9 +207,11 @@ def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict) -> 
     return out
 
 
-def from_tune(folder: Path, slos: SimulationSpec) -> tuple[SimulationSpec, SchedulerConfig, str]:
-    """(scenario, scheduler, policies) of the tune in `folder`: its scenario with the SLOs of
-    `slos`, its scheduler, and its recommended policies, best fixed k and plain decoding."""
+def from_tune(folder: Path, slos: SimulationSpec
+              ) -> tuple[SimulationSpec, SchedulerConfig, str, bool]:
+    """(scenario, scheduler, policies, k_max_given) of the tune in `folder`: its scenario with
+    the SLOs of `slos`, its scheduler, its recommended policies, best fixed k and plain decoding,
+    and whether its k_max was the user's (if not, a fixed k it found past it runs as it did)."""
     import json
 
     file = Path(folder) / "tune.json"
@@ -222,7 +230,7 @@ def from_tune(folder: Path, slos: SimulationSpec) -> tuple[SimulationSpec, Sched
         label = ":".join([row["policy"], *pairs])
         if label not in labels:
             labels.append(label)
-    return scenario, scheduler, ",".join(labels)
+    return scenario, scheduler, ",".join(labels), bool(meta.get("k_max_given", True))
 
 
 def _exact(value) -> str:
@@ -244,11 +252,15 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
                         skip=("rate", "policy", "hardware", "duration"), shown=SCENARIO_SHOWN)
     p.set_defaults(**TUNE_SCENARIO)
     add_dataclass_flags(p, PlanSpec, "plan")
-    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)")
+    add_dataclass_flags(p, SchedulerConfig, "scheduler (mirror the live engine's settings)",
+                        shown={"k_max": f"{SchedulerConfig.k_max}; unset, a fixed k above it "
+                               "runs with k_max = k"})
+    p.set_defaults(k_max=None)
     p.add_argument("--from-tune", type=Path, metavar="DIR",
                    help="plan for what a tune recommended: its scenario, scheduler and "
                         "recommended policies (with the best fixed k and plain decoding) from "
-                        "DIR/tune.json; the SLOs and plan flags still come from here")
+                        "DIR/tune.json; the SLOs, plan flags and a --k-max given here still "
+                        "come from here")
     p.add_argument("--out", type=Path, default=Path("runs/plan"),
                    help="folder for plan.json and evals/ (a rerun resumes) (default: runs/plan)")
     p.add_argument("--format", choices=("table", "json"), default="table")
@@ -264,12 +276,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     scenario = dataclass_from_args(SimulationSpec, args)
     spec = dataclass_from_args(PlanSpec, args)
-    scheduler = dataclass_from_args(SchedulerConfig, args)
+    k_max_given = args.k_max is not None
+    scheduler = dataclass_from_args(SchedulerConfig, args, **(
+        {} if k_max_given else {"k_max": SchedulerConfig.k_max}))
     if args.from_tune is not None:
-        scenario, scheduler, policies = from_tune(args.from_tune, scenario)
+        scenario, tuned, policies, tuned_k_max_given = from_tune(args.from_tune, scenario)
         spec = replace(spec, policies=policies)
+        if k_max_given:  # --k-max given here: the engine's limit, over the tune's
+            scheduler = replace(tuned, k_max=scheduler.k_max)
+        else:
+            scheduler, k_max_given = tuned, tuned_k_max_given
     prepare_out(args.out)
-    result = run_plan(spec, scenario, scheduler, args.out, progress_bar("plan"))
+    result = run_plan(spec, scenario, scheduler, args.out, progress_bar("plan"), k_max_given)
     if args.format == "json":
         keys = ("policy", "params", "hardware", "max_rate_per_replica", "replicas_needed",
                 "cost_per_hour", "why_no_capacity")

@@ -106,6 +106,16 @@ def pinned_values(name: str, pinned: dict[str, str]) -> dict:
     return {k: policy.params()[k] for k in pinned}
 
 
+def scheduler_for(scheduler: SchedulerConfig, c: Candidate,
+                  k_max_given: bool) -> SchedulerConfig:
+    """A fixed k past a k_max the user did not set runs with k_max = k: the engine's
+    num_speculative_tokens is then k (the KV look-ahead grows with it)."""
+    k = c.params_dict.get("k") if c.policy == "fixed" else None
+    if k is not None and k > scheduler.k_max and not k_max_given:
+        return replace(scheduler, k_max=int(k))
+    return scheduler
+
+
 class _Search:
     """The evaluations of one tune: scores per (rate, candidate), metrics per evaluation, and
     notes on what the search space left open."""
@@ -125,12 +135,7 @@ class _Search:
             rates.append(rate)
 
     def scheduler_for(self, c: Candidate) -> SchedulerConfig:
-        """A fixed k past a k_max the user did not set runs with k_max = k: the engine's
-        num_speculative_tokens is then k (the KV look-ahead grows with it)."""
-        k = c.params_dict.get("k") if c.policy == "fixed" else None
-        if k is not None and k > self.scheduler.k_max and not self.k_max_given:
-            return replace(self.scheduler, k_max=int(k))
-        return self.scheduler
+        return scheduler_for(self.scheduler, c, self.k_max_given)
 
     def evaluator(self, rate: float):
         def evaluate(pairs: list[tuple[Candidate, int]]) -> list[float]:
@@ -323,7 +328,7 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
                         "best sat on the top (runs past k_max ran with k_max = k; --k-max sets "
                         "a limit)", rate)
     result = {"kind": "tune", "meta": _meta(spec, scenario, scheduler, objective, runner,
-                                            started),
+                                            started, search.k_max_given),
               "recommendations": recommendations, "best_fixed": best_fixed,
               "candidates": rows, "samples": [], "exports": {},
               "notes": [f"{text} (at {', '.join(f'{r:g}' for r in rates)} req/s)"
@@ -337,7 +342,7 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
     return result
 
 
-def _meta(spec, scenario, scheduler, objective, runner, started) -> dict:
+def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bool) -> dict:
     from spectune.evaluate import seeded_inputs
 
     workload, latency, acceptance, kv, slo = seeded_inputs(
@@ -356,6 +361,7 @@ def _meta(spec, scenario, scheduler, objective, runner, started) -> dict:
             "direction": objective.direction, "unit": objective.unit,
             "slo": {k: v for k, v in (asdict(slo) if slo else {}).items() if v is not None},
             "seeds": list(range(spec.seeds)), "rates": list(spec.rates), "spec": asdict(spec),
+            "k_max_given": k_max_given,
             "scenario": asdict(scenario),
             "simulations": runner.total, "reused_from_cache": runner.cached,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -30,6 +30,7 @@ import argparse
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from spectune.validate_report import (
     write_records,
     write_results,
 )
+from traces import UserNote
 
 __all__ = ["ROW_KEYS", "ValidateSpec", "add_validate_parser", "format_table", "run_validate"]
 
@@ -407,6 +409,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
     vocab = setup.vocab
     workloads = {rate: build_workload(spec, rate, vocab, setup.tokenizer)
                  for rate in spec.rate_list}
+    policies = usable_policies(spec, setup, next(iter(workloads.values()))[0])
     probe = _probe(spec, setup, workloads, scratch)
     while probe.rounds < WARM_ROUNDS:
         probe.round()
@@ -414,7 +417,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
     hosts: dict[str, HostFit] = {}
     runs: list[_Run] = []
     for rate, (wl, prompts) in workloads.items():
-        for label, name, params in spec.policy_specs:
+        for label, name, params in policies:
             if label not in hosts:
                 hosts[label] = _calibrate_host(spec, setup, probe, make_policy(name, params))
                 _say(log, f"  host time of {label}: {_host_text(hosts[label])}")
@@ -439,6 +442,34 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
     if out is not None:
         write_results(out, rows, meta)
     return rows
+
+
+def usable_policies(spec: ValidateSpec, setup: _Setup, workload) -> list:
+    """The policies to run, checked before any live run: in replay mode, one that reads a
+    signal the replayed acceptance lacks (kld_variance's KL, with an n-gram recording) is an
+    error when the user named it, and is left out with a note from the default list."""
+    from policies import make_policy
+    from simulator.acceptance import signals_needed
+
+    specs = spec.policy_specs
+    trace = setup.replay_trace(workload)
+    if trace is None:  # live acceptance: the recorder records what each policy reads
+        return specs
+    available = trace.signals_available()
+    keep, dropped = [], []
+    for label, name, params in specs:
+        missing = signals_needed(make_policy(name, params)) - available
+        (dropped if missing else keep).append((label, name, params, missing))
+    if not dropped:
+        return specs
+    why = "; ".join(f"{label} reads {', '.join(sorted(missing))}"
+                    for label, _, _, missing in dropped)
+    if spec.policies is not None or not keep:
+        raise ConfigError(f"--acceptance {setup.acceptance} lacks signals that policies read "
+                          f"({why}); drop those policies, or replay a recording that has them")
+    warnings.warn(f"left out of the default policies: {why}, which --acceptance "
+                  f"{setup.acceptance} does not record", UserNote, stacklevel=2)
+    return [(label, name, params) for label, name, params, _ in keep]
 
 
 def _calibrate_host(spec: ValidateSpec, setup: _Setup, probe: DriftProbe, policy) -> HostFit:

@@ -213,7 +213,8 @@ def test_plan_from_tune_reads_its_scenario_and_recommendations(tuned, tmp_path):
 
     result, out = tuned
     slos = SimulationSpec(slo_ttft=0.5, slo_tpot=0.02)
-    scenario, scheduler, policies = from_tune(out, slos)
+    scenario, scheduler, policies, k_max_given = from_tune(out, slos)
+    assert k_max_given  # run_tune's default: the scheduler's k_max was the caller's
     assert (scenario.workload, scenario.requests, scenario.acceptance) == (
         SCENARIO.workload, SCENARIO.requests, SCENARIO.acceptance)
     assert (scenario.slo_ttft, scenario.slo_tpot) == (0.5, 0.02)
@@ -300,3 +301,23 @@ def test_a_pinned_value_that_clashes_with_a_grid_value_is_skipped_with_a_note():
     grids = {c["params"]["k_max_cfg"] for c in result["candidates"] if c["policy"] != "fixed"}
     assert grids == {8, 20}
     assert any("skipped" in n and "k_max_cfg=4" in n for n in result["notes"])
+
+
+def test_plan_from_a_tune_that_went_past_k_max_plans_its_k(tmp_path, capsys):
+    """The README's `plan --from-tune runs/tune` failed with "chose k=16, outside 0..k_max=10"
+    after a tune that had searched fixed k past the default k_max."""
+    tune = ["tune", "--workload", "poisson", "--requests", "30", "--lengths", "fixed:100,200",
+            "--acceptance", "iid:0.99", "--rates", "2", "--policies", "fixed", "--seeds", "1",
+            "--jobs", "1", "--no-samples", "--no-report", "--out", str(tmp_path / "t")]
+    assert main(tune) == 0
+    saved = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert saved["recommendations"][0]["params"]["k"] > 10
+    assert saved["meta"]["k_max_given"] is False
+    capsys.readouterr()
+    plan = ["plan", "--from-tune", str(tmp_path / "t"), "--slo-ttft", "2", "--slo-tpot", "0.05",
+            "--hardware-options", "H100-SXM", "--tolerance", "0.2", "--jobs", "1", "--format",
+            "json", "--out", str(tmp_path / "p")]
+    assert main(plan) == 0, capsys.readouterr().err
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert {p["params"].get("k") for p in plans} >= {0, saved["recommendations"][0]["params"]["k"]}
+    assert main([*plan[:-2], "--k-max", "10", "--out", str(tmp_path / "q")]) == 2

@@ -177,3 +177,32 @@ def test_chunked_prefill_validates_with_the_same_scheduler(tmp_path):
         "chunked_prefill"] is True
     with pytest.raises(ConfigError, match="max-batched-tokens"):
         ValidateSpec(chunked_prefill=True)
+
+
+def test_policies_the_replayed_acceptance_cannot_serve_are_caught_before_any_run():
+    """The README's `validate --model Llama-68M --acceptance smollm2-ngram` failed after its
+    first live runs: kld_variance (a default) reads KL, which the n-gram recording lacks."""
+    import types
+    import warnings
+
+    from spectune.simulate import build_acceptance
+    from spectune.validate import usable_policies
+    from traces import UserNote, synthetic_workload
+    from traces.synthetic import FixedLengths
+
+    workload = synthetic_workload("poisson", 4.0, 4, FixedLengths(20, 8),
+                                  np.random.default_rng(0))
+    setup = types.SimpleNamespace(acceptance="smollm2-ngram", replay_trace=lambda wl: (
+        build_acceptance("smollm2-ngram", wl, np.random.default_rng(0))))
+    default = ValidateSpec(model="Llama-68M", acceptance="smollm2-ngram")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = usable_policies(default, setup, workload)
+    assert "kld_variance" in {name for _, name, _ in default.policy_specs}
+    assert "kld_variance" not in {name for _, name, _ in kept} and kept
+    assert any(issubclass(w.category, UserNote) and "kld_variance reads kl" in str(w.message)
+               for w in caught)
+    named = ValidateSpec(model="Llama-68M", acceptance="smollm2-ngram",
+                         policies="fixed:k=2,kld_variance")
+    with pytest.raises(ConfigError, match="lacks signals that policies read"):
+        usable_policies(named, setup, workload)
