@@ -237,7 +237,7 @@ def _summary_table(s: dict) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from spectune.console import end_progress, progress_line, require_torch
+    from spectune.console import Resumable, end_progress, progress_line, require_torch
     from spectune.files import prepare_out, to_json, write_json
     from spectune.flags import dataclass_from_args
     from spectune.profile import ProfileSpec, print_summary, run_profile
@@ -246,7 +246,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     spec = dataclass_from_args(ProfileSpec, args)
     prepare_out(args.out)
     progress = progress_line("round {}/{} done")
-    summary = run_profile(spec, args.out, progress)
+    try:
+        summary = run_profile(spec, args.out, progress)
+    except KeyboardInterrupt:
+        raise Resumable(f"the finished rounds are kept in {args.out}") from None
     end_progress(progress)
     write_json(args.out / "summary.json", summary)
     if args.format == "json":

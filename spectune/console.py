@@ -33,10 +33,21 @@ def end_progress(report: Callable[[int, int], None] | None) -> None:
         print(file=sys.stderr)
 
 
+class Resumable(KeyboardInterrupt):
+    """Ctrl-C in a job that keeps its finished work (a profile's rounds): `kept` says what and
+    where, for the one line the command prints."""
+
+    def __init__(self, kept: str) -> None:
+        super().__init__(kept)
+        self.kept = kept
+
+
 def interrupted_line(exc: KeyboardInterrupt) -> str:
     """The one line Ctrl-C prints instead of a traceback: how much a cached run (an
     evaluate.Interrupted, carrying done/total/cache_dir) keeps, and that a rerun resumes."""
     lead = "\n" if sys.stderr.isatty() else ""  # off the progress bar's line and the ^C
+    if isinstance(exc, Resumable):
+        return f"{lead}interrupted; {exc.kept}: rerun the same command to resume"
     cache = getattr(exc, "cache_dir", None)
     if cache is None:
         return lead + "interrupted"

@@ -51,8 +51,9 @@ def test_an_interrupted_profile_keeps_its_rounds_and_resumes(tmp_path, monkeypat
         raise KeyboardInterrupt  # as if the run were stopped after its first round
 
     monkeypatch.setattr(sweep, "_save", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        main(["profile", *TINY, "--out", str(out)])
+    assert main(["profile", *TINY, "--out", str(out)]) == 130  # Ctrl-C: one line, exit 130
+    assert capsys.readouterr().err.strip() == (
+        f"interrupted; the finished rounds are kept in {out}: rerun the same command to resume")
     first = json.loads((out / "samples.json").read_text())["samples"]
     assert all(len(s) == 1 for s in first)
     monkeypatch.setattr(sweep, "_save", real_save)
