@@ -6,7 +6,10 @@ the bounded box. The search is successive halving (Jamieson & Talwalkar 2016; Li
 Hyperband builds on it): every candidate runs on the first seed, the best third goes on to all
 seeds; then, for continuous parameters, a second, denser Sobol sample in a box a quarter as wide
 around the winner gets all seeds too. `exhaustive_grid` is the reference a test and the benchmark
-compare it with: a fine regular grid, every point on every seed.
+compare it with: a fine regular grid, every point on every seed. A grid that declares `extend`
+values goes on past its top while the best sits there (`past_the_top`); `edge_notes` says where a
+best value sits on an edge of the searched space, and `confidence_interval` gives the interval of
+a mean over seeds that the tables print.
 """
 
 from __future__ import annotations
@@ -150,6 +153,59 @@ def _refinements(best: Candidate, n: int, seed: int,
     near = (Candidate(best.policy, tuple(sorted({**chosen, **pt}.items())))
             for pt in _box_points(bounded, n, seed, box))
     return [c for c in dict.fromkeys(near) if c != best]
+
+
+def past_the_top(best: Candidate, pinned: dict, scores: Scores) -> list[Candidate]:
+    """`best` with each extendable parameter moved to its next value, for the parameters whose
+    value in `best` is the largest tried."""
+    out = []
+    chosen = best.params_dict
+    for p in searched_parameters(best.policy, pinned):
+        value = chosen.get(p.name)
+        if p.extend is None or value is None:
+            continue
+        tried = [c.params_dict.get(p.name) for c in scores if c.policy == best.policy]
+        if value < max(v for v in tried if v is not None) or value < max(p.grid):
+            continue
+        above = [v for v in p.extend if v > value]
+        if above:
+            out.append(Candidate(best.policy, tuple(sorted({**chosen, p.name: above[0]}.items()))))
+    return out
+
+
+def edge_notes(best: Candidate, pinned: dict, search: Any) -> list[str]:
+    """Where the best candidate sits on a bound of its search space that the user did not set:
+    the top of a grid (past its hard cap, if it extends), or within 1/16 of a range's edge.
+    `search` tells the scheduler's k_max, whether the user set it, and the longest k the
+    acceptance can replay (`k_limit`)."""
+    out = []
+    chosen = best.params_dict
+    for p in searched_parameters(best.policy, pinned):
+        value = chosen.get(p.name)
+        if value is None or isinstance(value, bool):
+            continue
+        if p.grid is not None:
+            top = max((*p.grid, *(p.extend or ())))
+            if best.policy == "fixed" and p.name == "k":
+                if search.k_max_given and value >= search.scheduler.k_max:
+                    continue  # the user's own --k-max
+                if value >= search.k_limit:
+                    out.append(f"fixed k={value} is the longest run the speculation trace "
+                               "records: a larger k cannot be replayed, and may be better")
+                    continue
+            if value >= top:
+                cap = "hard cap" if p.extend else "grid's top"
+                out.append(f"{best.policy} {p.name}={value} is the {cap} of the search "
+                           f"({top}); the optimum may lie beyond it")
+        elif p.bounds is not None:
+            lo, hi = p.bounds
+            margin = (hi - lo) / 16
+            side = "bottom" if value <= lo + margin else "top" if value >= hi - margin else None
+            if side:
+                out.append(f"{best.policy} {p.name}={value} is at the {side} of its searched "
+                           f"range [{lo:g}, {hi:g}]; the optimum may lie beyond it (pin "
+                           f"{best.policy}:{p.name}=VALUE in --policies to look)")
+    return out
 
 
 def best_candidate(scores: Scores, n_seeds: int) -> Candidate:

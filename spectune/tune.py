@@ -5,8 +5,11 @@ For each rate and policy, the policy's searchable parameters (grids and bounds d
 fields) are searched by successive halving (search.py), or exhaustively with `--search grid`;
 every candidate that survives runs on every seed, and so does plain decoding, fixed(k=0), the
 baseline. The recommendation at a rate is the lowest mean score over the seeds; its interval is
-the Student-t 95% interval of that mean. The best fixed k per rate, with the mean batch size it
-ran at, becomes the draft-length-by-batch-size table the engines take (export.py).
+a 95% interval of that mean that never goes below zero (search.confidence_interval). A grid is a
+guess at where the optimum lies: while fixed's best k sits on its top the search goes on past
+it (`extend`, to a stated cap), and a best value on any other edge of the searched space gets a
+note. The best fixed k per rate, with the mean batch size it ran at, becomes the
+draft-length-by-batch-size table the engines take (export.py).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from spectune.search import (
     best_candidate,
     candidates,
     confidence_interval,
+    edge_notes,
     evaluate_on_seeds,
     exhaustive_grid,
     mean_score,
-    searched_parameters,
+    past_the_top,
     successive_halving,
 )
 from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
@@ -189,7 +193,7 @@ class _Search:
         the next one (on every seed), up to the last (the stated hard cap)."""
         while True:
             best = best_candidate(scores, len(self.seeds))
-            nxt = [c for c in self.feasible(_past_the_top(best, pinned, scores), rate)
+            nxt = [c for c in self.feasible(past_the_top(best, pinned, scores), rate)
                    if c not in scores]
             if not nxt:
                 return
@@ -206,57 +210,6 @@ def _replayable_k(scenario: SimulationSpec, scheduler: SchedulerConfig) -> int:
     if isinstance(max_run, int) and not (tree and max_run == max(len(p) for p in tree)):
         return max(max_run, scheduler.k_max)
     return 64
-
-
-def _past_the_top(best: Candidate, pinned: dict, scores: Scores) -> list[Candidate]:
-    """`best` with each extendable parameter moved to its next value, for the parameters whose
-    value in `best` is the largest tried."""
-    out = []
-    chosen = best.params_dict
-    for p in searched_parameters(best.policy, pinned):
-        value = chosen.get(p.name)
-        if p.extend is None or value is None:
-            continue
-        tried = [c.params_dict.get(p.name) for c in scores if c.policy == best.policy]
-        if value < max(v for v in tried if v is not None) or value < max(p.grid):
-            continue
-        above = [v for v in p.extend if v > value]
-        if above:
-            out.append(Candidate(best.policy, tuple(sorted({**chosen, p.name: above[0]}.items()))))
-    return out
-
-
-def edge_notes(best: Candidate, pinned: dict, search: _Search) -> list[str]:
-    """Where the best candidate sits on a bound of its search space that the user did not set:
-    the top of a grid (past its hard cap, if it extends), or within 1/16 of a range's edge."""
-    out = []
-    chosen = best.params_dict
-    for p in searched_parameters(best.policy, pinned):
-        value = chosen.get(p.name)
-        if value is None or isinstance(value, bool):
-            continue
-        if p.grid is not None:
-            top = max((*p.grid, *(p.extend or ())))
-            if best.policy == "fixed" and p.name == "k":
-                if search.k_max_given and value >= search.scheduler.k_max:
-                    continue  # the user's own --k-max
-                if value >= search.k_limit:
-                    out.append(f"fixed k={value} is the longest run the speculation trace "
-                               "records: a larger k cannot be replayed, and may be better")
-                    continue
-            if value >= top:
-                cap = "hard cap" if p.extend else "grid's top"
-                out.append(f"{best.policy} {p.name}={value} is the {cap} of the search "
-                           f"({top}); the optimum may lie beyond it")
-        elif p.bounds is not None:
-            lo, hi = p.bounds
-            margin = (hi - lo) / 16
-            side = "bottom" if value <= lo + margin else "top" if value >= hi - margin else None
-            if side:
-                out.append(f"{best.policy} {p.name}={value} is at the {side} of its searched "
-                           f"range [{lo:g}, {hi:g}]; the optimum may lie beyond it (pin "
-                           f"{best.policy}:{p.name}=VALUE in --policies to look)")
-    return out
 
 
 def _chunks(values: list[float], n: int) -> list[list[float]]:

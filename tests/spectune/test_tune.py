@@ -261,7 +261,7 @@ def test_the_users_k_max_is_not_extended_and_an_inner_optimum_is_silent():
 
 
 def test_a_continuous_parameter_on_its_bound_gets_a_note():
-    from spectune.tune import edge_notes
+    from spectune.search import edge_notes
 
     class Search:  # what edge_notes reads of a search
         k_max_given, k_limit, scheduler = False, 64, SchedulerConfig()
