@@ -39,7 +39,7 @@ class DraftChain:
     entropy: list[float] = field(default_factory=list)
     probs: torch.Tensor | None = None
     fed: int = 0
-    #: a draft tree (profiler/draft_tree.py): each token's parent, an index into `tokens` (-1:
+    #: a draft tree (profiler/tree_layout.py): each token's parent, an index into `tokens` (-1:
     #: the request's last committed token), parents first; None for a chain. A node's top1,
     #: entropy and probs are those of the distribution it was drawn from (its parent's).
     parents: list[int] | None = None

@@ -113,7 +113,7 @@ def make_drafter(
     """A drafter by name: "ngram", "ngram:MIN-MAX", "early-exit:L", "quant:BITS", "eagle" (the
     shipped EAGLE head; "eagle:PATH" another .npz; "eagle@int8" its weights in int8,
     profiler/int8_weight.py; "eagle+ngram" with the n-gram lookup; "eagle-tree" drafting the
-    shipped static tree, profiler/draft_tree.py) or "model:<shape name>".
+    shipped static tree, profiler/tree_layout.py) or "model:<shape name>".
 
     "model:<name>" uses `draft_model` if given, else random weights (`seed`) of the shape named in
     `shapes` or the catalog, on the target's dtype and device (random weights: for timing and for
@@ -148,9 +148,9 @@ def make_drafter(
         return QuantDrafter(target, int(arg))
     base, at, weights = kind.partition("@")
     if base in ("eagle", "eagle+ngram", "eagle-tree"):
-        from profiler.draft_tree import SHIPPED_TREE
         from profiler.eagle import load_head
         from profiler.eagle_drafter import EagleDrafter
+        from profiler.tree_layout import SHIPPED_TREE
         from simulator.draft_tree import load_tree
 
         if at and weights != "int8":

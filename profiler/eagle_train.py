@@ -435,7 +435,7 @@ def eagle_runs(head: EagleHead, target: LlamaModel, prompt: Sequence[int], outpu
     lookup's token wherever it matched a suffix of >= `lookup_min_match` tokens of the true
     history before s (the live chain's history while its drafts match), else the head's.
 
-    With a draft `tree` (profiler/draft_tree.py) the run is how deep the tree follows the
+    With a draft `tree` (profiler/tree_layout.py) the run is how deep the tree follows the
     target's greedy path: the rank of the true token under the head's distribution at each
     depth (the chain fed the true tokens, as the tree's node on that path is) names the path.
     """

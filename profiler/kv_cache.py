@@ -111,7 +111,7 @@ class KVCache:
 @dataclass(frozen=True)
 class RowLayout:
     """Where one request's new tokens sit when they are not a run of consecutive positions: a
-    draft tree's nodes (profiler/draft_tree.py) share positions (siblings) and each sees only
+    draft tree's nodes (profiler/tree_layout.py) share positions (siblings) and each sees only
     its ancestors. `positions` [n] absolute, `mask` [n, cached + n] bool (True = attend), `end`
     one past the largest position (known to whoever lays the tree out: no device read)."""
 

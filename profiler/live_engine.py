@@ -15,7 +15,7 @@ so that `validate` compares like with like. The scheduler is the same, rule for 
   iteration ends.
 - Otherwise one decode iteration: the policy chooses k per running request, the drafter drafts
   (the policy's stop rule may cut chains), one verify pass, greedy acceptance or, at a
-  temperature > 0, rejection sampling with a seeded generator (speculate.py),
+  temperature > 0, rejection sampling with a seeded generator (verify.py),
   the policy observes the outcomes, and requests that reached their max tokens finish.
 With chunked prefill (`scheduler.chunked_prefill`) every iteration is a mixed one: decode
 steps and prompt chunks in one target pass (live_mixed.py). Records have the simulator's schema

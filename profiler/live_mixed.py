@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from profiler.draft_base import DraftChain
-from profiler.speculate import FedPass, verify_layouts, verify_tokens
+from profiler.verify import FedPass, verify_layouts, verify_tokens
 from simulator.draft_feed import FIRST_FEED
 
 if TYPE_CHECKING:

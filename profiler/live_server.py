@@ -23,7 +23,7 @@ from profiler.live_request import EngineClock, LiveRequest
 from profiler.model import greedy_tokens
 from profiler.pass_timer import PassTimer
 from profiler.replay import ReplayScript, verify_replay
-from profiler.speculate import (
+from profiler.verify import (
     PROB_SIGNALS,
     FedPass,
     Verified,

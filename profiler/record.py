@@ -290,7 +290,7 @@ def record_outputs(
     teacher-forced draft pass (argmax, top-1, entropy) and, with `want_kl`, one target pass
     for KL and the acceptance probability sum min(p, q).
     """
-    from profiler.speculate import distribution_signals
+    from profiler.verify import distribution_signals
 
     prompt, output = [int(t) for t in prompt], [int(t) for t in output]
     n, device = len(output), target.config.device
@@ -337,7 +337,7 @@ def _eagle_record(target: LlamaModel, drafter, prompt: list[int], output: list[i
     target's distributions; every position's chain runs batched (`eagle_train.eagle_runs`, equal
     to the live drafter's chains); signals from the first draft's distribution, as live."""
     from profiler.eagle_train import eagle_runs
-    from profiler.speculate import distribution_signals
+    from profiler.verify import distribution_signals
 
     hidden = target([sequence], [target.new_cache(len(sequence))], logits="hidden")[0]
     scale = temperature if temperature > 0 else 1.0

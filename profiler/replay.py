@@ -34,7 +34,7 @@ import torch
 from profiler.draft_base import DraftChain, Drafter, StopRule
 from profiler.kv_cache import KVCache
 from profiler.model import LlamaModel, greedy_tokens
-from profiler.speculate import FedPass, Verified, _verify_pass
+from profiler.verify import FedPass, Verified, _verify_pass
 from simulator.acceptance import replay_for
 from simulator.draft_feed import FIRST_FEED, next_feed
 from traces import SpeculationTrace, Workload

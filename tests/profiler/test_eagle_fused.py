@@ -57,7 +57,7 @@ def test_the_target_hands_out_its_feature_layers_before_the_last():
     assert torch.equal(wide[:, TINY.hidden :], last)
     assert torch.equal(wide[:, : TINY.hidden], first)
     assert not torch.equal(first, last)
-    # the engine reads logits off rows it concatenated (`speculate.py`): the same bits either way
+    # the engine reads logits off rows it concatenated (`verify.py`): the same bits either way
     torch.testing.assert_close(
         tapped.logits_of(torch.cat([wide])), plain.logits_of(torch.cat([last])), rtol=0, atol=0
     )

@@ -20,7 +20,7 @@ from policies import make_policy  # noqa: E402
 from profiler.drafters import make_drafter  # noqa: E402
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
-from profiler.speculate import verify_sampling  # noqa: E402
+from profiler.verify import verify_sampling  # noqa: E402
 from simulator import ConfigError, SchedulerConfig, StepCostModel  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from traces import Workload  # noqa: E402

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 
 from support.tiny_models import TINY, sharpened  # noqa: E402
 
-from profiler.draft_tree import accepted_path, tree_layout  # noqa: E402
 from profiler.kv_cache import KVCache  # noqa: E402
 from profiler.model import LlamaModel, config_for  # noqa: E402
+from profiler.tree_layout import accepted_path, tree_layout  # noqa: E402
 from simulator.draft_tree import (  # noqa: E402
     TreeShape,
     build_tree,

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from profiler.draft_base import DraftChain
-from profiler.draft_tree import accepted_path, first_child, tree_layout
 from profiler.kv_cache import KVCache, RowLayout
 from profiler.model import LlamaModel, greedy_tokens
+from profiler.tree_layout import accepted_path, first_child, tree_layout
 
 CLAMP = 1e-8
 PROB_SIGNALS = frozenset({"kl", "accept_prob"})  # need the draft's whole distribution
@@ -127,7 +127,7 @@ def verify_greedy(
 def _verify_tree(cache: KVCache, start: int, chain: DraftChain, rows: torch.Tensor,
                  best: list[int], room: int, signals: frozenset[str],
                  hidden: torch.Tensor | None) -> Verified:
-    """Greedy verification of one draft tree: the accepted path (`draft_tree.accepted_path`),
+    """Greedy verification of one draft tree: the accepted path (`tree_layout.accepted_path`),
     its rows moved together in the cache, and the signals of the path read as a chain."""
     path = accepted_path(chain.parents, chain.tokens, best)
     fed_rows = [0, *(1 + j for j in path)]  # the root and the accepted nodes
