@@ -167,9 +167,10 @@ class LiveEngine:
         steps = server.serve()
         pass_s = np.asarray(server.pass_s, dtype=np.float64)
         req_df = server.log.frame(ids, prompt_tokens, output_tokens)
-        rows = [(st.request_id, i, *entry) for st in requests for i, entry in enumerate(st.log)]
+        rows = [(request.request_id, i, *entry) for request in requests
+                for i, entry in enumerate(request.log)]
         decode_log = pd.DataFrame(rows, columns=list(DECODE_LOG_COLUMNS), dtype="int64")
-        outputs = tuple(tuple(st.output) for st in requests)
+        outputs = tuple(tuple(request.output) for request in requests)
         meta = self._meta(workload, realtime, time.perf_counter() - started)
         meta["virtual_time"] = virtual_time
         return LiveResult(req_df, steps, outputs, decode_log, meta, pass_s)

@@ -32,28 +32,28 @@ Chunk = tuple["LiveRequest", int, int]  # (request, tokens in this chunk, tokens
 
 def plan_chunks(server: LiveServer, decode_tokens: int, now: float) -> list[Chunk]:
     """This iteration's prompt chunks, admitting waiting requests into what the budget leaves."""
-    budget = max(0, server.sched.max_batched_tokens - decode_tokens)
+    budget = max(0, server.scheduler.max_batched_tokens - decode_tokens)
     chunks: list[Chunk] = []
-    for st in server.prefilling:
+    for request in server.prefilling:
         if budget == 0:
             break
-        n = min(st.prompt_tokens - st.prefilled, budget)
-        chunks.append((st, n, st.prefilled))
+        n = min(request.prompt_tokens - request.prefilled, budget)
+        chunks.append((request, n, request.prefilled))
         budget -= n
     target = server.engine.target
     while server.waiting and budget > 0:
-        st = server.waiting[0]
-        if len(server.running) + len(server.prefilling) >= server.sched.max_num_seqs:
+        request = server.waiting[0]
+        if len(server.running) + len(server.prefilling) >= server.scheduler.max_num_seqs:
             break
-        if server.kv_used + st.reserve > server.capacity:
+        if server.kv_used + request.reserve > server.capacity:
             break
         server.waiting.popleft()
-        server.kv_used += st.reserve
-        server.log.admitted_s[st.index] = now
-        st.cache = target.new_cache(st.reserve + 1)
-        server.prefilling.append(st)
-        n = min(st.prompt_tokens, budget)
-        chunks.append((st, n, 0))
+        server.kv_used += request.reserve
+        server.log.admitted_s[request.index] = now
+        request.cache = target.new_cache(request.reserve + 1)
+        server.prefilling.append(request)
+        n = min(request.prompt_tokens, budget)
+        chunks.append((request, n, 0))
         budget -= n
     return chunks
 
@@ -67,10 +67,10 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     chunks = plan_chunks(server, sum(len(c) + 1 for c in chains), start)  # tokens verified
     waiting, kv = len(server.waiting), server.kv_used
     held = waiting + len(server.prefilling) + len(batch)
-    cached = [st.context_tokens - 1 for st in batch]
+    cached = [request.context_tokens - 1 for request in batch]
     fed, chunk_out = _mixed_pass(server, batch, chains, chunks)
     results = server._verify(batch, chains, fed) if batch else []
-    outcomes = [server._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
+    outcomes = [server._apply(request, k, res) for request, k, res in zip(batch, ks, results)]
     done = _complete_prompts(server, chunks, chunk_out)
     n_tokens = sum(n for _, n, _ in chunks)
     prompt_cached = sum(c for _, _, c in chunks)
@@ -85,10 +85,10 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     row = (0, start, end - start, len(batch), len(chunks), n_tokens, sum(drafted),
            max(drafted, default=0), accepted, emitted, waiting, held, kv)
     server.steps.add(*row)
-    for st in done:
-        server.prefilling.remove(st)
-        server.log.first_token_s[st.index] = end
-        server.running.append(st)
+    for request in done:
+        server.prefilling.remove(request)
+        server.log.first_token_s[request.index] = end
+        server.running.append(request)
     server._finish_done(end)
 
 
@@ -101,11 +101,11 @@ def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[Draft
     if not chunks:
         return None, []
     target, device = server.engine.target, server.engine.device
-    tokens = verify_tokens([st.tokens[-1] for st in batch], chains, device)
-    tokens += [torch.tensor(st.tokens[c : c + n], dtype=torch.int64, device=device)
-               for st, n, c in chunks]
-    starts = [st.cache.length for st in batch]
-    caches = [st.cache for st in batch] + [st.cache for st, _, _ in chunks]
+    tokens = verify_tokens([request.tokens[-1] for request in batch], chains, device)
+    tokens += [torch.tensor(request.tokens[c : c + n], dtype=torch.int64, device=device)
+               for request, n, c in chunks]
+    starts = [request.cache.length for request in batch]
+    caches = [request.cache for request in batch] + [request.cache for request, _, _ in chunks]
     want = server.drafter.needs_hidden
     modes = ["all"] * len(batch) + ["last"] * len(chunks)
     layouts = verify_layouts(chains, caches[: len(batch)], device)
@@ -125,27 +125,28 @@ def _complete_prompts(server: LiveServer, chunks: list[Chunk],
     """Count the chunks; prompts that are now whole get their first token and their drafter
     state (inside the iteration: a draft model's prefill pass is part of its time)."""
     done, last_rows, prompt_hidden = [], [], []
-    for (st, n, _), (last, rows) in zip(chunks, chunk_out):
-        st.prefilled += n
+    for (request, n, _), (last, rows) in zip(chunks, chunk_out):
+        request.prefilled += n
         if server.drafter.needs_hidden:
-            st.prompt_hidden.append(rows)
-        if st.prefilled == st.prompt_tokens:
-            done.append(st)
+            request.prompt_hidden.append(rows)
+        if request.prefilled == request.prompt_tokens:
+            done.append(request)
             last_rows.append(last)
-            prompt_hidden.append(torch.cat(st.prompt_hidden) if st.prompt_hidden else None)
-            st.prompt_hidden = []
+            hidden = request.prompt_hidden
+            prompt_hidden.append(torch.cat(hidden) if hidden else None)
+            request.prompt_hidden = []
     if not done:
         return done
-    ids = [st.request_id for st in done]
-    server.drafter.start(ids, [list(st.tokens) for st in done])
+    ids = [request.request_id for request in done]
+    server.drafter.start(ids, [list(request.tokens) for request in done])
     if server.drafter.needs_hidden:
         server.drafter.observe_hidden(ids, prompt_hidden)
     if server.script is not None:
         firsts = [server.script.first_token(rid) for rid in ids]
     else:
         firsts = server._first_tokens(torch.cat(last_rows))
-    for st, token in zip(done, firsts):
-        st.tokens.append(token)
-        st.generated = 1
-        st.draft_feed = FIRST_FEED
+    for request, token in zip(done, firsts):
+        request.tokens.append(token)
+        request.generated = 1
+        request.draft_feed = FIRST_FEED
     return done

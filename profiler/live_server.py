@@ -48,7 +48,7 @@ class LiveServer:
         self.engine, self.policy, self.clock = engine, policy, clock
         self.drafter = drafter if drafter is not None else engine.drafter
         self.script = script  # replay mode: the trace decides tokens and acceptance
-        self.sched = engine.scheduler
+        self.scheduler = engine.scheduler
         self.capacity = engine.kv_capacity_tokens
         self.observes = type(policy).observe is not Policy.observe
         self.signals = frozenset(type(policy).signals)
@@ -62,9 +62,9 @@ class LiveServer:
         self.log = RequestLog(len(requests))
         self.pass_s: list[float] = []  # per step: seconds inside forward passes (CPU)
         self.generator = torch.Generator(device=engine.device).manual_seed(engine.seed)
-        for st in requests:
-            st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max
-            self.log.replica[st.index] = 0
+        for request in requests:
+            request.reserve = request.prompt_tokens + request.output_tokens + self.scheduler.k_max
+            self.log.replica[request.index] = 0
 
     def serve(self) -> pd.DataFrame:
         """Run until every request has finished; the per-step records."""
@@ -84,7 +84,7 @@ class LiveServer:
                 self.clock.wait_until(self.pending[0].arrival_s)
                 continue
             start = self.clock.now()
-            if self.sched.chunked_prefill:
+            if self.scheduler.chunked_prefill:
                 mixed_iteration(self, start)
                 self.pass_s.append(timer.take())
                 continue
@@ -100,26 +100,27 @@ class LiveServer:
     def _arrive(self) -> None:
         now = self.clock.now()
         while self.pending and self.pending[0].arrival_s <= now:
-            st = self.pending.popleft()
-            self.log.arrival_s[st.index] = st.arrival_s
-            self.waiting.append(st)
+            request = self.pending.popleft()
+            self.log.arrival_s[request.index] = request.arrival_s
+            self.waiting.append(request)
 
     def _admit(self, now: float) -> list[LiveRequest]:
         """FCFS while the batch cap, the KV reservation and the prompt-token budget allow."""
         admitted: list[LiveRequest] = []
-        budget = self.sched.max_batched_tokens or np.inf
+        budget = self.scheduler.max_batched_tokens or np.inf
         used = 0
         while self.waiting:
-            st = self.waiting[0]
-            if len(self.running) + len(admitted) >= self.sched.max_num_seqs:
+            request = self.waiting[0]
+            if len(self.running) + len(admitted) >= self.scheduler.max_num_seqs:
                 break
-            if self.kv_used + st.reserve > self.capacity or used + st.prompt_tokens > budget:
+            if (self.kv_used + request.reserve > self.capacity
+                    or used + request.prompt_tokens > budget):
                 break
             self.waiting.popleft()
-            self.kv_used += st.reserve
-            self.log.admitted_s[st.index] = now
-            used += st.prompt_tokens
-            admitted.append(st)
+            self.kv_used += request.reserve
+            self.log.admitted_s[request.index] = now
+            used += request.prompt_tokens
+            admitted.append(request)
         return admitted
 
     # -- iterations ----------------------------------------------------------------------------
@@ -129,34 +130,35 @@ class LiveServer:
         waiting, kv = len(self.waiting), self.kv_used
         held = waiting + len(admitted) + len(self.running)
         target, device = self.engine.target, self.engine.device
-        for st in admitted:
-            st.cache = target.new_cache(st.reserve + 1)
-        prompts = [torch.tensor(st.tokens, dtype=torch.int64, device=device) for st in admitted]
-        caches = [st.cache for st in admitted]
-        ids, prompt_tokens = [st.request_id for st in admitted], [len(p) for p in prompts]
+        for request in admitted:
+            request.cache = target.new_cache(request.reserve + 1)
+        prompts = [torch.tensor(request.tokens, dtype=torch.int64, device=device)
+                   for request in admitted]
+        caches = [request.cache for request in admitted]
+        ids, prompt_tokens = [request.request_id for request in admitted], [len(p) for p in prompts]
         drafter = self.drafter
         if drafter.needs_hidden:
             logits, hidden = target(prompts, caches, logits="last", features=True)
         else:
             logits = target(prompts, caches, logits="last")
-        drafter.start(ids, [list(st.tokens) for st in admitted])
+        drafter.start(ids, [list(request.tokens) for request in admitted])
         if drafter.needs_hidden:
             drafter.observe_hidden(ids, hidden)
         if self.script is not None:
             firsts = [self.script.first_token(rid) for rid in ids]
         else:
             firsts = self._first_tokens(torch.cat(logits))
-        for st, token in zip(admitted, firsts):
-            st.tokens.append(token)
-            st.generated = 1
-            st.draft_feed = FIRST_FEED
+        for request, token in zip(admitted, firsts):
+            request.tokens.append(token)
+            request.generated = 1
+            request.draft_feed = FIRST_FEED
         end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
         self.step_index += 1
         row = (0, start, end - start, 0, len(admitted), sum(prompt_tokens), 0, 0, 0, 0)
         self.steps.add(*row, waiting, held, kv)
-        for st in admitted:
-            self.log.first_token_s[st.index] = end
-            self.running.append(st)
+        for request in admitted:
+            self.log.first_token_s[request.index] = end
+            self.running.append(request)
         self._finish_done(end)
 
     def _decode(self, start: float) -> None:
@@ -164,10 +166,11 @@ class LiveServer:
         batch = list(self.running)
         ks = self._choose(batch)
         waiting, held, kv = len(self.waiting), len(self.waiting) + len(batch), self.kv_used
-        cached = [st.context_tokens - 1 for st in batch]  # before the step, as the simulator's
+        # before the step, as the simulator's
+        cached = [request.context_tokens - 1 for request in batch]
         chains = self._draft(batch, ks)
         results = self._verify(batch, chains)
-        outcomes = [self._apply(st, k, res) for st, k, res in zip(batch, ks, results)]
+        outcomes = [self._apply(request, k, res) for request, k, res in zip(batch, ks, results)]
         drafted = [res.drafted for res in results]
         feeds = [chain.fed for chain in chains]
         end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached, feeds=feeds))
@@ -182,20 +185,21 @@ class LiveServer:
     def _draft(self, batch: list[LiveRequest], ks: list[int]) -> list[DraftChain]:
         """Draft chains (cut by the policy's stop rule); `_verify` checks them in one pass."""
         keep_probs = bool(self.signals & PROB_SIGNALS) and not self.drafter.model_free
-        ids, histories = [st.request_id for st in batch], [st.tokens for st in batch]
+        ids = [request.request_id for request in batch]
+        histories = [request.tokens for request in batch]
         return self.drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
 
     def _verify(self, batch: list[LiveRequest], chains: list[DraftChain],
                 fed: FedPass | None = None) -> list[Verified]:
         """Verify (greedy, sampling or replay) the chains; `fed`: their pass, if already run."""
         drafter, target = self.drafter, self.engine.target
-        ids = [st.request_id for st in batch]
-        caches = [st.cache for st in batch]
-        lasts = [st.tokens[-1] for st in batch]
-        room = [st.output_tokens - st.generated for st in batch]
+        ids = [request.request_id for request in batch]
+        caches = [request.cache for request in batch]
+        lasts = [request.tokens[-1] for request in batch]
+        room = [request.output_tokens - request.generated for request in batch]
         hidden = drafter.needs_hidden
         if self.script is not None:
-            positions = [st.generated for st in batch]
+            positions = [request.generated for request in batch]
             results = verify_replay(target, caches, lasts, chains, room, self.script, ids,
                                     positions, self.signals, hidden, fed)
         elif self.engine.temperature > 0:
@@ -216,20 +220,20 @@ class LiveServer:
         p = torch.softmax(logits.double() / self.engine.temperature, dim=-1)
         return torch.multinomial(p, 1, generator=self.generator).flatten().tolist()
 
-    def _apply(self, st: LiveRequest, k: int, res: Verified) -> DraftOutcome:
+    def _apply(self, request: LiveRequest, k: int, res: Verified) -> DraftOutcome:
         """Emit a request's tokens and count its step; what the policy is told of it."""
-        g = st.generated
-        st.tokens.extend(res.emitted)
-        st.generated = g + len(res.emitted)
-        st.steps += 1
-        st.drafted += res.drafted
-        st.accepted += res.accepted
-        st.draft_feed = next_feed(self.drafter.catch_up, st.draft_feed, res.drafted,
+        g = request.generated
+        request.tokens.extend(res.emitted)
+        request.generated = g + len(res.emitted)
+        request.steps += 1
+        request.drafted += res.drafted
+        request.accepted += res.accepted
+        request.draft_feed = next_feed(self.drafter.catch_up, request.draft_feed, res.drafted,
                                   len(res.emitted))
-        st.log.append((g, k, res.drafted, res.accepted, len(res.emitted)))
-        if st.cache.length > st.reserve:
-            raise RuntimeError(f"request {st.request_id} outgrew its KV reservation")
-        return DraftOutcome(st.request_id, res.drafted, res.accepted, len(res.emitted), g,
+        request.log.append((g, k, res.drafted, res.accepted, len(res.emitted)))
+        if request.cache.length > request.reserve:
+            raise RuntimeError(f"request {request.request_id} outgrew its KV reservation")
+        return DraftOutcome(request.request_id, res.drafted, res.accepted, len(res.emitted), g,
                             res.signals)
 
     # -- the policy --------------------------------------------------------------------------
@@ -240,7 +244,7 @@ class LiveServer:
             raise RuntimeError(
                 f"policy {self.policy.name!r} returned {len(ks)} k for {len(batch)} requests"
             )
-        k_max = self.sched.k_max
+        k_max = self.scheduler.k_max
         for k in ks:
             if not 0 <= k <= k_max:
                 raise ConfigError(
@@ -255,7 +259,7 @@ class LiveServer:
             replica=0,
             step_index=self.step_index,
             requests=batch,
-            k_max=self.sched.k_max,
+            k_max=self.scheduler.k_max,
             cost=self.engine.cost,
             kv_capacity_tokens=self.capacity,
             kv_free_tokens=self.capacity - self.kv_used,
@@ -279,16 +283,16 @@ class LiveServer:
 
     def _finish_done(self, now: float) -> None:
         keep = []
-        for st in self.running:
-            if st.generated < st.output_tokens:
-                keep.append(st)
+        for request in self.running:
+            if request.generated < request.output_tokens:
+                keep.append(request)
                 continue
-            self.log.finish_s[st.index] = now
-            self.log.steps[st.index] = st.steps
-            self.log.drafted[st.index] = st.drafted
-            self.log.accepted[st.index] = st.accepted
-            self.kv_used -= st.reserve
-            st.cache = None
-            self.drafter.finish(st.request_id)
-            self.policy.finish(st.request_id)
+            self.log.finish_s[request.index] = now
+            self.log.steps[request.index] = request.steps
+            self.log.drafted[request.index] = request.drafted
+            self.log.accepted[request.index] = request.accepted
+            self.kv_used -= request.reserve
+            request.cache = None
+            self.drafter.finish(request.request_id)
+            self.policy.finish(request.request_id)
         self.running = keep

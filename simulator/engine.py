@@ -47,12 +47,12 @@ class _Arrival(simpy.events.Event):
 
 def arrivals(env: simpy.Environment, states: list[RequestState], cluster: _Cluster):
     """The arrival process: each request reaches the router at its arrival time."""
-    for i, st in enumerate(states):
-        delay = st.arrival_s - env.now
+    for i, request in enumerate(states):
+        delay = request.arrival_s - env.now
         if delay > 0:
             yield _Arrival(env, delay)
         cluster.next_index = i + 1
-        cluster.route(i).submit(st)
+        cluster.route(i).submit(request)
 
 
 class _Cluster:

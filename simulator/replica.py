@@ -36,7 +36,7 @@ class Replica:
         self,
         env: simpy.Environment,
         index: int,
-        sched: SchedulerConfig,
+        scheduler: SchedulerConfig,
         kv_capacity_tokens: int,
         cost: StepCostModel,
         policy: Policy,
@@ -49,7 +49,7 @@ class Replica:
     ) -> None:
         self.env = env
         self.index = index
-        self.sched = sched
+        self.scheduler = scheduler
         self.kv_capacity = kv_capacity_tokens
         self.cost = cost
         self.policy_cost = policy_cost if policy_cost is not None else cost  # what policies see
@@ -79,12 +79,14 @@ class Replica:
         """Requests this replica holds (queued, prefilling, decoding): what a router balances."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
-    def submit(self, st: RequestState) -> None:
-        st.reserve = st.prompt_tokens + st.output_tokens + self.sched.k_max  # see check_fits
-        st.run = self.acceptance.run(st.index)
-        self.requests.replica[st.index] = self.index
-        self.requests.arrival_s[st.index] = self.env.now  # the clock's value: never after admission
-        self.waiting.append(st)
+    def submit(self, request: RequestState) -> None:
+        # see check_fits
+        request.reserve = request.prompt_tokens + request.output_tokens + self.scheduler.k_max
+        request.run = self.acceptance.run(request.index)
+        self.requests.replica[request.index] = self.index
+        # the clock's value: never after admission
+        self.requests.arrival_s[request.index] = self.env.now
+        self.waiting.append(request)
         if self._idle is not None:
             idle, self._idle = self._idle, None
             idle.succeed()
@@ -98,7 +100,7 @@ class Replica:
                 self._idle = env.event()
                 yield self._idle
                 continue
-            if self.sched.chunked_prefill:
+            if self.scheduler.chunked_prefill:
                 yield from self._mixed_iteration()
                 continue
             admitted = self._admit_whole()
@@ -113,35 +115,36 @@ class Replica:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def _fits(self, st: RequestState, in_batch: int) -> bool:
-        return in_batch < self.sched.max_num_seqs and self.kv_used + st.reserve <= self.kv_capacity
+    def _fits(self, request: RequestState, in_batch: int) -> bool:
+        return (in_batch < self.scheduler.max_num_seqs
+                and self.kv_used + request.reserve <= self.kv_capacity)
 
-    def _admit(self, st: RequestState) -> None:
-        self.kv_used += st.reserve
-        self.requests.admitted_s[st.index] = self.env.now
+    def _admit(self, request: RequestState) -> None:
+        self.kv_used += request.reserve
+        self.requests.admitted_s[request.index] = self.env.now
 
     def _admit_whole(self) -> list[RequestState]:
         """Whole-prompt admission (no chunking): FCFS while seqs, KV and token budget allow."""
         admitted: list[RequestState] = []
-        budget = self.sched.max_batched_tokens or np.inf
+        budget = self.scheduler.max_batched_tokens or np.inf
         used = 0
         while self.waiting:
-            st = self.waiting[0]
-            if not self._fits(st, len(self.running) + len(self.prefilling)):
+            request = self.waiting[0]
+            if not self._fits(request, len(self.running) + len(self.prefilling)):
                 break
-            if used + st.prompt_tokens > budget:
+            if used + request.prompt_tokens > budget:
                 break
             self.waiting.popleft()
-            self._admit(st)
-            used += st.prompt_tokens
-            admitted.append(st)
-            self.prefilling.append(st)
+            self._admit(request)
+            used += request.prompt_tokens
+            admitted.append(request)
+            self.prefilling.append(request)
         return admitted
 
     # -- iterations ----------------------------------------------------------------------------
 
     def _prefill_iteration(self, admitted: list[RequestState]):
-        prompts = [st.prompt_tokens for st in admitted]
+        prompts = [request.prompt_tokens for request in admitted]
         duration = self.cost.prefill_s(prompts)
         start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
         yield self.env.timeout(duration)
@@ -149,34 +152,35 @@ class Replica:
         self.steps.add(self.index, start, duration, 0, len(admitted), sum(prompts), 0, 0, 0, 0,
                        waiting, held, kv)
         self.prefilling.clear()
-        for st in admitted:
-            st.prefilled = st.prompt_tokens
-            self._first_token(st)
+        for request in admitted:
+            request.prefilled = request.prompt_tokens
+            self._first_token(request)
         self._finish_done()
 
     def _mixed_iteration(self):
         """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
         decode = self.running
         ks = self._choose(decode) if decode else []
-        chunks = self._plan_chunks(self._verify_tokens(ks)) if self.sched.chunked_prefill else []
+        chunked = self.scheduler.chunked_prefill
+        chunks = self._plan_chunks(self._verify_tokens(ks)) if chunked else []
         start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
-        cached = [st.prompt_tokens + st.generated - 1 for st in decode]
+        cached = [request.prompt_tokens + request.generated - 1 for request in decode]
         chunk_tokens = sum(n for _, n, _ in chunks)
         duration = self.cost.iteration_s(
             ks, cached, len(chunks), chunk_tokens, sum(c for _, _, c in chunks),
             sum(n * c + n * (n + 1) // 2 for _, n, c in chunks),  # causal pairs of each chunk
-            [st.draft_feed for st in decode] if self.feeds else None,
+            [request.draft_feed for request in decode] if self.feeds else None,
         )
         yield self.env.timeout(duration)
         self.step_index += 1
         accepted, emitted = self._apply_decode(decode, ks) if decode else (0, 0)
         self.steps.add(self.index, start, duration, len(decode), len(chunks), chunk_tokens,
                        sum(ks), max(ks, default=0), accepted, emitted, waiting, held, kv)
-        for st, n, _ in chunks:
-            st.prefilled += n
-            if st.prefilled == st.prompt_tokens:
-                self.prefilling.remove(st)
-                self._first_token(st)
+        for request, n, _ in chunks:
+            request.prefilled += n
+            if request.prefilled == request.prompt_tokens:
+                self.prefilling.remove(request)
+                self._first_token(request)
         self._finish_done()
 
     def _verify_tokens(self, ks: list[int]) -> int:
@@ -187,23 +191,23 @@ class Replica:
 
     def _plan_chunks(self, decode_tokens: int) -> list[tuple[RequestState, int, int]]:
         """Prompt chunks for this iteration: (request, tokens, tokens already cached)."""
-        budget = max(0, self.sched.max_batched_tokens - decode_tokens)
+        budget = max(0, self.scheduler.max_batched_tokens - decode_tokens)
         chunks = []
-        for st in self.prefilling:
+        for request in self.prefilling:
             if budget == 0:
                 break
-            n = min(st.prompt_tokens - st.prefilled, budget)
-            chunks.append((st, n, st.prefilled))
+            n = min(request.prompt_tokens - request.prefilled, budget)
+            chunks.append((request, n, request.prefilled))
             budget -= n
         while self.waiting and budget > 0:
-            st = self.waiting[0]
-            if not self._fits(st, len(self.running) + len(self.prefilling)):
+            request = self.waiting[0]
+            if not self._fits(request, len(self.running) + len(self.prefilling)):
                 break
             self.waiting.popleft()
-            self._admit(st)
-            self.prefilling.append(st)
-            n = min(st.prompt_tokens, budget)
-            chunks.append((st, n, 0))
+            self._admit(request)
+            self.prefilling.append(request)
+            n = min(request.prompt_tokens, budget)
+            chunks.append((request, n, 0))
             budget -= n
         return chunks
 
@@ -213,7 +217,7 @@ class Replica:
         if len(ks) != len(batch):
             raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
                                f"{len(batch)} requests")
-        k_max = self.sched.k_max
+        k_max = self.scheduler.k_max
         for k in ks:
             if not 0 <= k <= k_max:
                 raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
@@ -221,18 +225,18 @@ class Replica:
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
         if self.acceptance.limits_proposals:  # the drafter proposes no more than it has
-            ks = [min(k, int(self.acceptance.proposable(st.index)[st.generated]))
-                  for st, k in zip(batch, ks)]
+            ks = [min(k, int(self.acceptance.proposable(request.index)[request.generated]))
+                  for request, k in zip(batch, ks)]
         return ks
 
     def _context(self, batch: Sequence[RequestState]) -> StepContext:
         lookahead = None
         if type(self.policy).simulation_only:
-            by_id = {st.request_id: st for st in batch}
+            by_id = {request.request_id: request for request in batch}
             lookahead = lambda rid: by_id[rid].run  # noqa: E731
         return StepContext(
             now_s=self.env.now, replica=self.index, step_index=self.step_index, requests=batch,
-            k_max=self.sched.k_max, cost=self.policy_cost, kv_capacity_tokens=self.kv_capacity,
+            k_max=self.scheduler.k_max, cost=self.policy_cost, kv_capacity_tokens=self.kv_capacity,
             kv_free_tokens=self.kv_capacity - self.kv_used, waiting=len(self.waiting),
             lookahead=lookahead,
         )
@@ -243,13 +247,13 @@ class Replica:
         The rule sees each token's signals from the trace (teacher-forced: exact while the
         chain matches the target, an approximation past its first mismatch)."""
         out = []
-        for st, k in zip(batch, ks):
-            top1 = self.acceptance.signal(st.index, "draft_top1")
-            ent = self.acceptance.signal(st.index, "draft_entropy")
-            last = st.output_tokens - 1
+        for request, k in zip(batch, ks):
+            top1 = self.acceptance.signal(request.index, "draft_top1")
+            ent = self.acceptance.signal(request.index, "draft_entropy")
+            last = request.output_tokens - 1
             for d in range(k):
-                t = min(st.generated + d, last)
-                if self.policy.stop_drafting(st, d, float(top1[t]), float(ent[t])):
+                t = min(request.generated + d, last)
+                if self.policy.stop_drafting(request, d, float(top1[t]), float(ent[t])):
                     k = d + 1
                     break
             out.append(k)
@@ -259,44 +263,44 @@ class Replica:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
-        for st, k in zip(batch, ks):
-            g = st.generated
-            acc = min(k, int(st.run[g])) if k else 0
-            emit = min(acc + 1, st.output_tokens - g)
-            st.generated = g + emit
-            st.steps += 1
-            st.drafted += k
+        for request, k in zip(batch, ks):
+            g = request.generated
+            acc = min(k, int(request.run[g])) if k else 0
+            emit = min(acc + 1, request.output_tokens - g)
+            request.generated = g + emit
+            request.steps += 1
+            request.drafted += k
             if self.feeds:
-                st.draft_feed = next_feed(self.catch_up, st.draft_feed, k, emit)
-            st.accepted += emit - 1
+                request.draft_feed = next_feed(self.catch_up, request.draft_feed, k, emit)
+            request.accepted += emit - 1
             total_acc += emit - 1
             total_emit += emit
             if outcomes is not None:  # accepted drafts past the request's end do not count
-                outcomes.append(self._outcome(st, g, k, emit - 1, emit))
+                outcomes.append(self._outcome(request, g, k, emit - 1, emit))
         if outcomes is not None:
             self.policy.observe(self._context(batch), outcomes)
         return total_acc, total_emit
 
-    def _outcome(self, st: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
+    def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
         """Signals only for positions a real engine observed: accepted drafts + first rejection."""
-        seen = min(acc + 1, k, st.output_tokens - g)
-        signals = {name: self.acceptance.signal(st.index, name)[g:g + seen]
+        seen = min(acc + 1, k, request.output_tokens - g)
+        signals = {name: self.acceptance.signal(request.index, name)[g:g + seen]
                    for name in type(self.policy).signals}
-        return DraftOutcome(st.request_id, k, acc, emit, g, signals)
+        return DraftOutcome(request.request_id, k, acc, emit, g, signals)
 
     # -- the fast path -----------------------------------------------------------------------
 
     def _decode_segment(self):
         """All decode iterations up to the next arrival or finish, costed at once."""
         batch = self.running
-        key = tuple(st.request_id for st in batch)
+        key = tuple(request.request_id for request in batch)
         if key != self._ks_for:
             self._ks, self._ks_for = self._choose(batch), key
         ks = self._ks
-        chains = [remaining_chain(st, k) for st, k in zip(batch, ks)]
+        chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
         n_steps = min(len(c) for c in chains) - 1
         gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
-        prompt = np.fromiter((st.prompt_tokens for st in batch), np.int64, len(batch))
+        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
         feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
         durations = np.atleast_1d(self.cost.iteration_s(
@@ -322,21 +326,21 @@ class Replica:
         self.steps.add_block(block)
         yield self.env.timeout(float(ends[n - 1]))
         self.step_index += n
-        for i, st in enumerate(batch):
-            before, after = st.generated, int(gen[i, n])
-            st.generated = after
-            st.steps += n
-            st.drafted += ks[i] * n
-            st.accepted += after - before - n
-            st.chain_at += n
+        for i, request in enumerate(batch):
+            before, after = request.generated, int(gen[i, n])
+            request.generated = after
+            request.steps += n
+            request.drafted += ks[i] * n
+            request.accepted += after - before - n
+            request.chain_at += n
             if feeds is not None:
-                st.draft_feed = int(feeds[i, n])
+                request.draft_feed = int(feeds[i, n])
         self._finish_done()
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
         """Each request's first-pass draft feed before each step of the segment, and after its
         last (requests x steps + 1); `gen`: tokens generated before each step."""
-        start = np.fromiter((st.draft_feed for st in batch), np.int64, len(batch))
+        start = np.fromiter((request.draft_feed for request in batch), np.int64, len(batch))
         feeds = np.empty(gen.shape, dtype=np.int64)
         feeds[:, 0] = start
         feeds[:, 1:] = chain_feed(self.catch_up, ks[:, None], gen[:, 1:] - gen[:, :-1])
@@ -347,32 +351,32 @@ class Replica:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _first_token(self, st: RequestState) -> None:
-        st.generated = 1
-        st.draft_feed = FIRST_FEED
-        self.requests.first_token_s[st.index] = self.env.now
-        self.running.append(st)
+    def _first_token(self, request: RequestState) -> None:
+        request.generated = 1
+        request.draft_feed = FIRST_FEED
+        self.requests.first_token_s[request.index] = self.env.now
+        self.running.append(request)
 
     def _finish_done(self) -> None:
-        if not any(st.generated >= st.output_tokens for st in self.running):
+        if not any(request.generated >= request.output_tokens for request in self.running):
             return
         keep = []
-        for st in self.running:
-            if st.generated < st.output_tokens:
-                keep.append(st)
+        for request in self.running:
+            if request.generated < request.output_tokens:
+                keep.append(request)
                 continue
             log = self.requests
-            log.finish_s[st.index] = self.env.now
-            log.steps[st.index] = st.steps
-            log.drafted[st.index] = st.drafted
-            log.accepted[st.index] = st.accepted
-            self.kv_used -= st.reserve
-            st.chain = None
-            self.policy.finish(st.request_id)
+            log.finish_s[request.index] = self.env.now
+            log.steps[request.index] = request.steps
+            log.drafted[request.index] = request.drafted
+            log.accepted[request.index] = request.accepted
+            self.kv_used -= request.reserve
+            request.chain = None
+            self.policy.finish(request.request_id)
         self.running = keep
 
 
-def check_fits(request_ids, prompt_tokens, output_tokens, sched: SchedulerConfig,
+def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerConfig,
                kv_capacity_tokens: int) -> None:
     """Refuse up front a workload with a request no replica could ever admit.
 
@@ -380,17 +384,17 @@ def check_fits(request_ids, prompt_tokens, output_tokens, sched: SchedulerConfig
     stands in for the max_tokens a real request declares); without chunked prefill its whole
     prompt must also fit one iteration's token budget.
     """
-    reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + sched.k_max
+    reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + scheduler.k_max
     worst = int(np.argmax(reserve))
     if reserve[worst] > kv_capacity_tokens:
         raise ConfigError(
             f"request {int(request_ids[worst])} needs {int(reserve[worst])} KV-cache tokens "
             f"(prompt {int(prompt_tokens[worst])} + output {int(output_tokens[worst])} + k_max "
-            f"{sched.k_max}) but a replica holds {kv_capacity_tokens}; use a GPU with more "
+            f"{scheduler.k_max}) but a replica holds {kv_capacity_tokens}; use a GPU with more "
             "memory or cap the lengths"
         )
-    budget = sched.max_batched_tokens
-    if budget is not None and not sched.chunked_prefill:
+    budget = scheduler.max_batched_tokens
+    if budget is not None and not scheduler.chunked_prefill:
         longest = int(np.argmax(prompt_tokens))
         if prompt_tokens[longest] > budget:
             raise ConfigError(

@@ -50,28 +50,28 @@ class RequestState:
         return self.prompt_tokens + self.generated
 
 
-def remaining_chain(st: RequestState, k: int) -> np.ndarray:
+def remaining_chain(request: RequestState, k: int) -> np.ndarray:
     """Tokens generated before each remaining step if the request drafts k every step.
 
     Step at g accepts min(k, run[g]) drafts and emits one more, cut at the request's length:
     g -> min(g + min(k, run[g]) + 1, N). The walk is cached on the request and reused while
     it keeps drafting the same k (the fast path resumes it segment after segment).
     """
-    if st.chain_k == k and st.chain is not None:
-        chain = st.chain[st.chain_at:]
-        if len(chain) and chain[0] == st.generated:
+    if request.chain_k == k and request.chain is not None:
+        chain = request.chain[request.chain_at:]
+        if len(chain) and chain[0] == request.generated:
             return chain
-    g0, n = st.generated, st.output_tokens
+    g0, n = request.generated, request.output_tokens
     if k == 0:
         chain = np.arange(g0, n + 1, dtype=np.int64)
     else:
         pos = np.arange(g0, n, dtype=np.int64)
-        nxt = np.minimum(pos + np.minimum(st.run[g0:n], k) + 1, n).tolist()
+        nxt = np.minimum(pos + np.minimum(request.run[g0:n], k) + 1, n).tolist()
         walk = [g0]
         p = g0
         while p < n:
             p = nxt[p - g0]
             walk.append(p)
         chain = np.asarray(walk, dtype=np.int64)
-    st.chain, st.chain_k, st.chain_at = chain, k, 0
+    request.chain, request.chain_k, request.chain_at = chain, k, 0
     return chain
