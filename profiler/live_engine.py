@@ -19,7 +19,7 @@ so that `validate` compares like with like. The scheduler is the same, rule for 
   the policy observes the outcomes, and requests that reached their max tokens finish.
 With chunked prefill (`scheduler.chunked_prefill`) every iteration is a mixed one: decode
 steps and prompt chunks in one target pass (live_mixed.py). Records have the simulator's schema
-(simulator/records.py) with measured wall-clock seconds: an iteration runs from the boundary
+(simulator/logs.py) with measured wall-clock seconds: an iteration runs from the boundary
 where it was scheduled (admission, the policy's choice and drafting count) to the moment its
 tokens are emitted; the policy's `observe` and the finishing bookkeeping come after, as in the
 simulator, where they take no time (microseconds here, in the gap before the next iteration).

@@ -32,7 +32,7 @@ from profiler.verify import (
 )
 from simulator.draft_feed import FIRST_FEED, next_feed
 from simulator.errors import ConfigError
-from simulator.records import RequestLog, StepLog
+from simulator.logs import RequestLog, StepLog
 
 if TYPE_CHECKING:
     from profiler.live_engine import LiveEngine

@@ -16,7 +16,7 @@ from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.draft_tree import TreeShape
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
-from simulator.records import RequestLog, StepLog
+from simulator.logs import RequestLog, StepLog
 from simulator.replica import Replica, check_fits
 from simulator.request import RequestState
 from simulator.step_cost import StepCostModel

@@ -24,7 +24,7 @@ from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import FIRST_FEED, chain_feed, next_feed
 from simulator.errors import ConfigError
-from simulator.records import STEP_INDEX, RequestLog, StepLog
+from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
 from simulator.step_cost import StepCostModel
 

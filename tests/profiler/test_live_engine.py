@@ -31,7 +31,7 @@ from profiler.model import LlamaModel, config_for  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from simulator.errors import ConfigError  # noqa: E402
-from simulator.records import REQUEST_COLUMNS, STEP_COLUMNS  # noqa: E402
+from simulator.logs import REQUEST_COLUMNS, STEP_COLUMNS  # noqa: E402
 from traces import Workload, run_from_matches  # noqa: E402
 
 TINY = ModelShape(

@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
+from simulator.logs import STEP_COLUMNS
 from simulator.metrics import Slo, distribution, latencies, summarize
-from simulator.records import STEP_COLUMNS
 
 
 def _requests():
