@@ -1,7 +1,8 @@
 """The live engine's iteration with chunked prefill: decode requests and prompt chunks share one
 target pass (Sarathi-style mixed batches, vLLM's default).
 
-Rule for rule simulator/replica.py's `_mixed_iteration` and `_plan_chunks`: the policy chooses
+The simulator's rules (simulator/scheduler.py, as simulator/replica.py's `_mixed_iteration`
+runs them): the policy chooses
 k for the running requests and they draft first; the token budget left after their k + 1 tokens
 each goes to the prompts being prefilled (oldest first), then to waiting requests admitted FCFS
 while the batch cap and the KV reservation allow; one target pass feeds every decode request's
@@ -21,7 +22,6 @@ import torch
 
 from profiler.draft_base import DraftChain
 from profiler.verify import FedPass, verify_layouts, verify_tokens
-from simulator.draft_feed import FIRST_FEED
 
 if TYPE_CHECKING:
     from profiler.live_request import LiveRequest
@@ -31,42 +31,25 @@ Chunk = tuple["LiveRequest", int, int]  # (request, tokens in this chunk, tokens
 
 
 def plan_chunks(server: LiveServer, decode_tokens: int, now: float) -> list[Chunk]:
-    """This iteration's prompt chunks, admitting waiting requests into what the budget leaves."""
-    budget = max(0, server.scheduler.max_batched_tokens - decode_tokens)
-    chunks: list[Chunk] = []
-    for request in server.prefilling:
-        if budget == 0:
-            break
-        n = min(request.prompt_tokens - request.prefilled, budget)
-        chunks.append((request, n, request.prefilled))
-        budget -= n
+    """This iteration's prompt chunks (the scheduler's plan), with a target cache for each
+    request it admitted."""
+    chunks = server.scheduler.plan_chunks(decode_tokens, now)
     target = server.engine.target
-    while server.waiting and budget > 0:
-        request = server.waiting[0]
-        if len(server.running) + len(server.prefilling) >= server.scheduler.max_num_seqs:
-            break
-        if server.kv_used + request.reserve > server.capacity:
-            break
-        server.waiting.popleft()
-        server.kv_used += request.reserve
-        server.log.admitted_s[request.index] = now
-        request.cache = target.new_cache(request.reserve + 1)
-        server.prefilling.append(request)
-        n = min(request.prompt_tokens, budget)
-        chunks.append((request, n, 0))
-        budget -= n
+    for request, _, cached in chunks:
+        if cached == 0 and request.cache is None:
+            request.cache = target.new_cache(request.reserve + 1)
     return chunks
 
 
 def mixed_iteration(server: LiveServer, start: float) -> None:
     """One iteration of decode steps and prompt chunks (see the module doc)."""
-    batch = list(server.running)
+    scheduler = server.scheduler
+    batch = list(scheduler.running)
     ks = server._choose(batch) if batch else []
     chains = server._draft(batch, ks) if batch else []
     drafted = [c.depth for c in chains]  # positions: a tree's depth, as the simulator's k
     chunks = plan_chunks(server, sum(len(c) + 1 for c in chains), start)  # tokens verified
-    waiting, kv = len(server.waiting), server.kv_used
-    held = waiting + len(server.prefilling) + len(batch)
+    waiting, held, kv = scheduler.snapshot()
     cached = [request.context_tokens - 1 for request in batch]
     fed, chunk_out = _mixed_pass(server, batch, chains, chunks)
     results = server._verify(batch, chains, fed) if batch else []
@@ -78,17 +61,14 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     feeds = [chain.fed for chain in chains]
     end = server._end(start, lambda: server.engine.cost.iteration_s(
         drafted, cached, len(chunks), n_tokens, prompt_cached, pairs, feeds))
-    server.step_index += 1
+    scheduler.step_index += 1
     if server.observes and batch:  # after the end, at the end's time, as in the simulator
         server.policy.observe(server._context(batch), outcomes)
     accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
     row = (0, start, end - start, len(batch), len(chunks), n_tokens, sum(drafted),
            max(drafted, default=0), accepted, emitted, waiting, held, kv)
     server.steps.add(*row)
-    for request in done:
-        server.prefilling.remove(request)
-        server.log.first_token_s[request.index] = end
-        server.running.append(request)
+    scheduler.start_decoding(done, end)
     server._finish_done(end)
 
 
@@ -147,6 +127,4 @@ def _complete_prompts(server: LiveServer, chunks: list[Chunk],
         firsts = server._first_tokens(torch.cat(last_rows))
     for request, token in zip(done, firsts):
         request.tokens.append(token)
-        request.generated = 1
-        request.draft_feed = FIRST_FEED
     return done

@@ -1,8 +1,9 @@
-"""The live engine's scheduler loop for one run: admission, prefill and decode iterations.
+"""The live engine's loop for one run: prefill and decode iterations with real passes.
 
-Mirrors simulator/replica.py (`Replica.serve`, `_admit_whole`, `_prefill_iteration`,
-`_mixed_iteration`, `_finish_done`; with chunked prefill, live_mixed.py) with real passes and
-a real clock; the records are written the same way, with the same values taken at the same
+Who is admitted, which prompt chunks run, the check of the policy's k and who finishes are the
+simulator's own rules (`simulator.scheduler.Scheduler`, which simulator/replica.py executes
+too); this module executes them with real forward passes and a real clock (with chunked
+prefill, live_mixed.py), and writes the same records with the same values taken at the same
 moments.
 """
 
@@ -12,7 +13,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -30,9 +30,9 @@ from profiler.verify import (
     verify_greedy,
     verify_sampling,
 )
-from simulator.draft_feed import FIRST_FEED, next_feed
-from simulator.errors import ConfigError
+from simulator.draft_feed import next_feed
 from simulator.logs import RequestLog, StepLog
+from simulator.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from profiler.live_engine import LiveEngine
@@ -48,22 +48,18 @@ class LiveServer:
         self.engine, self.policy, self.clock = engine, policy, clock
         self.drafter = drafter if drafter is not None else engine.drafter
         self.script = script  # replay mode: the trace decides tokens and acceptance
-        self.scheduler = engine.scheduler
-        self.capacity = engine.kv_capacity_tokens
+        self.config = engine.scheduler
         self.observes = type(policy).observe is not Policy.observe
         self.signals = frozenset(type(policy).signals)
         self.pending = deque(requests)  # not arrived yet
-        self.waiting: deque[LiveRequest] = deque()
-        self.prefilling: list[LiveRequest] = []  # admitted, prompt not whole yet (chunked)
-        self.running: list[LiveRequest] = []
-        self.kv_used = 0
-        self.step_index = 0
         self.steps = StepLog()
         self.log = RequestLog(len(requests))
+        # the rule book: queues, KV reservations, admission, chunks, k, finishing
+        self.scheduler = Scheduler(self.config, engine.kv_capacity_tokens, policy, self.log,
+                                   engine.cost)
         self.pass_s: list[float] = []  # per step: seconds inside forward passes (CPU)
         self.generator = torch.Generator(device=engine.device).manual_seed(engine.seed)
         for request in requests:
-            request.reserve = request.prompt_tokens + request.output_tokens + self.scheduler.k_max
             self.log.replica[request.index] = 0
 
     def serve(self) -> pd.DataFrame:
@@ -78,20 +74,21 @@ class LiveServer:
         return self.steps.frame()
 
     def _serve(self, timer: PassTimer) -> None:
-        while self.pending or self.waiting or self.prefilling or self.running:
+        scheduler = self.scheduler
+        while self.pending or scheduler.load:
             self._arrive()
-            if not (self.waiting or self.prefilling or self.running):
+            if not scheduler.load:
                 self.clock.wait_until(self.pending[0].arrival_s)
                 continue
             start = self.clock.now()
-            if self.scheduler.chunked_prefill:
+            if self.config.chunked_prefill:
                 mixed_iteration(self, start)
                 self.pass_s.append(timer.take())
                 continue
-            admitted = self._admit(start)
+            admitted = scheduler.admit_whole(start)
             if admitted:
                 self._prefill(admitted, start)
-            elif not self.running:
+            elif not scheduler.running:
                 raise RuntimeError("the engine holds requests it can neither admit nor run")
             else:
                 self._decode(start)
@@ -102,33 +99,13 @@ class LiveServer:
         while self.pending and self.pending[0].arrival_s <= now:
             request = self.pending.popleft()
             self.log.arrival_s[request.index] = request.arrival_s
-            self.waiting.append(request)
-
-    def _admit(self, now: float) -> list[LiveRequest]:
-        """FCFS while the batch cap, the KV reservation and the prompt-token budget allow."""
-        admitted: list[LiveRequest] = []
-        budget = self.scheduler.max_batched_tokens or np.inf
-        used = 0
-        while self.waiting:
-            request = self.waiting[0]
-            if len(self.running) + len(admitted) >= self.scheduler.max_num_seqs:
-                break
-            if (self.kv_used + request.reserve > self.capacity
-                    or used + request.prompt_tokens > budget):
-                break
-            self.waiting.popleft()
-            self.kv_used += request.reserve
-            self.log.admitted_s[request.index] = now
-            used += request.prompt_tokens
-            admitted.append(request)
-        return admitted
+            self.scheduler.add(request)
 
     # -- iterations ----------------------------------------------------------------------------
 
     def _prefill(self, admitted: list[LiveRequest], start: float) -> None:
         """Prefill the new prompts (target and model drafter); their first tokens end it."""
-        waiting, kv = len(self.waiting), self.kv_used
-        held = waiting + len(admitted) + len(self.running)
+        waiting, held, kv = self.scheduler.snapshot()
         target, device = self.engine.target, self.engine.device
         for request in admitted:
             request.cache = target.new_cache(request.reserve + 1)
@@ -150,22 +127,18 @@ class LiveServer:
             firsts = self._first_tokens(torch.cat(logits))
         for request, token in zip(admitted, firsts):
             request.tokens.append(token)
-            request.generated = 1
-            request.draft_feed = FIRST_FEED
         end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
-        self.step_index += 1
+        self.scheduler.step_index += 1
         row = (0, start, end - start, 0, len(admitted), sum(prompt_tokens), 0, 0, 0, 0)
         self.steps.add(*row, waiting, held, kv)
-        for request in admitted:
-            self.log.first_token_s[request.index] = end
-            self.running.append(request)
+        self.scheduler.start_decoding(admitted, end)
         self._finish_done(end)
 
     def _decode(self, start: float) -> None:
         """One speculative step for every running request; the policy observes the outcomes."""
-        batch = list(self.running)
+        batch = list(self.scheduler.running)
         ks = self._choose(batch)
-        waiting, held, kv = len(self.waiting), len(self.waiting) + len(batch), self.kv_used
+        waiting, held, kv = self.scheduler.snapshot()
         # before the step, as the simulator's
         cached = [request.context_tokens - 1 for request in batch]
         chains = self._draft(batch, ks)
@@ -174,7 +147,7 @@ class LiveServer:
         drafted = [res.drafted for res in results]
         feeds = [chain.fed for chain in chains]
         end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached, feeds=feeds))
-        self.step_index += 1
+        self.scheduler.step_index += 1
         if self.observes:  # after the end, at the end's time, as in the simulator
             self.policy.observe(self._context(batch), outcomes)
         accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
@@ -239,32 +212,10 @@ class LiveServer:
     # -- the policy --------------------------------------------------------------------------
 
     def _choose(self, batch: list[LiveRequest]) -> list[int]:
-        ks = [int(k) for k in self.policy.choose(self._context(batch))]
-        if len(ks) != len(batch):
-            raise RuntimeError(
-                f"policy {self.policy.name!r} returned {len(ks)} k for {len(batch)} requests"
-            )
-        k_max = self.scheduler.k_max
-        for k in ks:
-            if not 0 <= k <= k_max:
-                raise ConfigError(
-                    f"policy {self.policy.name!r} chose k={k}, outside the "
-                    f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k"
-                )
-        return ks
+        return self.scheduler.choose(batch, self.clock.now())
 
     def _context(self, batch: list[LiveRequest]) -> StepContext:
-        return StepContext(
-            now_s=self.clock.now(),
-            replica=0,
-            step_index=self.step_index,
-            requests=batch,
-            k_max=self.scheduler.k_max,
-            cost=self.engine.cost,
-            kv_capacity_tokens=self.capacity,
-            kv_free_tokens=self.capacity - self.kv_used,
-            waiting=len(self.waiting),
-        )
+        return self.scheduler.context(batch, self.clock.now())
 
     def _stop_rule(self, batch: list[LiveRequest]) -> StopRule | None:
         if not type(self.policy).uses_draft_stop:
@@ -282,17 +233,6 @@ class LiveServer:
         return self.clock.end_iteration(start, cost_s)
 
     def _finish_done(self, now: float) -> None:
-        keep = []
-        for request in self.running:
-            if request.generated < request.output_tokens:
-                keep.append(request)
-                continue
-            self.log.finish_s[request.index] = now
-            self.log.steps[request.index] = request.steps
-            self.log.drafted[request.index] = request.drafted
-            self.log.accepted[request.index] = request.accepted
-            self.kv_used -= request.reserve
+        for request in self.scheduler.finish_done(now):
             request.cache = None
             self.drafter.finish(request.request_id)
-            self.policy.finish(request.request_id)
-        self.running = keep

@@ -13,19 +13,19 @@ that event at once with numpy. It produces the same records as iterating one ste
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import simpy
 
-from policies import DraftOutcome, Policy, StepContext, StepCost
+from policies import DraftOutcome, Policy, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
-from simulator.draft_feed import FIRST_FEED, chain_feed, next_feed
+from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
+from simulator.scheduler import Scheduler
 from simulator.step_cost import StepCostModel
 
 
@@ -49,10 +49,11 @@ class Replica:
     ) -> None:
         self.env = env
         self.index = index
-        self.scheduler = scheduler
-        self.kv_capacity = kv_capacity_tokens
+        self.config = scheduler
         self.cost = cost
-        self.policy_cost = policy_cost if policy_cost is not None else cost  # what policies see
+        # the rule book: queues, KV reservations, admission, chunks, k, finishing
+        self.scheduler = Scheduler(scheduler, kv_capacity_tokens, policy, requests,
+                                   policy_cost if policy_cost is not None else cost, index)
         self.catch_up = cost.latency.draft_catch_up
         self.feeds = cost.latency.has_draft_model  # a model-free drafter catches up for free
         self.policy = policy
@@ -65,11 +66,6 @@ class Replica:
         self.fast_path = (fast_path and type(policy).stateless_per_batch
                           and not acceptance.limits_proposals)
         self.observes = type(policy).observe is not Policy.observe
-        self.waiting: deque[RequestState] = deque()
-        self.prefilling: list[RequestState] = []
-        self.running: list[RequestState] = []
-        self.kv_used = 0
-        self.step_index = 0
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
         self._ks: list[int] = []
@@ -77,16 +73,14 @@ class Replica:
     @property
     def load(self) -> int:
         """Requests this replica holds (queued, prefilling, decoding): what a router balances."""
-        return len(self.waiting) + len(self.prefilling) + len(self.running)
+        return self.scheduler.load
 
     def submit(self, request: RequestState) -> None:
-        # see check_fits
-        request.reserve = request.prompt_tokens + request.output_tokens + self.scheduler.k_max
         request.run = self.acceptance.run(request.index)
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now
-        self.waiting.append(request)
+        self.scheduler.add(request)
         if self._idle is not None:
             idle, self._idle = self._idle, None
             idle.succeed()
@@ -94,76 +88,46 @@ class Replica:
     # -- the process -------------------------------------------------------------------------
 
     def serve(self):
-        env = self.env
+        env, scheduler = self.env, self.scheduler
         while True:
-            if not (self.waiting or self.prefilling or self.running):
+            if not scheduler.load:
                 self._idle = env.event()
                 yield self._idle
                 continue
-            if self.scheduler.chunked_prefill:
+            if self.config.chunked_prefill:
                 yield from self._mixed_iteration()
                 continue
-            admitted = self._admit_whole()
+            admitted = scheduler.admit_whole(env.now)
             if admitted:
                 yield from self._prefill_iteration(admitted)
-            elif not self.running:
+            elif not scheduler.running:
                 raise RuntimeError("replica holds requests it can neither admit nor run")
             elif self.fast_path:
                 yield from self._decode_segment()
             else:
                 yield from self._mixed_iteration()
 
-    # -- admission ---------------------------------------------------------------------------
-
-    def _fits(self, request: RequestState, in_batch: int) -> bool:
-        return (in_batch < self.scheduler.max_num_seqs
-                and self.kv_used + request.reserve <= self.kv_capacity)
-
-    def _admit(self, request: RequestState) -> None:
-        self.kv_used += request.reserve
-        self.requests.admitted_s[request.index] = self.env.now
-
-    def _admit_whole(self) -> list[RequestState]:
-        """Whole-prompt admission (no chunking): FCFS while seqs, KV and token budget allow."""
-        admitted: list[RequestState] = []
-        budget = self.scheduler.max_batched_tokens or np.inf
-        used = 0
-        while self.waiting:
-            request = self.waiting[0]
-            if not self._fits(request, len(self.running) + len(self.prefilling)):
-                break
-            if used + request.prompt_tokens > budget:
-                break
-            self.waiting.popleft()
-            self._admit(request)
-            used += request.prompt_tokens
-            admitted.append(request)
-            self.prefilling.append(request)
-        return admitted
-
     # -- iterations ----------------------------------------------------------------------------
 
     def _prefill_iteration(self, admitted: list[RequestState]):
         prompts = [request.prompt_tokens for request in admitted]
         duration = self.cost.prefill_s(prompts)
-        start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
+        start, (waiting, held, kv) = self.env.now, self.scheduler.snapshot()
         yield self.env.timeout(duration)
-        self.step_index += 1
+        self.scheduler.step_index += 1
         self.steps.add(self.index, start, duration, 0, len(admitted), sum(prompts), 0, 0, 0, 0,
                        waiting, held, kv)
-        self.prefilling.clear()
-        for request in admitted:
-            request.prefilled = request.prompt_tokens
-            self._first_token(request)
+        self.scheduler.start_decoding(admitted, self.env.now)
         self._finish_done()
 
     def _mixed_iteration(self):
         """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
-        decode = self.running
+        scheduler = self.scheduler
+        decode = scheduler.running
         ks = self._choose(decode) if decode else []
-        chunked = self.scheduler.chunked_prefill
-        chunks = self._plan_chunks(self._verify_tokens(ks)) if chunked else []
-        start, waiting, held, kv = self.env.now, len(self.waiting), self.load, self.kv_used
+        chunked = self.config.chunked_prefill
+        chunks = scheduler.plan_chunks(self._verify_tokens(ks), self.env.now) if chunked else []
+        start, (waiting, held, kv) = self.env.now, scheduler.snapshot()
         cached = [request.prompt_tokens + request.generated - 1 for request in decode]
         chunk_tokens = sum(n for _, n, _ in chunks)
         duration = self.cost.iteration_s(
@@ -172,15 +136,16 @@ class Replica:
             [request.draft_feed for request in decode] if self.feeds else None,
         )
         yield self.env.timeout(duration)
-        self.step_index += 1
+        scheduler.step_index += 1
         accepted, emitted = self._apply_decode(decode, ks) if decode else (0, 0)
         self.steps.add(self.index, start, duration, len(decode), len(chunks), chunk_tokens,
                        sum(ks), max(ks, default=0), accepted, emitted, waiting, held, kv)
+        whole = []
         for request, n, _ in chunks:
             request.prefilled += n
             if request.prefilled == request.prompt_tokens:
-                self.prefilling.remove(request)
-                self._first_token(request)
+                whole.append(request)
+        scheduler.start_decoding(whole, self.env.now)
         self._finish_done()
 
     def _verify_tokens(self, ks: list[int]) -> int:
@@ -189,57 +154,18 @@ class Replica:
         tree = self.cost.draft_tree
         return sum((k if tree is None else tree.draft_tokens(k)) + 1 for k in ks)
 
-    def _plan_chunks(self, decode_tokens: int) -> list[tuple[RequestState, int, int]]:
-        """Prompt chunks for this iteration: (request, tokens, tokens already cached)."""
-        budget = max(0, self.scheduler.max_batched_tokens - decode_tokens)
-        chunks = []
-        for request in self.prefilling:
-            if budget == 0:
-                break
-            n = min(request.prompt_tokens - request.prefilled, budget)
-            chunks.append((request, n, request.prefilled))
-            budget -= n
-        while self.waiting and budget > 0:
-            request = self.waiting[0]
-            if not self._fits(request, len(self.running) + len(self.prefilling)):
-                break
-            self.waiting.popleft()
-            self._admit(request)
-            self.prefilling.append(request)
-            n = min(request.prompt_tokens, budget)
-            chunks.append((request, n, 0))
-            budget -= n
-        return chunks
-
     def _choose(self, batch: list[RequestState]) -> list[int]:
-        ctx = self._context(batch)
-        ks = [int(k) for k in self.policy.choose(ctx)]
-        if len(ks) != len(batch):
-            raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
-                               f"{len(batch)} requests")
-        k_max = self.scheduler.k_max
-        for k in ks:
-            if not 0 <= k <= k_max:
-                raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
-                                  f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k")
+        lookahead = None
+        if type(self.policy).simulation_only:
+            by_id = {request.request_id: request for request in batch}
+            lookahead = lambda rid: by_id[rid].run  # noqa: E731
+        ks = self.scheduler.choose(batch, self.env.now, lookahead)
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
         if self.acceptance.limits_proposals:  # the drafter proposes no more than it has
             ks = [min(k, int(self.acceptance.proposable(request.index)[request.generated]))
                   for request, k in zip(batch, ks)]
         return ks
-
-    def _context(self, batch: Sequence[RequestState]) -> StepContext:
-        lookahead = None
-        if type(self.policy).simulation_only:
-            by_id = {request.request_id: request for request in batch}
-            lookahead = lambda rid: by_id[rid].run  # noqa: E731
-        return StepContext(
-            now_s=self.env.now, replica=self.index, step_index=self.step_index, requests=batch,
-            k_max=self.scheduler.k_max, cost=self.policy_cost, kv_capacity_tokens=self.kv_capacity,
-            kv_free_tokens=self.kv_capacity - self.kv_used, waiting=len(self.waiting),
-            lookahead=lookahead,
-        )
 
     def _draft_stop(self, batch: list[RequestState], ks: list[int]) -> list[int]:
         """Cut each chain after the draft token where the policy's stop rule fires.
@@ -278,7 +204,7 @@ class Replica:
             if outcomes is not None:  # accepted drafts past the request's end do not count
                 outcomes.append(self._outcome(request, g, k, emit - 1, emit))
         if outcomes is not None:
-            self.policy.observe(self._context(batch), outcomes)
+            self.policy.observe(self.scheduler.context(batch, self.env.now), outcomes)
         return total_acc, total_emit
 
     def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
@@ -292,7 +218,8 @@ class Replica:
 
     def _decode_segment(self):
         """All decode iterations up to the next arrival or finish, costed at once."""
-        batch = self.running
+        scheduler = self.scheduler
+        batch = scheduler.running
         key = tuple(request.request_id for request in batch)
         if key != self._ks_for:
             self._ks, self._ks_for = self._choose(batch), key
@@ -317,15 +244,14 @@ class Replica:
         emitted = tokens[1:] - tokens[:-1]
         block = np.empty((len(STEP_INDEX), n))
         block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
-                             int(k_arr.max()), 0, 0, len(self.waiting), self.load,
-                             self.kv_used))[:, None]
+                             int(k_arr.max()), 0, 0, *scheduler.snapshot()))[:, None]
         block[STEP_INDEX["start_s"], 1:] += ends[: n - 1]
         block[STEP_INDEX["duration_s"]] = durations[:n]
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
         yield self.env.timeout(float(ends[n - 1]))
-        self.step_index += n
+        scheduler.step_index += n
         for i, request in enumerate(batch):
             before, after = request.generated, int(gen[i, n])
             request.generated = after
@@ -351,29 +277,9 @@ class Replica:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _first_token(self, request: RequestState) -> None:
-        request.generated = 1
-        request.draft_feed = FIRST_FEED
-        self.requests.first_token_s[request.index] = self.env.now
-        self.running.append(request)
-
     def _finish_done(self) -> None:
-        if not any(request.generated >= request.output_tokens for request in self.running):
-            return
-        keep = []
-        for request in self.running:
-            if request.generated < request.output_tokens:
-                keep.append(request)
-                continue
-            log = self.requests
-            log.finish_s[request.index] = self.env.now
-            log.steps[request.index] = request.steps
-            log.drafted[request.index] = request.drafted
-            log.accepted[request.index] = request.accepted
-            self.kv_used -= request.reserve
+        for request in self.scheduler.finish_done(self.env.now):
             request.chain = None
-            self.policy.finish(request.request_id)
-        self.running = keep
 
 
 def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerConfig,

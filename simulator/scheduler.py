@@ -1,0 +1,176 @@
+"""One rule book for admission, prefill chunks, k and finishing, shared by the simulator's
+replicas and the live engine.
+
+The scheduler is pure bookkeeping, as in nano-vllm (an engine step is schedule -> run ->
+postprocess): it keeps the queues and the KV reservations, decides who is admitted and which
+prompt chunks run, checks the policy's k and builds what the policy sees, and retires finished
+requests. It knows no clock (callers pass `now`) and no torch: `simulator/replica.py` executes
+its plans with the cost model and replayed acceptance, `profiler/live_server.py` with real
+forward passes. Validation means something because both follow this one copy of the rules.
+
+The rules (FCFS with reservation): a request reserves prompt + output + k_max KV tokens on
+admission and keeps them until it finishes, so nothing is ever preempted; waiting requests are
+admitted in arrival order while the batch cap (`max_num_seqs`), the KV cache and the token
+budget allow, and the first that does not fit stops admission (no skipping ahead).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from policies import Policy, StepContext, StepCost
+from simulator.config import SchedulerConfig
+from simulator.draft_feed import FIRST_FEED
+from simulator.errors import ConfigError
+from simulator.logs import RequestLog
+
+#: a prompt chunk of one iteration: (request, tokens in this chunk, tokens already cached)
+Chunk = tuple[Any, int, int]
+
+
+class Scheduler:
+    """The queues and KV reservations of one replica, and the rules that move requests on.
+
+    Requests are any objects with the simulator's request fields (index, request_id,
+    prompt_tokens, output_tokens, generated, prefilled, reserve, steps, drafted, accepted,
+    draft_feed): `simulator.request.RequestState` and the live engine's `LiveRequest`."""
+
+    name = "fcfs-reserve"
+
+    def __init__(self, config: SchedulerConfig, kv_capacity_tokens: int, policy: Policy,
+                 log: RequestLog, cost: StepCost, replica: int = 0) -> None:
+        self.config = config
+        self.kv_capacity = kv_capacity_tokens
+        self.policy = policy
+        self.log = log
+        self.cost = cost  # the step cost model the policy reads
+        self.replica = replica
+        self.waiting: deque = deque()
+        self.prefilling: list = []  # admitted, prompt not whole yet
+        self.running: list = []
+        self.kv_used = 0
+        self.step_index = 0
+
+    @property
+    def load(self) -> int:
+        """Requests held (queued, prefilling, decoding): what a router balances."""
+        return len(self.waiting) + len(self.prefilling) + len(self.running)
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(waiting, held, KV tokens reserved): what a step's record keeps of its start."""
+        return len(self.waiting), self.load, self.kv_used
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def add(self, request) -> None:
+        """A request arrives: its KV reservation is fixed, and it waits (see check_fits)."""
+        request.reserve = request.prompt_tokens + request.output_tokens + self.config.k_max
+        self.waiting.append(request)
+
+    def _fits(self, request) -> bool:
+        return (len(self.running) + len(self.prefilling) < self.config.max_num_seqs
+                and self.kv_used + request.reserve <= self.kv_capacity)
+
+    def _admit(self, now: float) -> Any:
+        request = self.waiting.popleft()
+        self.kv_used += request.reserve
+        self.log.admitted_s[request.index] = now
+        self.prefilling.append(request)
+        return request
+
+    def admit_whole(self, now: float) -> list:
+        """Whole-prompt admission (no chunking): FCFS while seqs, KV and token budget allow;
+        the admitted prompts are prefilled in an iteration of their own."""
+        admitted: list = []
+        budget = self.config.max_batched_tokens or np.inf
+        used = 0
+        while self.waiting:
+            request = self.waiting[0]
+            if not self._fits(request) or used + request.prompt_tokens > budget:
+                break
+            used += request.prompt_tokens
+            admitted.append(self._admit(now))
+        return admitted
+
+    def plan_chunks(self, decode_tokens: int, now: float) -> list[Chunk]:
+        """Chunked prefill: the token budget left after the decode requests' verify tokens goes
+        to the prompts being prefilled (oldest first), then to waiting requests admitted FCFS
+        while the batch cap and the KV cache allow."""
+        budget = max(0, self.config.max_batched_tokens - decode_tokens)
+        chunks: list[Chunk] = []
+        for request in self.prefilling:
+            if budget == 0:
+                break
+            n = min(request.prompt_tokens - request.prefilled, budget)
+            chunks.append((request, n, request.prefilled))
+            budget -= n
+        while self.waiting and budget > 0 and self._fits(self.waiting[0]):
+            request = self._admit(now)
+            n = min(request.prompt_tokens, budget)
+            chunks.append((request, n, 0))
+            budget -= n
+        return chunks
+
+    def start_decoding(self, requests: Sequence, now: float) -> None:
+        """Prompts now whole: each emitted its first token at `now`, and decodes from here."""
+        done = {id(request) for request in requests}
+        self.prefilling = [request for request in self.prefilling if id(request) not in done]
+        for request in requests:
+            request.prefilled = request.prompt_tokens
+            request.generated = 1
+            request.draft_feed = FIRST_FEED
+            self.log.first_token_s[request.index] = now
+            self.running.append(request)
+
+    # -- the policy --------------------------------------------------------------------------
+
+    def context(self, batch: Sequence, now: float,
+                lookahead: Callable[[int], np.ndarray] | None = None) -> StepContext:
+        """What the policy sees of this step."""
+        return StepContext(
+            now_s=now, replica=self.replica, step_index=self.step_index, requests=batch,
+            k_max=self.config.k_max, cost=self.cost, kv_capacity_tokens=self.kv_capacity,
+            kv_free_tokens=self.kv_capacity - self.kv_used, waiting=len(self.waiting),
+            lookahead=lookahead,
+        )
+
+    def choose(self, batch: Sequence, now: float,
+               lookahead: Callable[[int], np.ndarray] | None = None) -> list[int]:
+        """The policy's k for every request of `batch`, checked against the engine's k_max."""
+        ks = [int(k) for k in self.policy.choose(self.context(batch, now, lookahead))]
+        if len(ks) != len(batch):
+            raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
+                               f"{len(batch)} requests")
+        k_max = self.config.k_max
+        for k in ks:
+            if not 0 <= k <= k_max:
+                raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
+                                  f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k")
+        return ks
+
+    # -- finishing ---------------------------------------------------------------------------
+
+    def finish_done(self, now: float) -> list:
+        """Retire the requests that reached their length: their records, their KV, the
+        policy's state of them. Returns them, for the executor's own clean-up."""
+        if not any(request.generated >= request.output_tokens for request in self.running):
+            return []
+        keep, done = [], []
+        log = self.log
+        for request in self.running:
+            if request.generated < request.output_tokens:
+                keep.append(request)
+                continue
+            log.finish_s[request.index] = now
+            log.steps[request.index] = request.steps
+            log.drafted[request.index] = request.drafted
+            log.accepted[request.index] = request.accepted
+            self.kv_used -= request.reserve
+            self.policy.finish(request.request_id)
+            done.append(request)
+        self.running = keep
+        return done
