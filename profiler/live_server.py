@@ -32,7 +32,7 @@ from profiler.verify import (
 )
 from simulator.draft_feed import next_feed
 from simulator.logs import RequestLog, StepLog
-from simulator.scheduler import Scheduler
+from simulator.scheduler import make_scheduler
 
 if TYPE_CHECKING:
     from profiler.live_engine import LiveEngine
@@ -55,8 +55,8 @@ class LiveServer:
         self.steps = StepLog()
         self.log = RequestLog(len(requests))
         # the rule book: queues, KV reservations, admission, chunks, k, finishing
-        self.scheduler = Scheduler(self.config, engine.kv_capacity_tokens, policy, self.log,
-                                   engine.cost)
+        self.scheduler = make_scheduler(self.config, engine.kv_capacity_tokens, policy, self.log,
+                                        engine.cost)
         self.pass_s: list[float] = []  # per step: seconds inside forward passes (CPU)
         self.generator = torch.Generator(device=engine.device).manual_seed(engine.seed)
         for request in requests:

@@ -44,8 +44,16 @@ class SchedulerConfig:
         metadata={"help": "KV-cache tokens per replica; unset: derived from GPU memory"},
     )
     k_max: int = field(default=10, metadata={"help": "hard cap on k; reserved as KV look-ahead"})
+    scheduler: str = field(default="fcfs-reserve", metadata={
+        "help": "the rules that admit, chunk and finish requests (simulator/scheduler.py's "
+                "registry): fcfs-reserve"})
 
     def __post_init__(self) -> None:
+        from simulator.scheduler import scheduler_names
+
+        if self.scheduler not in scheduler_names():
+            raise ConfigError(f"unknown scheduler {self.scheduler!r}; known: "
+                              f"{', '.join(scheduler_names())}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_batched_tokens is not None and self.max_batched_tokens < 1:

@@ -25,7 +25,7 @@ from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
-from simulator.scheduler import Scheduler
+from simulator.scheduler import make_scheduler
 from simulator.step_cost import StepCostModel
 
 
@@ -52,8 +52,9 @@ class Replica:
         self.config = scheduler
         self.cost = cost
         # the rule book: queues, KV reservations, admission, chunks, k, finishing
-        self.scheduler = Scheduler(scheduler, kv_capacity_tokens, policy, requests,
-                                   policy_cost if policy_cost is not None else cost, index)
+        self.scheduler = make_scheduler(scheduler, kv_capacity_tokens, policy, requests,
+                                        policy_cost if policy_cost is not None else cost,
+                                        index)
         self.catch_up = cost.latency.draft_catch_up
         self.feeds = cost.latency.has_draft_model  # a model-free drafter catches up for free
         self.policy = policy

@@ -32,6 +32,28 @@ from simulator.logs import RequestLog
 Chunk = tuple[Any, int, int]
 
 
+_SCHEDULERS: dict[str, type[Scheduler]] = {}
+
+
+def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
+    """Class decorator: make a scheduler selectable by its `name` (`--scheduler NAME`)."""
+    if cls.name in _SCHEDULERS and _SCHEDULERS[cls.name] is not cls:
+        raise TypeError(f"scheduler name {cls.name!r} is already registered")
+    _SCHEDULERS[cls.name] = cls
+    return cls
+
+
+def scheduler_names() -> list[str]:
+    return sorted(_SCHEDULERS)
+
+
+def make_scheduler(config: SchedulerConfig, kv_capacity_tokens: int, policy: Policy,
+                   log: RequestLog, cost: StepCost, replica: int = 0) -> Scheduler:
+    """The scheduler `config.scheduler` names, for one replica (or the live engine)."""
+    return _SCHEDULERS[config.scheduler](config, kv_capacity_tokens, policy, log, cost, replica)
+
+
+@register_scheduler
 class Scheduler:
     """The queues and KV reservations of one replica, and the rules that move requests on.
 
