@@ -45,37 +45,37 @@ def mixed_iteration(server: LiveServer, start: float) -> None:
     """One iteration of decode steps and prompt chunks (see the module doc)."""
     scheduler = server.scheduler
     batch = list(scheduler.running)
-    ks = server._choose(batch) if batch else []
-    chains = server._draft(batch, ks) if batch else []
+    ks = server.choose(batch) if batch else []
+    chains = server.draft(batch, ks) if batch else []
     drafted = [c.depth for c in chains]  # positions: a tree's depth, as the simulator's k
     chunks = plan_chunks(server, sum(len(c) + 1 for c in chains), start)  # tokens verified
     waiting, held, kv = scheduler.snapshot()
     cached = [request.context_tokens - 1 for request in batch]
     fed, chunk_out = _mixed_pass(server, batch, chains, chunks)
-    results = server._verify(batch, chains, fed) if batch else []
-    outcomes = [server._apply(request, k, res) for request, k, res in zip(batch, ks, results)]
+    results = server.verify(batch, chains, fed) if batch else []
+    outcomes = [server.apply(request, k, res) for request, k, res in zip(batch, ks, results)]
     done = _complete_prompts(server, chunks, chunk_out)
     n_tokens = sum(n for _, n, _ in chunks)
     prompt_cached = sum(c for _, _, c in chunks)
     pairs = sum(n * c + n * (n + 1) // 2 for _, n, c in chunks)
     feeds = [chain.fed for chain in chains]
-    end = server._end(start, lambda: server.engine.cost.iteration_s(
+    end = server.end_iteration(start, lambda: server.engine.cost.iteration_s(
         drafted, cached, len(chunks), n_tokens, prompt_cached, pairs, feeds))
     scheduler.step_index += 1
     if server.observes and batch:  # after the end, at the end's time, as in the simulator
-        server.policy.observe(server._context(batch), outcomes)
+        server.policy.observe(server.context(batch), outcomes)
     accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
     row = (0, start, end - start, len(batch), len(chunks), n_tokens, sum(drafted),
            max(drafted, default=0), accepted, emitted, waiting, held, kv)
     server.steps.add(*row)
     scheduler.start_decoding(done, end)
-    server._finish_done(end)
+    server.finish_done(end)
 
 
 def _mixed_pass(server: LiveServer, batch: list[LiveRequest], chains: list[DraftChain],
                 chunks: list[Chunk]) -> tuple[FedPass | None, list[tuple]]:
     """The one target pass over the decode requests' verify tokens and the prompt chunks: the
-    decode part as a verify pass's result (None without chunks: `_verify` runs its own pass),
+    decode part as a verify pass's result (None without chunks: `verify` runs its own pass),
     and per chunk its last row's logits and (for a drafter that reads them) its features. The
     logits come out of the pass itself, so the engine's pass time holds the LM head too."""
     if not chunks:
@@ -124,7 +124,7 @@ def _complete_prompts(server: LiveServer, chunks: list[Chunk],
     if server.script is not None:
         firsts = [server.script.first_token(rid) for rid in ids]
     else:
-        firsts = server._first_tokens(torch.cat(last_rows))
+        firsts = server.first_tokens(torch.cat(last_rows))
     for request, token in zip(done, firsts):
         request.tokens.append(token)
     return done

@@ -124,45 +124,46 @@ class LiveServer:
         if self.script is not None:
             firsts = [self.script.first_token(rid) for rid in ids]
         else:
-            firsts = self._first_tokens(torch.cat(logits))
+            firsts = self.first_tokens(torch.cat(logits))
         for request, token in zip(admitted, firsts):
             request.tokens.append(token)
-        end = self._end(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
+        end = self.end_iteration(start, lambda: self.engine.cost.prefill_s(prompt_tokens))
         self.scheduler.step_index += 1
         row = (0, start, end - start, 0, len(admitted), sum(prompt_tokens), 0, 0, 0, 0)
         self.steps.add(*row, waiting, held, kv)
         self.scheduler.start_decoding(admitted, end)
-        self._finish_done(end)
+        self.finish_done(end)
 
     def _decode(self, start: float) -> None:
         """One speculative step for every running request; the policy observes the outcomes."""
         batch = list(self.scheduler.running)
-        ks = self._choose(batch)
+        ks = self.choose(batch)
         waiting, held, kv = self.scheduler.snapshot()
         # before the step, as the simulator's
         cached = [request.context_tokens - 1 for request in batch]
-        chains = self._draft(batch, ks)
-        results = self._verify(batch, chains)
-        outcomes = [self._apply(request, k, res) for request, k, res in zip(batch, ks, results)]
+        chains = self.draft(batch, ks)
+        results = self.verify(batch, chains)
+        outcomes = [self.apply(request, k, res) for request, k, res in zip(batch, ks, results)]
         drafted = [res.drafted for res in results]
         feeds = [chain.fed for chain in chains]
-        end = self._end(start, lambda: self.engine.cost.iteration_s(drafted, cached, feeds=feeds))
+        cost = self.engine.cost
+        end = self.end_iteration(start, lambda: cost.iteration_s(drafted, cached, feeds=feeds))
         self.scheduler.step_index += 1
         if self.observes:  # after the end, at the end's time, as in the simulator
-            self.policy.observe(self._context(batch), outcomes)
+            self.policy.observe(self.context(batch), outcomes)
         accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
         row = (0, start, end - start, len(batch), 0, 0, sum(drafted), max(drafted))
         self.steps.add(*row, accepted, emitted, waiting, held, kv)
-        self._finish_done(end)
+        self.finish_done(end)
 
-    def _draft(self, batch: list[LiveRequest], ks: list[int]) -> list[DraftChain]:
-        """Draft chains (cut by the policy's stop rule); `_verify` checks them in one pass."""
+    def draft(self, batch: list[LiveRequest], ks: list[int]) -> list[DraftChain]:
+        """Draft chains (cut by the policy's stop rule); `verify` checks them in one pass."""
         keep_probs = bool(self.signals & PROB_SIGNALS) and not self.drafter.model_free
         ids = [request.request_id for request in batch]
         histories = [request.tokens for request in batch]
         return self.drafter.propose(ids, histories, ks, self._stop_rule(batch), keep_probs)
 
-    def _verify(self, batch: list[LiveRequest], chains: list[DraftChain],
+    def verify(self, batch: list[LiveRequest], chains: list[DraftChain],
                 fed: FedPass | None = None) -> list[Verified]:
         """Verify (greedy, sampling or replay) the chains; `fed`: their pass, if already run."""
         drafter, target = self.drafter, self.engine.target
@@ -186,14 +187,14 @@ class LiveServer:
             drafter.observe_hidden(ids, [res.hidden for res in results])
         return results
 
-    def _first_tokens(self, logits: torch.Tensor) -> list[int]:
+    def first_tokens(self, logits: torch.Tensor) -> list[int]:
         """The token each prefill emits: argmax, or a sample at the engine's temperature."""
         if self.engine.temperature <= 0:
             return greedy_tokens(logits).tolist()
         p = torch.softmax(logits.double() / self.engine.temperature, dim=-1)
         return torch.multinomial(p, 1, generator=self.generator).flatten().tolist()
 
-    def _apply(self, request: LiveRequest, k: int, res: Verified) -> DraftOutcome:
+    def apply(self, request: LiveRequest, k: int, res: Verified) -> DraftOutcome:
         """Emit a request's tokens and count its step; what the policy is told of it."""
         g = request.generated
         request.tokens.extend(res.emitted)
@@ -211,10 +212,10 @@ class LiveServer:
 
     # -- the policy --------------------------------------------------------------------------
 
-    def _choose(self, batch: list[LiveRequest]) -> list[int]:
+    def choose(self, batch: list[LiveRequest]) -> list[int]:
         return self.scheduler.choose(batch, self.clock.now())
 
-    def _context(self, batch: list[LiveRequest]) -> StepContext:
+    def context(self, batch: list[LiveRequest]) -> StepContext:
         return self.scheduler.context(batch, self.clock.now())
 
     def _stop_rule(self, batch: list[LiveRequest]) -> StopRule | None:
@@ -225,14 +226,14 @@ class LiveServer:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _end(self, start: float, cost_s: Callable[[], float]) -> float:
+    def end_iteration(self, start: float, cost_s: Callable[[], float]) -> float:
         """The clock once the device has finished this iteration's work (`cost_s`: the
         simulator's price of the iteration, which only a VirtualClock reads)."""
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
         return self.clock.end_iteration(start, cost_s)
 
-    def _finish_done(self, now: float) -> None:
+    def finish_done(self, now: float) -> None:
         for request in self.scheduler.finish_done(now):
             request.cache = None
             self.drafter.finish(request.request_id)
