@@ -29,23 +29,28 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies import make_policy
-from simulator import SchedulerConfig, Slo, simulate, summarize
+from simulator import SchedulerConfig
 from spectune.search import Candidate
 from spectune.simulate import (
     SYNTHETIC,
     SimulationSpec,
     build_acceptance,
     build_latency,
+    build_slo,
     build_workload,
+    load_trace,
+    trace_window,
 )
-from traces import SpeculationTrace, rescale_to_rate
+from traces import SpeculationTrace
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 #: the flat metrics kept per evaluation (seconds, tokens/s, counts)
 METRICS = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s",
@@ -190,11 +195,7 @@ def _whole_trace(workload: str):
 @functools.lru_cache(maxsize=4)
 def _load_trace(workload: str, digest: str | None):
     """(`digest` keys the cache only: an edited file is loaded again, not served from here.)"""
-    from traces import builtin_names, builtin_workload, load_workload
-
-    if workload in builtin_names():
-        return builtin_workload(workload)
-    return load_workload(workload)  # a file: trace workloads are built-in or files
+    return load_trace(workload)
 
 
 def _recording(name: str) -> SpeculationTrace | None:
@@ -219,8 +220,7 @@ def seeded_inputs(task: Task):
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(task.seed).spawn(3)]
     if scenario.workload not in SYNTHETIC:  # one window of the trace per seed, then the rate
         n = scenario.requests or 1000
-        whole = _whole_trace(scenario.workload)
-        workload = rescale_to_rate(whole.window(task.seed * n, n), task.rate)
+        workload = trace_window(_whole_trace(scenario.workload), n, task.rate, task.seed * n)
     else:
         workload = build_workload(scenario, rngs[0])
     latency, kv = build_latency(scenario, task.scheduler)
@@ -231,22 +231,19 @@ def seeded_inputs(task: Task):
         order = rngs[2].permutation(len(acceptance))
         acceptance = SpeculationTrace(tuple(acceptance.requests[i] for i in order),
                                       acceptance.meta)
-    return workload, latency, acceptance, kv, slo_of(scenario)
+    return workload, latency, acceptance, kv, build_slo(scenario)
 
 
 def evaluate(task: Task, keep_records: bool = False):
     """Simulate one task: its flat metrics (and the records when asked)."""
+    from policies import make_policy
+    from simulator import simulate, summarize
+
     workload, latency, acceptance, kv, slo = seeded_inputs(task)
     policy = make_policy(task.candidate.policy, task.candidate.params_dict)
     result = simulate(workload, latency, acceptance, policy, kv, task.scheduler)
     metrics = flat_metrics(summarize(result.requests, result.steps, slo))
     return (metrics, result) if keep_records else metrics
-
-
-def slo_of(scenario: SimulationSpec) -> Slo | None:
-    if scenario.slo_ttft is None and scenario.slo_tpot is None:
-        return None
-    return Slo(ttft_s=scenario.slo_ttft, tpot_s=scenario.slo_tpot)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -316,6 +313,9 @@ class Runner:
         workers ignore Ctrl-C (the parent handles it) and die with the parent (_worker_init)."""
         if self._pool is None:
             import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            import simulator.engine  # noqa: F401  (imported once here: the workers inherit it)
 
             seeded_inputs(first)  # fill the per-process caches before forking
             methods = multiprocessing.get_all_start_methods()

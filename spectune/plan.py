@@ -21,9 +21,9 @@ from pathlib import Path
 
 from simulator import ConfigError, SchedulerConfig, get_gpu
 from spectune.console import seconds
-from spectune.evaluate import Runner, Task, slo_of
+from spectune.evaluate import Runner, Task
 from spectune.search import Candidate
-from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
+from spectune.simulate import SYNTHETIC, SimulationSpec, build_slo, note_short_trace
 
 MAX_RATE = 4096.0
 MIN_RATE = 0.01  # below this a replica serves nothing useful: reported as no capacity
@@ -109,7 +109,7 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     k past a k_max the user did not set (`k_max_given`) runs with k_max = k."""
     from spectune.tune import scheduler_for
 
-    slo = slo_of(scenario)
+    slo = build_slo(scenario)
     if slo is None:
         raise ConfigError("plan needs an SLO: give --slo-ttft and/or --slo-tpot")
     started = time.perf_counter()
@@ -240,14 +240,15 @@ def _exact(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def add_plan_parser(sub) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     from spectune.flags import add_dataclass_flags
     from spectune.tune import SCENARIO_SHOWN, TUNE_SCENARIO
 
-    p = sub.add_parser("plan", help="maximum request rate per replica under SLOs; replicas",
-                       description="For each policy and hardware option: the highest request "
-                       "rate one replica sustains with the SLOs met (bisection over "
-                       "simulations), replicas for --target-rate and their cost.")
+    p = subparsers.add_parser(
+        "plan", help="maximum request rate per replica under SLOs; replicas",
+        description="For each policy and hardware option: the highest request rate one replica "
+        "sustains with the SLOs met (bisection over simulations), replicas for --target-rate and "
+        "their cost.")
     add_dataclass_flags(p, SimulationSpec, "scenario: workload, models, acceptance, SLOs",
                         skip=("rate", "policy", "hardware", "duration"), shown=SCENARIO_SHOWN)
     p.set_defaults(**TUNE_SCENARIO)
@@ -265,11 +266,10 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
                    help="folder for plan.json and evals/ (a rerun resumes) (default: runs/plan)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(handler=cmd_plan)
     return p
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from spectune.evaluate import progress_bar
     from spectune.files import prepare_out, to_json
     from spectune.flags import dataclass_from_args

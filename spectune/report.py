@@ -7,7 +7,6 @@ says which file is wrong and what to run, never with an empty page.
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import os
@@ -272,27 +271,3 @@ def _write_atomic(out: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-# -- CLI ----------------------------------------------------------------------------------------
-
-
-def add_report_parser(sub) -> argparse.ArgumentParser:
-    """Register `spectune report` on the CLI's subparsers."""
-    p = sub.add_parser("report", help="one HTML page of charts from tune/plan/validate output",
-                       description="Read tune.json, plan.json and/or validate.json (and the "
-                       "sample CSVs they name) from FOLDER and write one self-contained HTML "
-                       "page of charts (opens offline).")
-    p.add_argument("folder", type=Path, metavar="FOLDER",
-                   help="the --out folder of spectune tune, plan or validate")
-    p.add_argument("--out", type=Path, default=None, metavar="FILE",
-                   help="where to write the page (default: FOLDER/report.html)")
-    p.add_argument("--title", default=None, help="page title (default: from the folder name)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(handler=cmd_report)
-    return p
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    print(write_report(args.folder, args.out, args.title))
-    return 0

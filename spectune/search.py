@@ -18,12 +18,12 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import qmc
 
-from policies import ParamInfo, parameters
+if TYPE_CHECKING:
+    from policies import ParamInfo
 
 #: objective values per candidate, one per seed it ran on (in seed order)
 Scores = dict["Candidate", list[float]]
@@ -54,6 +54,8 @@ def _short(value: Any) -> str:
 
 def searched_parameters(policy: str, fixed: dict[str, Any] | None = None) -> list[ParamInfo]:
     """The parameters the tuner varies: those with a grid or bounds, minus those set by hand."""
+    from policies import parameters
+
     return [p for p in parameters(policy) if p.searched and p.name not in (fixed or {})]
 
 
@@ -65,6 +67,8 @@ def _rounded(value: float) -> float:
 def _box_points(params: Sequence[ParamInfo], n: int, seed: int,
                 box: dict[str, tuple[float, float]] | None = None) -> list[dict[str, float]]:
     """n scrambled-Sobol points in the bounded box (or a sub-box), one dict per point."""
+    from scipy.stats import qmc
+
     bounded = [p for p in params if p.bounds is not None]
     if not bounded or n < 1:
         return [{}]

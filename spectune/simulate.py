@@ -1,4 +1,9 @@
-"""The `simulate` job: build every input from a `SimulationSpec`, run the engine, summarise."""
+"""The `simulate` job: build every input from a `SimulationSpec`, run the engine, summarise.
+
+The one builder of each input: tune and plan (evaluate.py) and validate take their workloads
+(load_trace, trace_window, build_workload), latency, acceptance and SLOs (build_slo) from here.
+Its command line is simulate_cli.py.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies import Policy, make_policy
 from simulator import (
     ClusterConfig,
     ConfigError,
@@ -18,13 +23,9 @@ from simulator import (
     LatencyModel,
     RooflineLatency,
     SchedulerConfig,
-    SimulationResult,
-    Slo,
     get_gpu,
     get_model,
     kv_capacity_tokens,
-    simulate,
-    summarize,
 )
 from traces import (
     SpeculationTrace,
@@ -41,6 +42,10 @@ from traces import (
     synthetic_workload,
 )
 from traces.builtin import speculation_names
+
+if TYPE_CHECKING:  # the engine (SimPy, pandas) and the policies load when a simulation runs
+    from policies import Policy
+    from simulator import SimulationResult, Slo
 
 SYNTHETIC = ("poisson", "gamma")
 
@@ -118,6 +123,7 @@ class SimulationInputs:
 
 
 def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
+    """The spec's workload: synthetic arrivals drawn from `rng`, or a trace's first requests."""
     default_n = 1000 if spec.duration is None else None
     if spec.workload in SYNTHETIC:
         rate = spec.rate if spec.rate is not None else 2.0
@@ -126,24 +132,34 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
         cv = (spec.cv or 2.0) if spec.workload == "gamma" else 1.0
         wl = synthetic_workload(spec.workload, rate, n, lengths, rng, cv=cv)
     else:
-        if spec.workload in builtin_names():
-            wl = builtin_workload(spec.workload)
-        elif Path(spec.workload).suffix or Path(spec.workload).exists():
-            wl = load_workload(spec.workload)
-        else:
+        if spec.workload not in builtin_names() and not (Path(spec.workload).suffix or
+                                                          Path(spec.workload).exists()):
             known = ", ".join([*builtin_names(), *SYNTHETIC])
             raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
                              "or a path to a .csv/.jsonl workload file")
-        n = spec.requests or default_n
+        wl = load_trace(spec.workload)
         if spec.requests is not None:
             note_short_trace(spec.requests, wl)
-        if n is not None:
-            wl = wl.head(min(n, len(wl)))
-        if spec.rate is not None:
-            wl = rescale_to_rate(wl, spec.rate)
+        wl = trace_window(wl, spec.requests or default_n, spec.rate)
     if spec.duration is not None:
         wl = wl.within(spec.duration)
     return wl
+
+
+def load_trace(name: str) -> Workload:
+    """A trace workload: a shipped trace by name, else a .csv/.jsonl workload file."""
+    return builtin_workload(name) if name in builtin_names() else load_workload(name)
+
+
+def trace_window(trace: Workload, n: int | None, rate: float | None,
+                 start: int | None = None) -> Workload:
+    """`n` consecutive requests of `trace` (None: all of them), the first n or those from
+    request `start` on (wrapping around the end: Workload.window), rescaled to `rate` req/s
+    (None: the trace's own arrivals). simulate takes a trace's first requests, a tune's or a
+    plan's seed i its i-th window, validate the first requests at each rate."""
+    if n is not None:
+        trace = trace.head(n) if start is None else trace.window(start, n)
+    return trace if rate is None else rescale_to_rate(trace, rate)
 
 
 def note_short_trace(requested: int, trace: Workload, per_seed: bool = False) -> None:
@@ -175,15 +191,23 @@ def build_acceptance(spec: str, workload: Workload, rng: np.random.Generator) ->
 
 def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
                  scheduler: SchedulerConfig) -> SimulationInputs:
+    from policies import make_policy
+
     seeds = np.random.SeedSequence(spec.seed).spawn(2)
     workload = build_workload(spec, np.random.default_rng(seeds[0]))
     latency, kv = build_latency(spec, scheduler)
     acceptance = build_acceptance(spec.acceptance, workload, np.random.default_rng(seeds[1]))
     policy = make_policy(spec.policy, policy_params)
-    slo = None
-    if spec.slo_ttft is not None or spec.slo_tpot is not None:
-        slo = Slo(ttft_s=spec.slo_ttft, tpot_s=spec.slo_tpot)
-    return SimulationInputs(workload, latency, acceptance, policy, kv, slo)
+    return SimulationInputs(workload, latency, acceptance, policy, kv, build_slo(spec))
+
+
+def build_slo(spec: SimulationSpec) -> Slo | None:
+    """The spec's SLOs (--slo-ttft, --slo-tpot), or None when it sets neither."""
+    if spec.slo_ttft is None and spec.slo_tpot is None:
+        return None
+    from simulator import Slo
+
+    return Slo(ttft_s=spec.slo_ttft, tpot_s=spec.slo_tpot)
 
 
 def build_latency(spec: SimulationSpec, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
@@ -222,6 +246,8 @@ def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, in
 def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: SchedulerConfig,
         cluster: ClusterConfig, fast_path: bool = True) -> tuple[SimulationResult, dict]:
     """Simulate and summarise; the summary carries where each input came from."""
+    from simulator import simulate, summarize
+
     inputs = build_inputs(spec, policy_params, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, inputs.policy,
                       inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path)

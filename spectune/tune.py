@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from policies import policy_class, policy_names
 from simulator import ConfigError, SchedulerConfig
-from spectune.evaluate import METRICS, Runner, Task, slo_of
+from spectune.evaluate import METRICS, Runner, Task
 from spectune.objectives import Objective, get_objective
 from spectune.search import (
     Candidate,
@@ -38,7 +37,7 @@ from spectune.search import (
     past_the_top,
     successive_halving,
 )
-from spectune.simulate import SYNTHETIC, SimulationSpec, note_short_trace
+from spectune.simulate import SYNTHETIC, SimulationSpec, build_slo, note_short_trace
 
 DEFAULT_POLICIES = "fixed,batch_adaptive,goodput"
 DEFAULT_RATES = (4.0, 12.0, 24.0)
@@ -82,6 +81,7 @@ class TuneSpec:
 
     def policy_specs(self) -> list[tuple[str, dict[str, str]]]:
         """(name, pinned params) per policy: "goodput:per_request=true" -> ("goodput", {...})."""
+        from policies import policy_class, policy_names
         from spectune.flags import parse_policy_list
 
         out = []
@@ -237,7 +237,7 @@ def run_tune(spec: TuneSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     `k_max_given`: the user set the scheduler's k_max. When not, a fixed k may go past it (up to
     the `extend` cap of fixed's k), each such run with k_max raised to its k."""
     started = time.perf_counter()
-    objective = get_objective(spec.objective, slo_of(scenario) is not None)
+    objective = get_objective(spec.objective, build_slo(scenario) is not None)
     with Runner(out / "evals" if out is not None else None, spec.jobs, progress) as runner:
         search = _Search(scenario, scheduler, objective, runner, range(spec.seeds), k_max_given)
         return _tune(spec, search, out, started)

@@ -17,12 +17,12 @@ from spectune.tune import (
 )
 
 
-def add_tune_parser(sub) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     from simulator import SchedulerConfig
     from spectune.flags import add_dataclass_flags
     from spectune.simulate import SimulationSpec
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "tune", help="find the best speculation policy and parameters per request rate",
         description="Search each policy's parameters at each request rate over several seeds "
         "(successive halving), recommend the best with a 95% confidence interval, export the "
@@ -49,11 +49,10 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
                    help="do not write report.html")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(handler=cmd_tune)
     return p
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from simulator import SchedulerConfig
     from spectune.evaluate import progress_bar
     from spectune.files import prepare_out, to_json

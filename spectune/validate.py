@@ -55,7 +55,7 @@ from spectune.validate_report import (
 )
 from traces import UserNote
 
-__all__ = ["ROW_KEYS", "ValidateSpec", "add_validate_parser", "format_table", "run_validate"]
+__all__ = ["ROW_KEYS", "ValidateSpec", "add_parser", "format_table", "main", "run_validate"]
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=4,goodput,kld_variance,gammatune"
 QUICK_POLICIES = "fixed:k=0,fixed:k=4"
@@ -226,16 +226,15 @@ def build_models(spec: ValidateSpec):
 
 
 def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
-    """(workload, prompt token ids): Poisson arrivals at `rate`, or the --workload file."""
-    from traces import Workload, load_workload, poisson_arrivals, rescale_to_rate
+    """(workload, prompt token ids): Poisson arrivals at `rate`, or the --workload trace's first
+    requests rescaled to it (random prompts of its lengths)."""
+    from traces import Workload, poisson_arrivals
 
     rng = np.random.default_rng([spec.seed, int(rate * 1000)])
     if spec.workload is not None:
-        from traces.builtin import builtin_names, builtin_workload
+        from spectune.simulate import load_trace, trace_window
 
-        wl = (builtin_workload(spec.workload) if spec.workload in builtin_names()
-              else load_workload(spec.workload))
-        wl = rescale_to_rate(wl.head(min(spec.n_requests, len(wl))), rate)
+        wl = trace_window(load_trace(spec.workload), spec.n_requests, rate)
         prompts = [rng.integers(0, vocab, int(n)).tolist() for n in wl.prompt_tokens]
         return wl, prompts
     n = spec.n_requests
@@ -544,15 +543,16 @@ def _meta(spec, setup, probe, hosts, runs, wall_s, replay: dict | None) -> dict:
 # -- CLI ----------------------------------------------------------------------------------------
 
 
-def add_validate_parser(sub) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `spectune validate` on the CLI's subparsers."""
     from spectune.flags import add_dataclass_flags
 
-    p = sub.add_parser("validate", help="serve live and simulate the same workload; compare",
-                       description="Serve a workload live (real forward passes, real clock) "
-                       "and simulate the same workload with the profile's latency, the same "
-                       "scheduler and policy, and the acceptance the live run saw; print "
-                       "simulated vs measured TTFT, TPOT, E2E and tokens per step. Needs torch.")
+    p = subparsers.add_parser(
+        "validate", help="serve live and simulate the same workload; compare",
+        description="Serve a workload live (real forward passes, real clock) and simulate the "
+        "same workload with the profile's latency, the same scheduler and policy, and the "
+        "acceptance the live run saw; print simulated vs measured TTFT, TPOT, E2E and tokens per "
+        "step. Needs torch.")
     add_dataclass_flags(p, ValidateSpec, "what to validate", skip=("rates",))
     p.add_argument("--rates", nargs="+", type=float, default=None, metavar="REQ_PER_S",
                    help="arrival rates (default: 0.5 4; quick: 2 50)")
@@ -560,11 +560,10 @@ def add_validate_parser(sub) -> argparse.ArgumentParser:
                    help="folder for validate.csv, validate.json and the records")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(handler=cmd_validate)
     return p
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     import json
 
     from spectune.console import require_torch

@@ -30,15 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import nnls
 
-from simulator.draft_tree import TreeShape
-from simulator.fit import uniform_aggregates
-from simulator.latency_table import LatencyTable
-from simulator.profiled import ProfiledLatency
-
-if TYPE_CHECKING:  # profiler needs torch; the CLI imports this module without it
+if TYPE_CHECKING:  # profiler needs torch; the CLI builds its flags without it (or pandas, scipy)
     from profiler.grid import Grid
+    from simulator.draft_tree import TreeShape
+    from simulator.latency_table import LatencyTable
+    from simulator.profiled import ProfiledLatency
 
 QUERY_AXIS = (1, 2, 3, 5, 9)
 
@@ -115,6 +112,8 @@ class DriftProbe:
 
     def table(self) -> LatencyTable:
         """The profile: the given one, or the median over every round so far."""
+        from simulator.latency_table import LatencyTable
+
         if self.fixed is not None:
             return self.fixed
         table, _ = self.sweep.results()
@@ -122,6 +121,8 @@ class DriftProbe:
 
     def _reference(self) -> ProfiledLatency:
         """The profile's latency model, rebuilt only when a round was added since."""
+        from simulator.profiled import ProfiledLatency
+
         if self._cached is None or self._cached[0] != self.rounds:
             self._cached = (self.rounds, ProfiledLatency(self.table()))
         return self._cached[1]
@@ -129,6 +130,8 @@ class DriftProbe:
     def scale(self, before: int, after: int | None = None) -> float:
         """Device speed over rounds before..after (inclusive) relative to the profile: the
         median over grid points of (their mean time there) / (the profile's prediction)."""
+        from simulator.fit import uniform_aggregates
+
         stop = (after if after is not None else before) + 1
         local, _ = self.sweep.results(slice(before, stop))
         rows = local.rows
@@ -165,6 +168,8 @@ NO_HOST = HostFit(0.0, 0.0, 0.0, 0, float("nan"))
 def fit_host(live) -> HostFit:
     """Non-negative least squares of each iteration's host time (duration - passes) on
     [1, requests in it, tokens drafted in it]."""
+    from scipy.optimize import nnls
+
     steps = live.steps
     host = steps["duration_s"].to_numpy() - np.asarray(live.pass_s)
     ok = np.isfinite(host)
@@ -181,6 +186,9 @@ def latency_for(table: LatencyTable, drafter, host: HostFit = NO_HOST,
                 pass_scale: float = 1.0) -> ProfiledLatency:
     """ProfiledLatency of `table` (without its draft rows for a model-free drafter), with the
     host model and the drift scale."""
+    from simulator.latency_table import LatencyTable
+    from simulator.profiled import ProfiledLatency
+
     if drafter.model_free and table.meta.get("draft") is not None:
         rows = table.rows[table.rows["role"] == "target"].reset_index(drop=True)
         table = LatencyTable(rows, {**table.meta, "draft": None})

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: one row per (policy, rate, metric); `simulated_uncorrected`: the profile alone (no host time,
 #: no drift scale), to show what the corrections are worth
@@ -54,6 +57,8 @@ def write_records(out: Path, label: str, rate: float, live, sim) -> None:
 
 
 def write_results(out: Path, rows: list[dict], meta: dict) -> None:
+    import pandas as pd
+
     from spectune.files import write_csv, write_json
 
     out.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,9 @@ from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
 from spectune.record import (  # noqa: E402
     RecordSpec,
     acceptance_k1,
-    add_record_parser,
+    add_parser,
     load_prompts,
+    main,
     run_record,
     summarize,
     tokens_per_step,
@@ -328,11 +329,11 @@ def test_real_model_two_prompts(tmp_path, capsys):
     path = tmp_path / "q.jsonl"
     write_prompts(path, per_category=1)
     parser = argparse.ArgumentParser()
-    add_record_parser(parser.add_subparsers())
+    add_parser(parser.add_subparsers())
     out = tmp_path / "real"
     args = parser.parse_args(["record", "--prompts", str(path), "--max-tokens", "16", "--out",
                               str(out), "--format", "json"])
-    assert args.handler(args) == 0
+    assert main(args) == 0
     s = json.loads(capsys.readouterr().out)
     for key in ("drafter", "prompts", "tokens", "acceptance_k1", "tokens_per_step",
                 "per_category"):

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectune import charts
-from spectune.report import ReportError, add_report_parser, rate_charts, write_report
+from spectune import charts, report_cli
+from spectune.report import ReportError, rate_charts, write_report
 
 RATES = (4.0, 12.0, 24.0)
 POLICIES = {"fixed": [{"k": 0}, {"k": 2}, {"k": 4}], "goodput": [{"k0_bonus": 1.0},
@@ -263,10 +263,10 @@ def test_all_three(tmp_path):
 
 def test_cli_parser_writes_and_prints(tmp_path, capsys):
     sub = argparse.ArgumentParser().add_subparsers()
-    add_report_parser(sub)
-    parser = sub.choices["report"]
+    parser = report_cli.add_parser(sub)
+    assert sub.choices["report"] is parser
     args = parser.parse_args([str(make_plan(tmp_path)), "--out", str(tmp_path / "p.html")])
-    assert args.handler(args) == 0
+    assert report_cli.main(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "p.html")
     assert (tmp_path / "p.html").stat().st_size > MB  # plotly.js is in it
 

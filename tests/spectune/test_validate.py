@@ -18,7 +18,7 @@ from simulator import ConfigError  # noqa: E402
 from spectune.validate import (  # noqa: E402
     ROW_KEYS,
     ValidateSpec,
-    add_validate_parser,
+    add_parser,
     format_table,
     run_validate,
 )
@@ -82,7 +82,7 @@ def test_results_are_written(quick):
 
 def test_parser_and_spec():
     parser = argparse.ArgumentParser()
-    add_validate_parser(parser.add_subparsers())
+    add_parser(parser.add_subparsers())
     args = parser.parse_args(["validate", "--quick", "--rates", "1", "3", "--policies",
                               "fixed:k=2,goodput"])
     assert args.rates == [1.0, 3.0] and args.quick
