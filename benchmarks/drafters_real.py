@@ -55,7 +55,7 @@ def acceptance(target, tokenizer, tokens: int, log) -> dict:
     from profiler.drafters import make_drafter
     from profiler.record import greedy_output, record_outputs
     from profiler.tokenizer import chat_prompt
-    from spectune.record import DEFAULT_PROMPTS, lens_fit_text, load_prompts, summarize
+    from spectune.record import DEFAULT_PROMPTS, acceptance_summary, lens_fit_text, load_prompts
 
     prompts = first_per_category(load_prompts(DEFAULT_PROMPTS), parity=1)
     encoded = [tokenizer.encode(chat_prompt(p.text)) for p in prompts]
@@ -71,7 +71,7 @@ def acceptance(target, tokenizer, tokens: int, log) -> dict:
         for p, e, out in zip(prompts, encoded, outputs):
             records.append(record_outputs(target, drafter, e, out, 8, key=p.key,
                                           category=p.category))
-        s = summarize(records, 4)
+        s = acceptance_summary(records, 4)
         results[name] = {"acceptance_k1": s["acceptance_k1"],
                          "tokens_per_step_k4": s["tokens_per_step"],
                          "per_category": {c: (v["acceptance_k1"], v["tokens_per_step"])

@@ -125,7 +125,7 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     if len(ragged):
         write_csv(out / "ragged.csv", ragged)
     peaks = measure_peaks(device, dtype, name)
-    summary = evaluate(table, ragged, peaks, dtype)
+    summary = model_errors(table, ragged, peaks, dtype)
     summary.update({"device": name, "dtype": dtype_name, "rows": len(table.rows),
                     "ragged_batches": len(ragged), "table": str(out / "latency.csv"),
                     "spec": asdict(spec), "wall_s": time.perf_counter() - started})
@@ -154,7 +154,7 @@ def check_memory(grid, target, draft, dtype, device) -> None:
                           f"{device} has {have / 2**30:.1f} GiB free; shrink the grid")
 
 
-def evaluate(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
+def model_errors(table, ragged: pd.DataFrame, peaks, dtype) -> dict:
     """Held-out and ragged errors of the profiled model; the roofline's error per phase."""
     from simulator import RooflineLatency
     from simulator.profiled import (

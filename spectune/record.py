@@ -202,7 +202,7 @@ def _stats(requests, k: int) -> dict:
     return stats
 
 
-def summarize(requests, k: int) -> dict:
+def acceptance_summary(requests, k: int) -> dict:
     """Overall and per-category acceptance_k1 / tokens_per_step of RequestSpeculation records."""
     summary = _stats(requests, k)
     categories = sorted({r.category for r in requests}, key=lambda c: (c is None, c or ""))
@@ -330,8 +330,8 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     trace_path = out / "trace.npz"
     SpeculationTrace(requests, meta).save(trace_path)
     summary = {"drafter": spec.drafter, "target": TARGET, "k": spec.k,
-               **summarize(requests, spec.k), "trace": str(trace_path), "prompts_file": str(path),
-               "resumed": resumed,
+               **acceptance_summary(requests, spec.k), "trace": str(trace_path),
+               "prompts_file": str(path), "resumed": resumed,
                "spec": asdict(spec), "wall_s": time.perf_counter() - started}
     write_json(out / "summary.json", summary)
     return summary

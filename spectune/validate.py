@@ -120,6 +120,8 @@ class ValidateSpec:
         "help": "token budget per iteration (prompt tokens; unset: unlimited)"})
     chunked_prefill: bool = field(default=False, metadata={
         "help": "prefill prompts in chunks beside the decode steps (needs --max-batched-tokens)"})
+    scheduler: str = field(default="fcfs-reserve", metadata={
+        "help": "the rules the live engine and the simulator both run (simulator/scheduler.py)"})
     overhead: bool = field(default=True, metadata={
         "help": "calibrate the engine's host time per iteration per policy and add it"})
     drift: bool = field(default=True, metadata={
@@ -160,6 +162,11 @@ class ValidateSpec:
             raise ConfigError(f"--output-tokens must be >= 1, got {self.output_tokens}")
         if self.chunked_prefill and self.max_batched_tokens is None:
             raise ConfigError("--chunked-prefill needs a token budget: set --max-batched-tokens")
+        from simulator.scheduler import scheduler_names
+
+        if self.scheduler not in scheduler_names():
+            raise ConfigError(f"--scheduler {self.scheduler!r}: known: "
+                              f"{', '.join(scheduler_names())}")
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
@@ -331,7 +338,7 @@ def _setup(spec: ValidateSpec) -> _Setup:
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
                             kv_capacity_tokens=spec.kv_capacity_tokens,
                             max_batched_tokens=spec.max_batched_tokens,
-                            chunked_prefill=spec.chunked_prefill)
+                            chunked_prefill=spec.chunked_prefill, scheduler=spec.scheduler)
     acceptance = (spec.acceptance or "smollm2-ngram") if spec.replay else None
     return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed, acceptance)
 

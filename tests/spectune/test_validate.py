@@ -159,6 +159,8 @@ def test_replay_mode_refusals():
         ValidateSpec(model="smollm2", acceptance="beta:6,3")
     with pytest.raises(ConfigError, match="--dtype"):
         ValidateSpec(dtype="int8")
+    with pytest.raises(ConfigError, match="--scheduler 'nope': known: fcfs-reserve"):
+        ValidateSpec(scheduler="nope")
 
 
 def test_chunked_prefill_validates_with_the_same_scheduler(tmp_path):

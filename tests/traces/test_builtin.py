@@ -82,7 +82,7 @@ def test_every_shipped_speculation_trace_matches_its_summary():
     the traces themselves give."""
     import json
 
-    from spectune.record import summarize
+    from spectune.record import acceptance_summary
     from traces import SpeculationTrace
     from traces.builtin import builtin_speculation_path, speculation_names
 
@@ -92,7 +92,7 @@ def test_every_shipped_speculation_trace_matches_its_summary():
         trace = SpeculationTrace.load(path)
         summary = json.loads(path.with_name(path.name.replace(".npz", ".summary.json"))
                              .read_text())
-        again = summarize(list(trace.requests), summary["k"])
+        again = acceptance_summary(list(trace.requests), summary["k"])
         assert (again["prompts"], again["tokens"]) == (summary["prompts"], summary["tokens"])
         assert again["tokens_per_step"] == summary["tokens_per_step"]
         assert again["acceptance_k1"] == summary["acceptance_k1"]
