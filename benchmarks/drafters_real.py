@@ -55,7 +55,8 @@ def acceptance(target, tokenizer, tokens: int, log) -> dict:
     from profiler.drafters import make_drafter
     from profiler.record import greedy_output, record_outputs
     from profiler.tokenizer import chat_prompt
-    from spectune.record import DEFAULT_PROMPTS, acceptance_summary, lens_fit_text, load_prompts
+    from spectune.record import acceptance_summary, lens_fit_text
+    from traces.prompts import DEFAULT_PROMPTS, load_prompts
 
     prompts = first_per_category(load_prompts(DEFAULT_PROMPTS), parity=1)
     encoded = [tokenizer.encode(chat_prompt(p.text)) for p in prompts]
@@ -112,8 +113,9 @@ def lossless(target, tokenizer, tokens: int, log, drafters=LOSSLESS_DRAFTERS,
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
     from simulator.profiled import ProfiledLatency
-    from spectune.record import DEFAULT_PROMPTS, lens_fit_text, load_prompts
+    from spectune.record import lens_fit_text
     from traces import Workload
+    from traces.prompts import DEFAULT_PROMPTS, load_prompts
 
     all_prompts = load_prompts(DEFAULT_PROMPTS)
     prompts = first_per_category(all_prompts, 1) + first_per_category(all_prompts, 0)[:7]

@@ -46,8 +46,8 @@ from profiler.gguf import load_smollm2  # noqa: E402
 from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.tokenizer import chat_prompt  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
-from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts  # noqa: E402
 from traces import Workload  # noqa: E402
+from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts  # noqa: E402
 
 
 def interleaved_prompts(n: int) -> list:

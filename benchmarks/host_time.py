@@ -35,8 +35,8 @@ from profiler.live_engine import LiveEngine  # noqa: E402
 from profiler.tokenizer import chat_prompt  # noqa: E402
 from simulator import SchedulerConfig  # noqa: E402
 from spectune.flags import parse_policy_list  # noqa: E402
-from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts  # noqa: E402
 from traces import Workload  # noqa: E402
+from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts  # noqa: E402
 
 
 def eval_prompts(n: int) -> list:

@@ -23,12 +23,8 @@ from profiler.eagle_data import continue_prompts, target_features
 from profiler.eagle_train import eagle_runs
 from profiler.tokenizer import chat_prompt
 from scripts.eagle_generalization import held_out_documents, load_models, require_files
-from spectune.record import (
-    DEFAULT_PROMPTS,
-    acceptance_k1,
-    load_prompts,
-    tokens_per_step,
-)
+from spectune.record import acceptance_k1, tokens_per_step
+from traces.prompts import DEFAULT_PROMPTS, load_prompts
 
 
 def main(argv=None) -> int:

@@ -43,8 +43,8 @@ from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt, user_turn_frame
 from scripts.eagle_generalization import DATA, held_out_documents, require_files
 from scripts.train_eagle import cached_features, held_out, training_items
-from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 from traces import atomic_write
+from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 
 def replay_pool(target, tok, work: Path, questions, self_count: int) -> list[Continuation]:

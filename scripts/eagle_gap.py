@@ -25,14 +25,8 @@ from profiler.eagle_data import continue_prompts, self_prompts
 from profiler.eagle_train import eagle_runs
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt, user_turn_frame
-from spectune.record import (
-    DEFAULT_PROMPTS,
-    acceptance_k1,
-    first_per_category,
-    in_split,
-    load_prompts,
-    tokens_per_step,
-)
+from spectune.record import acceptance_k1, tokens_per_step
+from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 TOKENS = 128
 

@@ -32,7 +32,7 @@ from profiler.eagle_data import (
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt, user_turn_frame
 from scripts.train_eagle import held_out
-from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
+from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 #: The packed data the shipped head's H100 training used.
 DATA = Path("profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz")

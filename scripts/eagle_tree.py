@@ -29,7 +29,8 @@ from profiler.tokenizer import chat_prompt
 from profiler.tree_layout import SHIPPED_TREE
 from scripts.eagle_generalization import load_models, require_files
 from simulator.draft_tree import build_tree, chain_shape, path_counts, save_tree
-from spectune.record import DEFAULT_PROMPTS, in_split, load_prompts, walk
+from spectune.record import walk
+from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts
 
 SIZES = (4, 6, 8, 10, 12, 16, 20, 24, 32)
 

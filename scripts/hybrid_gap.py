@@ -25,7 +25,7 @@ from profiler.eagle_chain import chain_passes
 from profiler.eagle_data import continue_prompts, target_features
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt
-from spectune.record import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
+from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 K = 4
 

@@ -63,15 +63,9 @@ from profiler.eagle_train import (
 )
 from profiler.gguf import load_smollm2
 from profiler.tokenizer import chat_prompt, user_turn_frame
-from spectune.record import (
-    DEFAULT_PROMPTS,
-    acceptance_k1,
-    first_per_category,
-    in_split,
-    load_prompts,
-    tokens_per_step,
-)
+from spectune.record import acceptance_k1, tokens_per_step
 from traces import atomic_write
+from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 #: What the data and the head were made from (written into both files' meta).
 TARGET = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)"

@@ -32,14 +32,14 @@ from simulator import SchedulerConfig, StepCostModel, simulate  # noqa: E402
 from spectune.record import (  # noqa: E402
     RecordSpec,
     acceptance_k1,
+    acceptance_summary,
     add_parser,
-    load_prompts,
     main,
     run_record,
-    summarize,
     tokens_per_step,
 )
 from traces import RequestSpeculation, SpeculationTrace, Workload  # noqa: E402
+from traces.prompts import load_prompts  # noqa: E402
 
 OUTPUTS = [24, 40, 12, 30]
 SCHED = SchedulerConfig(max_num_seqs=4, kv_capacity_tokens=100_000, k_max=8)
@@ -128,7 +128,7 @@ def test_summary_arithmetic_on_a_hand_made_trace():
     assert acceptance_k1([np.array([0])]) is None and tokens_per_step([np.array([0])], 4) is None
     reqs = [RequestSpeculation(a, key="a", category="x"), RequestSpeculation(b, key="b",
                                                                             category="y")]
-    s = summarize(reqs, 4)
+    s = acceptance_summary(reqs, 4)
     assert (s["prompts"], s["tokens"]) == (2, 9)
     assert s["per_category"]["x"] == {"prompts": 1, "tokens": 6, "acceptance_k1": 3 / 5,
                                       "tokens_per_step": 5 / 2}
