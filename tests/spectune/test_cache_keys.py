@@ -14,7 +14,7 @@ import numpy as np
 
 from simulator import SchedulerConfig
 from simulator.builtin_profiles import DATA as SHIPPED_PROFILES
-from spectune import evaluate
+from spectune import contents
 from spectune.cli import main
 from spectune.evaluate import Runner, Task
 from spectune.search import Candidate
@@ -114,14 +114,14 @@ def test_a_new_code_version_is_recomputed(tmp_path, monkeypatch):
     cache, task = tmp_path / "evals", _task(workload="poisson", lengths="fixed:100,50")
     metrics, _ = _run(task, cache)
     assert _run(task, cache) == (metrics, 1)
-    monkeypatch.setattr(evaluate, "code_version", lambda: "an upgrade")
+    monkeypatch.setattr(contents, "code_version", lambda: "an upgrade")
     assert _run(task, cache) == (metrics, 0)  # same simulator output, but not assumed so
     assert len(list(cache.glob("*.json"))) == 2
     assert _run(task, cache) == (metrics, 1)
 
 
 def test_the_code_version_covers_the_simulator_and_its_shipped_data():
-    names = {name for name, _ in evaluate._code_files()}
+    names = {name for name, _ in contents._code_files()}
     for name in ("simulator/engine.py", "policies/goodput.py", "traces/workload.py",
                  "spectune.evaluate", "spectune.simulate",
                  "traces/data/speculation/smollm2-ngram.npz",
@@ -146,10 +146,10 @@ def test_a_file_is_hashed_once_per_version(tmp_path, monkeypatch):
     file = tmp_path / "w.csv"
     file.write_text("a")
     calls = []
-    real = evaluate.hashlib.file_digest
-    monkeypatch.setattr(evaluate.hashlib, "file_digest",
+    real = contents.hashlib.file_digest
+    monkeypatch.setattr(contents.hashlib, "file_digest",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    first = evaluate.file_digest(file)
-    assert evaluate.file_digest(file) == first and len(calls) == 1
+    first = contents.file_digest(file)
+    assert contents.file_digest(file) == first and len(calls) == 1
     file.write_text("bb")
-    assert evaluate.file_digest(file) != first and len(calls) == 2
+    assert contents.file_digest(file) != first and len(calls) == 2
