@@ -4,66 +4,30 @@ Why: spectune finds the best k per load, and each engine can switch k by batch s
 in its own format. Every config is checked against its engine's rules before it is written, so a
 bad table fails here with a clear message instead of at server start, or silently. A schedule
 is only worth its drafter: each config names the drafter that was tuned (`Drafter`), or is not
-written, with the reason, where the engine cannot switch that drafter's k by batch size.
-
-vLLM (docs/features/speculative_decoding/dynamic_speculative_decoding.md; vllm/config/
-speculative.py; vllm/v1/spec_decode/dynamic/utils.py): `speculative_config.
-num_speculative_tokens_per_batch_size`, inclusive [start_bs, end_bs, K] ranges. The first starts
-at 1, none overlap, 0 <= K <= num_speculative_tokens (> 0). Past the last range its K holds, and
-a gap takes the previous K (as in policies/batch_adaptive.py). The table is off with data
-parallel > 1. Stricter here: ranges must also be sorted and contiguous.
-TensorRT-LLM (tensorrt_llm/llmapi/llm_args.py `DecodingBaseConfig`; tensorrt_llm/_torch/
-speculative/utils.py `get_draft_len_for_batch_size`; docs/source/features/speculative-decoding.md):
-`speculative_config.draft_len_schedule` {batch_size: draft_len}. A key is the largest batch size
-its value covers, and larger batches get 0. Keys >= 1, 0 <= value <= max_draft_len, value at the
-smallest key == max_draft_len, no max_concurrency. So max_draft_len = k at batch size 1, which
-must be the largest k. Releases before PR #10860 read keys as lower bounds; not targeted. Choice
-made here: a last k > 0 gets key max_batch (TensorRT-LLM cannot hold the last value), and
-`how_to_use` says that larger batches will not speculate.
-SGLang (docs_new/docs/advanced_features/adaptive_speculative_decoding.mdx; python/sglang/srt/
-speculative/adaptive_spec_params.py, adaptive_step_router.py) has no fixed table. The closest is
-`--speculative-adaptive-config`: integer-string keys = the smallest batch size of each range,
-each with `candidate_steps` (the speculative_num_steps tiers its EMA policy picks from). One
-candidate per range fixes the step, and that is what is written here. Other keys are global
-settings or are ignored. Limits: EAGLE/EAGLE3, topk 1; batch-size keys need SGLang with PR
-#24055 (older releases ignore them). A batch is padded to the next CUDA-graph batch size before
-its range is chosen. The code accepts step 0 (its default has a [0] slot),
-although the docs say positive.
-
-Drafters, per engine (the tuned drafter's family: n-gram lookup, a draft model, an EAGLE head):
-- vLLM (vllm/config/speculative.py `SpeculativeMethod`): method "ngram" with prompt_lookup_min/
-  max, "draft_model" with model, "eagle3" (or "eagle" for EAGLE-1 heads) with model. The table is
-  a field of any method; the dynamic-SD doc's limits: tested with EAGLE, EAGLE-3 and DFlash,
-  others "may or may not work" (PR #32374, which added it, wired the step's K into the n-gram
-  proposer, where its review found it unused at first), so `how_to_use` says to check the
-  logged K for ngram and draft_model.
-- TensorRT-LLM (llm_args.py; speculative-decoding.md): decoding_type "NGram" with
-  max_matching_ngram_size, "DraftTarget" with speculative_model, "Eagle3" with speculative_model;
-  draft_len_schedule sits on DecodingBaseConfig, is tested with NGram and DraftTarget
-  (tests/unittest/_torch/speculative/test_draft_len_schedule.py) and Eagle3 one-model
-  (`support_dynamic_draft_len`, _torch/speculative/interface.py). Static trees (eagle_choices)
-  are deprecated and fix their depth.
-- SGLang (adaptive_spec_params.py `adaptive_unsupported_reason`): the adaptive config runs only
-  with --speculative-algorithm EAGLE or EAGLE3 and --speculative-eagle-topk 1, so neither NGRAM
-  nor STANDALONE (a draft model) nor a tree (topk > 1) can take a table: not written.
-- No engine drafts with the target's own first layers (an early exit), with EAGLE taking an
-  n-gram lookup's token on a suffix match (spectune's eagle+ngram), or cuts a static tree at a
-  depth per batch size: for those drafters nothing is written, and the reason says so.
+written, with the reason, where the engine cannot switch that drafter's k by batch size. The
+engine facts behind each check, with their sources: docs/engine-exports.md.
 """
 
 from __future__ import annotations
 
 import json
-import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
-from itertools import pairwise
-from math import isfinite
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from spectune.export_drafter import (  # noqa: F401  (re-exported: the export API)
+    DRAFTER_KINDS,
+    Drafter,
+    drafter_from,
+    scenario_drafter,
+)
+from spectune.export_schedule import (  # noqa: F401  (re-exported: the export API)
+    BatchSchedule,
+    ExportError,
+    is_int,
+    schedule_from_points,
+)
 from spectune.files import write_json
 
 # SGLang adaptive config keys that are not batch sizes: the documented globals, `strategy`
@@ -71,240 +35,10 @@ from spectune.files import write_json
 _SGLANG_GLOBALS = ("ema_alpha", "update_interval", "warmup_batches", "strategy", "_spectune")
 
 
-class ExportError(ValueError):
-    """A schedule or engine config that an engine would reject or misread. The message says
-    what is wrong, where, and what to do."""
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-@dataclass(frozen=True)
-class BatchSchedule:
-    """Draft length by batch size: steps[i] = (largest batch size covered, k); sorted by batch
-    size; batch sizes above the last step use the last k."""
-
-    steps: tuple[tuple[int, int], ...]
-    k_max: int  # the engine's maximum draft length (num_speculative_tokens)
-    source: str = ""  # where it came from, e.g. "spectune tune: best fixed k per rate ..."
-
-    def __post_init__(self) -> None:
-        if not (_is_int(self.k_max) and self.k_max >= 0 and len(self.steps) > 0 and all(
-                isinstance(s, Sequence) and len(s) == 2 and all(map(_is_int, s))
-                for s in self.steps)):
-            raise ExportError(f"BatchSchedule(steps={self.steps!r}, k_max={self.k_max!r}): need "
-                              "(batch size, k) integer pairs, at least one, and k_max >= 0")
-        steps = tuple((int(bs), int(k)) for bs, k in self.steps)
-        for i, (bs, k) in enumerate(steps):
-            if bs < 1 or (i and bs <= steps[i - 1][0]):
-                raise ExportError(f"steps[{i}] batch size {bs}: batch sizes must be >= 1 and "
-                                  "strictly increasing")
-            if not 0 <= k <= self.k_max:
-                raise ExportError(f"steps[{i}] k = {k}: must be in 0..k_max={self.k_max}")
-        object.__setattr__(self, "steps", steps)
-        object.__setattr__(self, "k_max", int(self.k_max))
-
-
-def schedule_from_points(points: Sequence[tuple[float, int]], k_max: int, max_batch: int,
-                         source: str = "") -> BatchSchedule:
-    """From measured (mean batch size, best k) pairs (one per request rate, any order, batch sizes
-    may be fractional and may repeat): piecewise-constant k over integer batch sizes 1..max_batch,
-    each batch size taking the k of the nearest point (ties -> the larger batch point), adjacent
-    equal k merged; the last step covers max_batch. Points at the same batch size that disagree
-    give the smaller k, because speculating less is the safe choice."""
-    if not (_is_int(max_batch) and max_batch >= 1 and _is_int(k_max) and k_max >= 0):
-        raise ExportError(f"need integers max_batch >= 1 and k_max >= 0, got {max_batch!r}, "
-                          f"{k_max!r}")
-    best: dict[Fraction, int] = {}
-    for i, (x, k) in enumerate(points):
-        if (not isinstance(x, numbers.Real) or isinstance(x, bool) or not isfinite(x)
-                or x <= 0):
-            raise ExportError(f"points[{i}]: mean batch size {x!r} must be a finite number > 0")
-        if not _is_int(k) or not 0 <= k <= k_max:
-            raise ExportError(f"points[{i}]: k = {k!r} must be an integer in 0..k_max={k_max}")
-        key = Fraction(float(x))  # exact, so ties are exact
-        best[key] = min(best.get(key, int(k)), int(k))
-    if not best:
-        raise ExportError("no points: give at least one (mean batch size, k) pair")
-    xs = sorted(best)
-    mids = [(a + b) / 2 for a, b in pairwise(xs)]
-    steps: list[tuple[int, int]] = []
-    for b in range(1, max_batch + 1):
-        k = best[xs[bisect_right(mids, b)]]  # on a midpoint: the larger batch point
-        if steps and steps[-1][1] == k:
-            steps[-1] = (b, k)
-        else:
-            steps.append((b, k))
-    return BatchSchedule(tuple(steps), k_max, source)
-
-
 def _ranges(schedule: BatchSchedule) -> list[list[int]]:
     """Inclusive [lo, hi, k] ranges, contiguous from batch size 1."""
     los = [1] + [bs + 1 for bs, _ in schedule.steps[:-1]]
     return [[lo, bs, k] for lo, (bs, k) in zip(los, schedule.steps)]
-
-
-# -- the drafter ----------------------------------------------------------------------------------
-
-#: Drafter families: a model-free n-gram lookup, a separate draft model, an EAGLE head drafting a
-#: chain, the head drafting a static tree, the head taking an n-gram lookup's token, and an early
-#: exit (the target's own first layers). The drafter names of profiler/drafters.py map onto them.
-DRAFTER_KINDS = ("ngram", "draft-model", "eagle", "eagle-tree", "eagle-ngram", "early-exit")
-_EAGLE_KINDS = {"eagle": "eagle", "eagle+ngram": "eagle-ngram", "eagle-tree": "eagle-tree"}
-_HEAD_KINDS = ("eagle", "eagle-tree", "eagle-ngram", "early-exit")  # drafted by the target's parts
-
-
-@dataclass(frozen=True)
-class Drafter:
-    """The drafter a tune simulated, which every export must name. `model` is the draft model an
-    engine runs (kind draft-model) and `checkpoint` its weights where the catalog knows them;
-    `ngram` is the lookup's (min, max) match length (kind ngram). `tuned` says what was simulated;
-    `caveat`, where the latency and the acceptance describe different drafters, which one the
-    export follows."""
-
-    kind: str
-    model: str | None = None
-    checkpoint: str | None = None
-    ngram: tuple[int, int] = (1, 3)
-    tuned: str = ""
-    caveat: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in DRAFTER_KINDS:
-            raise ExportError(f"drafter kind {self.kind!r}: choose from "
-                              f"{', '.join(DRAFTER_KINDS)}")
-        if self.kind == "draft-model" and not self.model:
-            raise ExportError("a draft-model drafter needs the draft model's name")
-        if not (len(self.ngram) == 2 and all(map(_is_int, self.ngram))
-                and 1 <= self.ngram[0] <= self.ngram[1]):
-            raise ExportError(f"drafter ngram={self.ngram!r}: need 1 <= min <= max match length")
-
-    def describe(self) -> str:
-        """In words, e.g. "draft model Llama-68M (JackFram/llama-68m)"."""
-        if self.kind == "ngram":
-            return f"n-gram lookup (matches of {self.ngram[0]}-{self.ngram[1]} tokens)"
-        if self.kind == "draft-model":
-            where = f" ({self.checkpoint})" if self.checkpoint else ""
-            return f"draft model {self.model}{where}"
-        return {"eagle": "an EAGLE head drafting a chain",
-                "eagle-tree": "an EAGLE head drafting a static tree",
-                "eagle-ngram": "an EAGLE head taking an n-gram lookup's token on a suffix match",
-                "early-exit": "an early exit (the target's first layers)"}[self.kind]
-
-
-class _Recorded(NamedTuple):
-    """A recording's drafter as a family; kind "" for a name spectune does not know."""
-
-    kind: str
-    model: str | None = None
-    ngram: tuple[int, int] = (1, 3)
-
-
-def _recorded(name: str) -> _Recorded:
-    """meta["drafter"] of a recording, as profiler/drafters.py `make_drafter` names them:
-    ngram[:MIN-MAX], early-exit:L[:lens], quant:BITS, eagle[@int8][:PATH], eagle+ngram[...],
-    eagle-tree[...], model:SHAPE."""
-    head, _, arg = name.partition(":")
-    base = head.partition("@")[0]
-    if base == "ngram":
-        lo, _, hi = arg.partition("-")
-        ok = lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)
-        return _Recorded("ngram", ngram=(int(lo), int(hi)) if ok else (1, 3))
-    if base in _EAGLE_KINDS:
-        return _Recorded(_EAGLE_KINDS[base])
-    if base == "early-exit":
-        return _Recorded("early-exit")
-    if base in ("model", "quant"):  # quant:BITS: a rounded copy of the target, run as a draft
-        return _Recorded("draft-model", arg if base == "model" and arg else None)
-    return _Recorded("")
-
-
-def _checkpoint(source: str) -> str | None:
-    """The Hugging Face repository of a catalog shape ("config.json of REPO"), else None."""
-    prefix = "config.json of "
-    return source[len(prefix):] if source.startswith(prefix) else None
-
-
-def drafter_from(draft: Any, acceptance_meta: Mapping, acceptance: str = "") -> Drafter:
-    """The drafter of a scenario from its two halves: `draft`, the model its latency costs (a
-    ModelShape: name, source; None for model-free drafting), and the acceptance's meta, whose
-    "drafter" names a recording's drafter (a parametric acceptance has none). Where they
-    disagree the latency side wins: an engine must run the drafter whose cost was simulated. An
-    EAGLE head or early exit is costed as a draft model, so that pairing is no disagreement."""
-    name = acceptance_meta.get("drafter")
-    rec = _recorded(name) if isinstance(name, str) and name else None
-    tuned = _tuned(draft, name if rec else None, acceptance_meta, acceptance)
-    if draft is None:
-        return _model_free(rec, name, tuned)
-    if rec is not None and rec.kind in _HEAD_KINDS:
-        return Drafter(rec.kind, tuned=tuned)
-    return Drafter("draft-model", draft.name, _checkpoint(draft.source), tuned=tuned,
-                   caveat=_model_caveat(rec, name, draft.name))
-
-
-def _tuned(draft: Any, name: str | None, meta: Mapping, acceptance: str) -> str:
-    cost = (f"{draft.name} costs each draft pass" if draft is not None
-            else "no draft pass is costed (model-free drafting)")
-    label = f"{acceptance}, " if acceptance else ""
-    acc = (f"{label}recorded with drafter {name} for {meta.get('target', '?')}" if name
-           else f"{label}parametric (no drafter recorded)")
-    return f"latency: {cost}; acceptance: {acc}"
-
-
-def _model_free(rec: _Recorded | None, name: Any, tuned: str) -> Drafter:
-    if rec is None or rec.kind == "ngram":
-        return Drafter("ngram", ngram=rec.ngram if rec else (1, 3), tuned=tuned)
-    return Drafter("ngram", tuned=tuned, caveat=(
-        f"the acceptance was recorded with drafter {name}, but the latency costs no draft model: "
-        "exported as the model-free drafter (n-gram lookup) the latency simulated, whose own "
-        f"acceptance is not {name}'s. Re-tune with an n-gram recording (smollm2-ngram), or cost "
-        f"{name} with --draft or --profile"))
-
-
-def _model_caveat(rec: _Recorded | None, name: Any, model: str) -> str:
-    if rec is None or (rec.kind == "draft-model"
-                       and (rec.model is None or rec.model.lower() == model.lower())):
-        return ""
-    return (f"the acceptance was recorded with drafter {name}, but the latency costs draft model "
-            f"{model}: exported as {model}, the drafter the simulated engine ran and paid for, "
-            f"whose acceptance is not {name}'s. Re-tune with a recording of {model}, or with "
-            "--draft none for a model-free drafter")
-
-
-def scenario_drafter(scenario: Any, scheduler: Any) -> Drafter:
-    """The Drafter a tune of `scenario` (a SimulationSpec, run under `scheduler`) simulated: the
-    draft model its latency model costs, and the drafter its acceptance was recorded with."""
-    from spectune.simulate import build_latency
-
-    latency, _ = build_latency(scenario, scheduler)
-    return drafter_from(_costed_draft(latency), _acceptance_meta(scenario.acceptance),
-                        scenario.acceptance)
-
-
-def _costed_draft(latency: Any) -> Any:
-    """The draft ModelShape a latency model times (a profile's table names it; the roofline
-    holds it), or None when no draft pass is costed."""
-    if not latency.has_draft_model:
-        return None
-    table = getattr(latency, "table", None)
-    return table.draft if table is not None else latency.draft
-
-
-def _acceptance_meta(spec: str) -> Mapping:
-    """The meta of a recorded acceptance (a shipped name or a .npz); {} for a parametric one.
-    The same lookup order as spectune.simulate.build_acceptance."""
-    from importlib import resources
-
-    from traces import SpeculationTrace
-    from traces.builtin import builtin_speculation_path, speculation_names
-
-    if spec in speculation_names():
-        with resources.as_file(builtin_speculation_path(spec)) as path:
-            return SpeculationTrace.load(path).meta
-    if spec.endswith(".npz") or Path(spec).exists():
-        return SpeculationTrace.load(spec).meta
-    return {}
 
 
 # -- each engine's name for the drafter -----------------------------------------------------------
@@ -428,7 +162,7 @@ def _section(config: Any, engine: str, name: str) -> Mapping:
 
 
 def _key_bs(key: Any, at: str) -> int:
-    if not (_is_int(key) or (isinstance(key, str) and key.isascii() and key.isdigit())):
+    if not (is_int(key) or (isinstance(key, str) and key.isascii() and key.isdigit())):
         raise ExportError(f"{at}: key is not a batch size (an integer >= 1, e.g. \"8\")")
     if int(key) < 1:
         raise ExportError(f"{at}: batch size {int(key)} < 1; every key must be >= 1, so that "
@@ -437,7 +171,7 @@ def _key_bs(key: Any, at: str) -> int:
 
 
 def _check_k(k: Any, at: str, cap: int | None, cap_name: str) -> None:
-    if not _is_int(k):
+    if not is_int(k):
         raise ExportError(f"{at} = {k!r}: the draft length must be an integer")
     if k < 0:
         raise ExportError(f"{at} = {k}: negative draft length; use 0 to stop speculating there")
@@ -455,7 +189,7 @@ def _check_order(bs: int, prev: int | None, at: str) -> None:
 def validate_vllm(config: dict) -> None:
     spec = _section(config, "vllm", "speculative_config")
     n = spec.get("num_speculative_tokens")
-    if not _is_int(n) or n < 1:
+    if not is_int(n) or n < 1:
         raise ExportError(f"vllm: speculative_config.num_speculative_tokens = {n!r}: must be an "
                           "integer >= 1 (vLLM's maximum draft window)")
     where = "vllm: speculative_config.num_speculative_tokens_per_batch_size"
@@ -464,7 +198,7 @@ def validate_vllm(config: dict) -> None:
         raise ExportError(f"{where} must be a non-empty list of [start_bs, end_bs, K] ranges")
     for i, row in enumerate(table):
         at, prev = f"{where}[{i}] = {row!r}", (table[i - 1] if i else None)
-        if not (isinstance(row, (list, tuple)) and len(row) == 3 and all(map(_is_int, row))):
+        if not (isinstance(row, (list, tuple)) and len(row) == 3 and all(map(is_int, row))):
             raise ExportError(f"{at}: not [start_bs, end_bs, K], three integers, e.g. [1, 8, 4]")
         lo, hi, k = row
         if lo < 1 or hi < lo:
@@ -485,7 +219,7 @@ def validate_vllm(config: dict) -> None:
 def validate_trtllm(config: dict) -> None:
     spec = _section(config, "trtllm", "speculative_config")
     m = spec.get("max_draft_len")
-    if not _is_int(m) or m < 1:
+    if not is_int(m) or m < 1:
         raise ExportError(f"trtllm: speculative_config.max_draft_len = {m!r}: must be an integer"
                           " >= 1 (with 0 nothing is drafted; Eagle3 rejects it)")
     if spec.get("max_concurrency") is not None:
