@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,12 @@ def _fmt(v: float) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.3g}"
 
 
-def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+def small(text: str) -> str:
+    """A title's second line: how to read the chart, in a smaller font."""
+    return f"<span style='font-size:12px'>{text}</span>"
+
+
+def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     """Shared look; a two-line title (how to read the chart) gets room above the panels."""
     top = 110 if "<br>" in title else 80
     fig.update_layout(title={"text": title, "x": 0.01}, height=height, template="plotly_white",
@@ -72,15 +77,8 @@ BASELINE_STYLE = {"color": "#222222", "dash": "dash", "symbol": "x"}
 #: a marker and a dash per policy, on top of its colour, so lines that coincide stay told apart
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon", "triangle-down")
 DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot")
-PAIRED = ("paired: both ran on the same seeds, so the ratio of their means gets its interval "
-          "from the per-seed pairs (delta method, Student t)")
-CONSERVATIVE = ("conservative: the two 95% intervals divided end to end; it holds whenever "
-                "both do, but is wider than a paired interval (no per-seed values in tune.json)")
 #: an error bar reaching past this many times the largest point is cut at the panel's top
 BAR_CUT = 2.5
-SPEEDUP_COLUMNS = ("rate", "policy", "label", "speedup", "low", "high", "method")
-
-
 def seed_count(seeds) -> int:
     """A row's number of seeds: tune writes a count; a list of seed ids counts by its length."""
     if isinstance(seeds, (list, tuple)):
@@ -143,7 +141,7 @@ def dodge(rates: Iterable[float], n: int) -> list[float]:
     return [(i - (n - 1) / 2) * step for i in range(n)]
 
 
-def _top(points: Iterable[float], highs: Iterable[float]) -> float | None:
+def axis_top(points: Iterable[float], highs: Iterable[float]) -> float | None:
     """A y-axis top for a panel where an error bar would squash the curves to a flat line (a
     wide interval from two seeds, an unbounded ratio): BAR_CUT times the largest point, the
     longer bars running off the top. None: plotly's own range shows everything."""
@@ -162,7 +160,7 @@ def _series(best: pd.DataFrame, baseline: pd.DataFrame | None) -> list[tuple[str
     return out
 
 
-def _trace(g: pd.DataFrame, name: str, style: dict, dx: float) -> dict:
+def line_trace(g: pd.DataFrame, name: str, style: dict, dx: float) -> dict:
     """What a rate-axis trace of one series has in common in every panel."""
     return {"x": g["rate"] + dx, "customdata": g["rate"], "text": g["label"], "name": name,
             "legendgroup": name, "mode": "lines+markers",
@@ -206,11 +204,11 @@ def latency_vs_rate(best: pd.DataFrame, objective_metric: str, slo: dict,
                 err = {"type": "data", "array": g["ci_high"] - g["objective"],
                        "arrayminus": g["objective"] - g["ci_low"], "thickness": 1.5, "width": 5}
             fig.add_scatter(y=y, error_y=err, showlegend=i == 0, row=r + 1, col=c + 1,
-                            **_trace(g, name, style[name], dx),
+                            **line_trace(g, name, style[name], dx),
                             hovertemplate="%{text}<br>rate %{customdata:g} req/s<br>%{y:.4g}"
                             "<extra></extra>")
         _slo_line(fig, metric, slo, r + 1, c + 1)
-        top = None if metric != objective_metric else _top(
+        top = None if metric != objective_metric else axis_top(
             pd.concat([g["objective"] for _, g in series]),
             pd.concat([g["ci_high"] for _, g in series]))
         cut = cut or top is not None
@@ -218,8 +216,8 @@ def latency_vs_rate(best: pd.DataFrame, objective_metric: str, slo: dict,
         fig.update_yaxes(title_text=metric_title(metric), rangemode="tozero", row=r + 1, col=c + 1,
                          range=None if top is None else [0, top])
     note = "; bars cut at the top run beyond it" if cut else ""
-    bars = _small(f"bars: {_ci_text(g for _, g in series)}{note}")
-    return _layout(fig, "Latency vs arrival rate (best setting of each policy, and plain "
+    bars = small(f"bars: {_ci_text(g for _, g in series)}{note}")
+    return layout(fig, "Latency vs arrival rate (best setting of each policy, and plain "
                    f"decoding k=0 dashed)<br>{bars}", 360 * rows + 100)
 
 
@@ -245,229 +243,8 @@ def objective_heatmap(best: pd.DataFrame, objective_metric: str, direction: str)
         hovertemplate="%{y} at %{x} req/s<br>%{z:.4g}<extra></extra>"))
     fig.update_xaxes(title_text="arrival rate (req/s)", type="category")
     fig.update_yaxes(title_text="policy")
-    return _layout(fig, f"Objective by policy and rate: {metric_title(objective_metric)}, "
+    return layout(fig, f"Objective by policy and rate: {metric_title(objective_metric)}, "
                    f"{better} is better", 120 + 60 * max(len(table.index), 3))
-
-
-# -- speed-up over k=0 --------------------------------------------------------------------------
-
-
-def speedups(best: pd.DataFrame, baseline: pd.DataFrame, direction: str) -> pd.DataFrame:
-    """Each policy's best candidate against k=0 at the same rate: k=0's objective over the
-    policy's where lower is better (latency), the policy's over k=0's where higher is
-    (goodput); above 1 the policy beats plain decoding. With its interval and how it was got."""
-    base = {r["rate"]: r for r in baseline.to_dict("records")}
-    rows = []
-    for p in best.to_dict("records"):
-        b = base.get(p["rate"])
-        if b is None:
-            continue
-        num, den = (b, p) if direction == "min" else (p, b)
-        low, high, method = speedup_interval(num, den)
-        rows.append({"rate": p["rate"], "policy": p["policy"], "label": p["label"],
-                     "speedup": _ratio(num["objective"], den["objective"]), "low": low,
-                     "high": high, "method": method})
-    return pd.DataFrame(rows, columns=list(SPEEDUP_COLUMNS))
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
-
-
-def _seed_values(row: dict) -> list[float]:
-    """Per-seed objective values in seed order, where tune.json has them ('per_seed') and all
-    are finite numbers (a seed where no request met the SLO has none): else none at all."""
-    values = row.get("per_seed")
-    if not isinstance(values, list) or not all(isinstance(v, numbers.Real) for v in values):
-        return []
-    return [float(v) for v in values] if all(map(math.isfinite, values)) else []
-
-
-def speedup_interval(num: dict, den: dict, level: float = 0.95) -> tuple[float, float, str]:
-    """The interval of num's objective / den's: paired where both carry per-seed values (the
-    seeds are common random numbers, so most of the noise cancels), else conservative
-    bounds from the two intervals."""
-    a, b = _seed_values(num), _seed_values(den)
-    n = min(len(a), len(b))
-    if n >= 2:
-        return (*paired_ratio_interval(a[:n], b[:n], level), PAIRED)
-    return (*bounds_ratio_interval(num, den), CONSERVATIVE)
-
-
-def paired_ratio_interval(a: Sequence[float], b: Sequence[float],
-                          level: float = 0.95) -> tuple[float, float]:
-    """Interval of mean(a) / mean(b) from pairs (a_i, b_i) on the same seed: the ratio
-    estimator's linearisation, R +- t * sd(a_i - R b_i) / (sqrt(n) mean(b)), clipped at 0."""
-    from scipy.stats import t
-
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if not (np.isfinite(x).all() and np.isfinite(y).all()) or y.mean() <= 0:
-        return math.nan, math.nan
-    r = x.mean() / y.mean()
-    half = (t.ppf(0.5 + level / 2, len(x) - 1) * (x - r * y).std(ddof=1)
-            / (math.sqrt(len(x)) * y.mean()))
-    return max(r - half, 0.0), r + half
-
-
-def bounds_ratio_interval(num: dict, den: dict) -> tuple[float, float]:
-    """[num low / den high, num high / den low]: covers the ratio whenever both intervals
-    cover their means; unbounded above when den's interval reaches 0."""
-    lo_n, hi_n = _bound(num, "ci_low"), _bound(num, "ci_high")
-    lo_d, hi_d = _bound(den, "ci_low"), _bound(den, "ci_high")
-    if not all(map(math.isfinite, (lo_n, hi_n, lo_d, hi_d))) or hi_d <= 0:
-        return math.nan, math.nan
-    return max(lo_n, 0.0) / hi_d, (hi_n / lo_d if lo_d > 0 else math.inf)
-
-
-def _bound(row: dict, key: str) -> float:
-    value = row.get(key)
-    return float(value) if isinstance(value, numbers.Real) else math.nan
-
-
-def speedup_vs_rate(speed: pd.DataFrame, objective_metric: str, direction: str) -> go.Figure:
-    """Is speculation worth it at this load? Each policy's best setting against plain decoding,
-    per rate, with the interval of the ratio; the dashed line at 1 is k=0 itself."""
-    fig = go.Figure()
-    style = series_styles(speed["policy"])
-    groups = list(speed.groupby("policy", sort=False))
-    offsets = dodge(speed["rate"], len(groups) + 1)  # k=0's slot kept: the same x as above
-    top = _top(speed["speedup"], speed["high"])
-    for (policy, g), dx in zip(groups, offsets):
-        high = g["high"].where(np.isfinite(g["high"]), 10 * (top or g["speedup"].max()))
-        fig.add_scatter(y=g["speedup"], **_trace(g, policy, style[policy], dx),
-                        error_y={"type": "data", "array": high - g["speedup"],
-                                 "arrayminus": g["speedup"] - g["low"], "thickness": 1.5,
-                                 "width": 5},
-                        hovertemplate="%{text}<br>rate %{customdata:g} req/s<br>speed-up "
-                        "%{y:.3g}x<extra></extra>")
-    fig.add_hline(y=1, line={"dash": "dash", "color": BASELINE_STYLE["color"], "width": 1.5},
-                  annotation_text="1 = " + BASELINE_NAME, annotation_position="bottom right")
-    better = "lower" if direction == "min" else "higher"
-    ratio = ("k=0's / the policy's" if direction == "min" else "the policy's / k=0's")
-    methods = "; ".join(dict.fromkeys(m for m in speed["method"] if isinstance(m, str)))
-    fig.update_xaxes(title_text="arrival rate (req/s)")
-    fig.update_yaxes(title_text=f"speed-up over k=0 (x), {ratio}", rangemode="tozero",
-                     range=None if top is None else [0, top])
-    note = "; bars cut at the top run beyond it" if top is not None else ""
-    return _layout(fig, f"Speed-up over plain decoding, fixed(k=0): {ratio} "
-                   f"{metric_title(objective_metric)} ({better} is better), above 1 the "
-                   f"policy wins<br>{_small(f'bars: 95% interval, {methods}{note}')}", 500)
-
-
-def _small(text: str) -> str:
-    """A title's second line: how to read the chart, in a smaller font."""
-    return f"<span style='font-size:12px'>{text}</span>"
-
-
-# -- k over time --------------------------------------------------------------------------------
-
-
-def k_column(trace: pd.DataFrame) -> str:
-    """'drafted' where the sample recorded it; older samples have only the policy's k."""
-    return "drafted" if "drafted" in trace else "k"
-
-
-def k_over_time(traces: Sequence[tuple[str, pd.DataFrame]], per_sample: int = 8,
-                bins: int = 60) -> go.Figure:
-    """How many tokens requests really drafted per step as the batch fills and drains: dots for
-    a few requests of each sample run, a line for the mean over all of them. Drafted, not the
-    policy's nominal k: an n-gram drafter proposes only what it matched (a fixed k=10 drafts
-    0 or 10, about 6 on average), a stop rule cuts chains; the policy's mean choice is the
-    dotted line where it differs."""
-    fig = make_subplots(rows=len(traces), cols=1,
-                        subplot_titles=[_k_title(t, trace) for t, trace in traces],
-                        vertical_spacing=0.3 / max(len(traces), 1))
-    for row, (_, trace) in enumerate(traces, start=1):
-        col = k_column(trace)
-        ids = pick_requests(trace, per_sample)
-        colour = colours(str(i) for i in ids)
-        for rid in ids:
-            g = thin(trace[trace["request_id"] == rid].sort_values("time_s"))
-            fig.add_scatter(x=g["time_s"], y=g[col], mode="markers", name=f"request {rid}",
-                            marker={"color": colour[str(rid)], "size": 5, "opacity": 0.7},
-                            showlegend=False, row=row, col=1,
-                            hovertemplate=f"request {rid}<br>t %{{x:.3f}} s<br>{col} %{{y}}"
-                            "<extra></extra>")
-        for name, mean, line in _k_means(trace, col, bins):
-            fig.add_scatter(x=mean["time_s"], y=mean[name], mode="lines", name=_K_NAMES[name],
-                            legendgroup=name, showlegend=row == 1, line=line, row=row, col=1,
-                            hovertemplate=f"{_K_NAMES[name]}<br>t %{{x:.3f}} s: %{{y:.2f}}"
-                            "<extra></extra>")
-        fig.update_xaxes(title_text="time (s)", row=row, col=1)
-        fig.update_yaxes(title_text="k drafted" if col == "drafted" else
-                         "k chosen (drafted not recorded)", rangemode="tozero", row=row, col=1)
-    return _layout(fig, "Draft length k over time: tokens drafted per step<br>" + _small(
-        f"dots: {per_sample} sample requests, one colour each (hover for the id); lines: mean "
-        f"over all requests' steps in each of {bins} time slices"), 300 * len(traces) + 120)
-
-
-_K_NAMES = {"drafted": "mean k drafted", "k": "mean k the policy chose"}
-
-
-def _k_means(trace: pd.DataFrame, col: str, bins: int) -> list[tuple[str, pd.DataFrame, dict]]:
-    """(column, its mean per time slice, line style): drafted (solid), and the policy's choice
-    (dotted) where it differs from what was drafted."""
-    cols = [col] + (["k"] if col == "drafted" and "k" in trace
-                    and not trace["k"].equals(trace["drafted"]) else [])
-    t = trace["time_s"].to_numpy(dtype=float)
-    if not len(t):
-        return []
-    edges = np.linspace(t.min(), t.max(), bins + 1)
-    slot = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
-    means = trace[cols].groupby(slot).mean().reindex(range(bins))  # empty slice: a gap
-    means["time_s"] = (edges[:-1] + edges[1:]) / 2
-    styles = {"drafted": {"color": "#222222", "width": 2.5},
-              "k": {"color": "#777777", "width": 2, "dash": "dot"}}
-    return [(c, means, styles[c]) for c in cols]
-
-
-def _k_title(title: str, trace: pd.DataFrame) -> str:
-    """The sample's name with its mean drafted k per step and the policy's mean choice."""
-    if not len(trace) or not {"drafted", "k"} <= set(trace.columns):
-        return title
-    return (f"{title}: {trace['drafted'].mean():.3g} drafted per step on average "
-            f"(the policy chose {trace['k'].mean():.3g})")
-
-
-def pick_requests(trace: pd.DataFrame, n: int) -> list:
-    """Up to n request ids spread over the run (by first decision), preferring ones with
-    several steps so their lines show something."""
-    first = trace.groupby("request_id")["time_s"].agg(["min", "size"]).sort_values("min")
-    many = first[first["size"] >= 3]
-    pool = many if len(many) >= n else first
-    spots = np.unique(np.linspace(0, len(pool) - 1, min(n, len(pool))).astype(int))
-    return list(pool.index[spots])
-
-
-def latency_cdfs(samples: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
-    """The whole latency distribution of each sample run, not just its mean and p99."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{WHAT[k]} CDF" for k in LATENCY_KEYS],
-                        horizontal_spacing=0.06)
-    colour = colours(name for name, _ in samples)
-    for name, req in samples:
-        lat = request_latencies(req)
-        for col, key in enumerate(LATENCY_KEYS, start=1):
-            x = np.sort(lat[key].dropna().to_numpy())
-            if not len(x):
-                continue
-            cdf = pd.DataFrame({"x": x, "y": np.arange(1, len(x) + 1) / len(x)})
-            cdf = thin(cdf)
-            fig.add_scatter(x=cdf["x"], y=cdf["y"], mode="lines", name=name, legendgroup=name,
-                            showlegend=col == 1, line={"color": colour[name]}, row=1, col=col,
-                            hovertemplate=f"{name}<br>%{{x:.4g}} s: %{{y:.1%}} of requests"
-                            "<extra></extra>")
-            fig.update_xaxes(title_text=f"{WHAT[key]} (s)", row=1, col=col)
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.02])
-    fig.update_yaxes(title_text="share of requests at or below", row=1, col=1)
-    return _layout(fig, "Latency distributions of the sample runs", 430)
-
-
-def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT and E2E per request from requests.csv (TPOT only for > 1 output token)."""
-    many = req["output_tokens"] > 1
-    tpot = (req["finish_s"] - req["first_token_s"]) / (req["output_tokens"] - 1)
-    return pd.DataFrame({"ttft": req["first_token_s"] - req["arrival_s"],
-                         "tpot": tpot.where(many), "e2e": req["finish_s"] - req["arrival_s"]})
 
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -488,7 +265,7 @@ def capacity_bars(plans: pd.DataFrame, target_rate: float | None) -> go.Figure:
     fig.update_layout(barmode="group", uniformtext={"minsize": 9})
     fig.update_xaxes(title_text="policy")
     fig.update_yaxes(title_text="max rate per replica within SLO (req/s)", rangemode="tozero")
-    return _layout(fig, f"Capacity per replica{target}", 460)
+    return layout(fig, f"Capacity per replica{target}", 460)
 
 
 def _capacity_text(p) -> str:
@@ -520,7 +297,7 @@ def attainment_curves(curves: pd.DataFrame, target: float | None) -> go.Figure:
                       annotation_text=f"target {target:.1%}")
     fig.update_xaxes(title_text="arrival rate per replica (req/s)")
     fig.update_yaxes(title_text="SLO attainment (share of requests)", tickformat=".0%")
-    return _layout(fig, "SLO attainment vs arrival rate", 460)
+    return layout(fig, "SLO attainment vs arrival rate", 460)
 
 
 # -- validate -----------------------------------------------------------------------------------
@@ -558,7 +335,7 @@ def validate_scatter(rows: pd.DataFrame) -> go.Figure:
         fig.update_xaxes(title_text=f"measured {title}", type=kind, row=1, col=col)
         fig.update_yaxes(title_text=f"simulated {title}", type=kind, row=1, col=col)
     fig.update_layout(legend={"traceorder": "normal"})  # fill="tonexty" would reverse it
-    return _layout(fig, "Simulated vs measured (diagonal: agreement; band: +/-10%)", 480)
+    return layout(fig, "Simulated vs measured (diagonal: agreement; band: +/-10%)", 480)
 
 
 def _diagonal(fig: go.Figure, part: pd.DataFrame, log: bool, col: int) -> None:

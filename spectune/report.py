@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectune import charts
+from spectune import charts, charts_samples, charts_speedup
 from spectune.report_html import (
     Section,
     _dict,
@@ -152,9 +152,9 @@ def tune_section(folder: Path, doc: dict) -> Section:
     samples = _need(doc, "samples", list, path) if "samples" in doc else []
     traces, requests = _samples(folder, samples, f"{where} samples")
     if traces:
-        section.parts.append(charts.k_over_time(traces))
+        section.parts.append(charts_samples.k_over_time(traces))
     if requests:
-        section.parts.append(charts.latency_cdfs(requests))
+        section.parts.append(charts_samples.latency_cdfs(requests))
     if len(recs):
         section.parts.append(recommendations_table(recs, metric))
     exports = doc.get("exports") or {}
@@ -184,9 +184,9 @@ def rate_charts(cands: pd.DataFrame, metric: str, direction: str, slo: dict) -> 
     best = charts.best_per_policy(cands, direction)
     baseline = charts.baseline_per_rate(cands)
     parts = [charts.latency_vs_rate(best, metric, slo, baseline)]
-    speed = charts.speedups(best, baseline, direction)
+    speed = charts_speedup.speedups(best, baseline, direction)
     if len(speed):
-        parts.append(charts.speedup_vs_rate(speed, metric, direction))
+        parts.append(charts_speedup.speedup_vs_rate(speed, metric, direction))
     return [*parts, charts.objective_heatmap(best, metric, direction)]
 
 
@@ -211,7 +211,7 @@ def _samples(folder: Path, samples: list, where: str) -> tuple[list, list]:
         if key is not None:
             columns = DRAFTS_COLUMNS if key == "drafts_csv" else TRACE_COLUMNS
             trace = read_csv(folder, s[key], columns, f"{where}[{i}].{key}")
-            if trace[charts.k_column(trace)].any():
+            if trace[charts_samples.k_column(trace)].any():
                 traces.append((name, trace))
         if "requests_csv" in s:
             requests.append((name, read_csv(folder, s["requests_csv"], REQUEST_COLUMNS,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectune import charts, report_cli
+from spectune import charts, charts_samples, charts_speedup, report_cli
 from spectune.report import ReportError, rate_charts, write_report
 
 RATES = (4.0, 12.0, 24.0)
@@ -277,13 +277,13 @@ def test_cli_parser_writes_and_prints(tmp_path, capsys):
 def test_large_series_are_thinned():
     rng = np.random.default_rng(1)
     req = _requests(rng, 30.0, n=20_000)
-    fig = charts.latency_cdfs([("big", req)])
+    fig = charts_samples.latency_cdfs([("big", req)])
     assert all(len(t.x) <= charts.MAX_POINTS for t in fig.data)
     assert max(t.x[-1] for t in fig.data) == pytest.approx(
         (req["finish_s"] - req["arrival_s"]).max())  # the tail is kept
     trace = pd.DataFrame({"time_s": np.arange(50_000) * 0.01, "request_id": 7,
                           "k": rng.integers(0, 6, 50_000)})
-    fig = charts.k_over_time([("one request", trace)])
+    fig = charts_samples.k_over_time([("one request", trace)])
     request = [t for t in fig.data if t.name == "request 7"]
     assert len(request) == 1 and len(request[0].x) <= charts.MAX_POINTS
     assert request[0].x[-1] == trace["time_s"].iloc[-1]  # the end is kept
@@ -391,7 +391,7 @@ def test_speedup_of_a_higher_is_better_objective_is_policy_over_k0():
                           "ci_low": 270.0, "ci_high": 330.0}])
     base = pd.DataFrame([{**row, "policy": "fixed", "label": "fixed(k=0)", "objective": 200.0,
                           "ci_low": 190.0, "ci_high": 220.0}])
-    got = charts.speedups(best, base, "max").iloc[0]
+    got = charts_speedup.speedups(best, base, "max").iloc[0]
     assert got["speedup"] == pytest.approx(1.5)
     assert (got["low"], got["high"]) == pytest.approx((270 / 220, 330 / 190))
 
@@ -401,7 +401,7 @@ def test_k_over_time_plots_the_k_drafted_not_the_k_chosen(tmp_path):
     doc = json.loads((folder / "tune.json").read_text())
     drafts = pd.read_csv(folder / doc["samples"][0]["drafts_csv"])
     assert (drafts["drafted"] < drafts["k"]).mean() > 0.3  # the drafter often ran out
-    fig = charts.k_over_time([("best at 4 req/s", drafts)])
+    fig = charts_samples.k_over_time([("best at 4 req/s", drafts)])
     assert fig.layout.yaxis.title.text == "k drafted"
     dots = [t for t in fig.data if t.name.startswith("request ")]
     assert len(dots) == 8
