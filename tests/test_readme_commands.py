@@ -19,7 +19,8 @@ the last occurrence of an option, so an appended `--requests 40` overrides the R
 the command itself is otherwise run as written. A command no key covers fails the test and says
 where to add one: it is never skipped. The exceptions are explicit:
 
-- the test-suite line is CI itself (skipped: it would run this test inside itself);
+- the test-suite line is CI itself: it is not run here (it would run this test inside itself),
+  but `.ci/run` must hold exactly that command;
 - the quick start's `python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/spectune
   tune` runs for real: a fresh virtual environment, the checkout installed without extras from the
   package index, its `spectune tune` (reduced) printing a recommendation, and torch not
@@ -82,8 +83,8 @@ REDUCE: dict[str, tuple[str, ...]] = {
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000"),  # 100k requests: ~1 min
 }
-CI_SKIP = ("python -m pytest", "the test-suite command is CI itself (.ci/run runs exactly it); "
-                               "run here it would run this test inside itself")
+#: the README's test-suite line: CI itself, so it is not run here; `.ci/run` must run exactly it
+CI_COMMAND = "python -m pytest"
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,15 @@ def run_quick_start(command: Command, cwd: Path) -> None:
         f"{command}\nthe quick start's environment has torch: {probe.stdout.strip()}")
 
 
+def check_ci_runs_it(command: Command) -> None:
+    """The test-suite line is what CI runs: `.ci/run` must hold exactly that command (running it
+    here would run this test inside itself)."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [line.strip() for line in lines if CI_COMMAND in line]
+    assert ci == [command.text], (
+        f"{command}\n.ci/run must run exactly the README's test command; it runs {ci}")
+
+
 def case_id(command: Command) -> str:
     return f"L{command.line}:" + re.sub(r"[^\w.:=,@/+-]+", "_", command.text[:50]).strip("_")
 
@@ -423,10 +433,9 @@ def case_id(command: Command) -> str:
 @pytest.mark.parametrize("command", COMMANDS, ids=case_id)
 def test_readme_command_runs(command: Command, workdir: Path) -> None:
     OUTCOMES[command.line] = "failed"
-    if CI_SKIP[0] in command.text:
-        OUTCOMES[command.line] = "skipped"
-        pytest.skip(CI_SKIP[1])
-    if "&&" in command.text:
+    if CI_COMMAND in command.text:
+        check_ci_runs_it(command)
+    elif "&&" in command.text:
         if not command.text.startswith("python3 -m venv "):
             pytest.fail(f"{command}\nis a chain of commands the test does not know: teach it "
                         "(run_quick_start shows how)")
