@@ -21,9 +21,9 @@ from pathlib import Path
 
 from simulator import ConfigError, SchedulerConfig, get_gpu
 from spectune.console import seconds
-from spectune.evaluate import Runner, Task
+from spectune.evaluate import Runner, Task, seeded_inputs
 from spectune.search import Candidate
-from spectune.simulate import SYNTHETIC, SimulationSpec, build_slo, note_short_trace
+from spectune.simulate import SimulationSpec, build_slo, note_short_trace
 
 MAX_RATE = 4096.0
 MIN_RATE = 0.01  # below this a replica serves nothing useful: reported as no capacity
@@ -107,7 +107,7 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
              out: Path | None, progress=None, k_max_given: bool = True) -> dict:
     """The plan of every (policy, hardware) pair; written to `out`/plan.json. As in tune, a fixed
     k past a k_max the user did not set (`k_max_given`) runs with k_max = k."""
-    from spectune.tune import scheduler_for
+    from spectune.tune import BASELINE, scheduler_for
 
     slo = build_slo(scenario)
     if slo is None:
@@ -115,12 +115,8 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     started = time.perf_counter()
     options = [None] if scenario.profile else spec.hardware_list()
     brackets = [_Bracket(c, h) for c in _candidates(spec.policies) for h in options]
-    if scenario.requests is not None and scenario.workload not in SYNTHETIC:
-        from spectune.evaluate import seeded_inputs
-
-        first = Task(_scenario(scenario, options[0]), scheduler, Candidate("fixed", (("k", 0),)),
-                     1.0, 0)
-        note_short_trace(scenario.requests, seeded_inputs(first)[0])
+    first = Task(_scenario(scenario, options[0]), scheduler, BASELINE, 1.0, 0)
+    note_short_trace(scenario, seeded_inputs(first)[0])
     curves: list[dict] = []
     with Runner(out / "evals" if out else None, spec.jobs, progress) as runner:
 

@@ -138,8 +138,7 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
             raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
                              "or a path to a .csv/.jsonl workload file")
         wl = load_trace(spec.workload)
-        if spec.requests is not None:
-            note_short_trace(spec.requests, wl)
+        note_short_trace(spec, wl)
         wl = trace_window(wl, spec.requests or default_n, spec.rate)
     if spec.duration is not None:
         wl = wl.within(spec.duration)
@@ -162,9 +161,11 @@ def trace_window(trace: Workload, n: int | None, rate: float | None,
     return trace if rate is None else rescale_to_rate(trace, rate)
 
 
-def note_short_trace(requested: int, trace: Workload, per_seed: bool = False) -> None:
-    """A user who asks for more requests than a trace holds hears so (a UserNote)."""
-    if requested > len(trace):
+def note_short_trace(spec: SimulationSpec, trace: Workload, per_seed: bool = False) -> None:
+    """A user who asks for more requests than a trace holds hears so (a UserNote); `trace` is
+    what `spec` made of its trace workload (synthetic workloads are drawn to size)."""
+    requested = spec.requests
+    if requested is not None and spec.workload not in SYNTHETIC and requested > len(trace):
         what = ("every seed serves the whole trace, so the seeds differ only in acceptance "
                 "order" if per_seed else f"all {len(trace):,} are simulated")
         warnings.warn(f"--requests {requested:,} is more than the {len(trace):,} requests of "

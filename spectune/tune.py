@@ -37,7 +37,7 @@ from spectune.search import (
     past_the_top,
     successive_halving,
 )
-from spectune.simulate import SYNTHETIC, SimulationSpec, build_slo, note_short_trace
+from spectune.simulate import SimulationSpec, build_slo, note_short_trace
 
 DEFAULT_POLICIES = "fixed,batch_adaptive,goodput"
 DEFAULT_RATES = (4.0, 12.0, 24.0)
@@ -301,8 +301,7 @@ def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bo
     workload, latency, acceptance, kv, slo = seeded_inputs(
         Task(scenario, scheduler, BASELINE, spec.rates[0], 0))
     acc = acceptance.meta
-    if scenario.requests is not None and scenario.workload not in SYNTHETIC:
-        note_short_trace(scenario.requests, workload, per_seed=True)
+    note_short_trace(scenario, workload, per_seed=True)
     return {"workload": workload.source.rsplit(", requests", 1)[0]
             + f", {len(workload)} requests per seed (seed i: the i-th window), rescaled to "
               "each rate",
