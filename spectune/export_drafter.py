@@ -121,8 +121,19 @@ def _tuned(draft: Any, name: str | None, meta: Mapping, acceptance: str) -> str:
 
 
 def _model_free(rec: _Recorded | None, name: Any, tuned: str) -> Drafter:
+    """No draft pass was costed. An n-gram (or parametric) acceptance is the model-free drafter
+    itself. A recording of a head or a draft model still names the drafter whose acceptance was
+    tuned (an n-gram lookup would not accept what it accepted), with a caveat that its cost was
+    left out."""
     if rec is None or rec.kind == "ngram":
         return Drafter("ngram", ngram=rec.ngram if rec else (1, 3), tuned=tuned)
+    uncosted = (f"the latency costed no draft pass, so {name}'s own drafting time was left out "
+                "of the tune: cost it (--profile, or --draft for a draft model) and re-tune "
+                "before relying on the table")
+    if rec.kind in _HEAD_KINDS:
+        return Drafter(rec.kind, tuned=tuned, caveat=uncosted)
+    if rec.kind == "draft-model" and rec.model:
+        return Drafter("draft-model", rec.model, tuned=tuned, caveat=uncosted)
     return Drafter("ngram", tuned=tuned, caveat=(
         f"the acceptance was recorded with drafter {name}, but the latency costs no draft model: "
         "exported as the model-free drafter (n-gram lookup) the latency simulated, whose own "

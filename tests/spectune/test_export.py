@@ -371,7 +371,12 @@ SHAPE = get_model("Llama-68M")
     # They disagree: the latency side is what the engine must run; the caveat says so.
     (SHAPE, {"drafter": "ngram"}, "draft-model", "recorded with drafter ngram"),
     (SHAPE, {"drafter": "model:Llama-160M"}, "draft-model", "exported as Llama-68M"),
-    (None, {"drafter": "eagle"}, "ngram", "costs no draft model"),
+    # No draft pass costed, but a head's or a draft model's acceptance: that drafter was tuned
+    # (an n-gram lookup would not accept what it accepted), its cost left out, and said so.
+    (None, {"drafter": "eagle"}, "eagle", "costed no draft pass"),
+    (None, {"drafter": "early-exit:24:lens"}, "early-exit", "costed no draft pass"),
+    (None, {"drafter": "model:Llama-160M"}, "draft-model", "costed no draft pass"),
+    (None, {"drafter": "quant:4"}, "ngram", "costs no draft model"),
     (None, {"drafter": "mystery"}, "ngram", "recorded with drafter mystery"),
 ])
 def test_drafter_from_the_scenario_halves(draft, meta, kind, caveat):
@@ -418,3 +423,19 @@ def test_tune_cli_exports_the_tuned_drafter(tmp_path, capsys, args, method):
     assert "no sglang config" in capsys.readouterr().out
     for file in (out / "exports").iterdir():
         assert not names_eagle(file.read_text())  # nor a drafter that was not tuned
+
+
+def test_tune_cli_of_an_early_exit_recording_exports_no_ngram(tmp_path, capsys):
+    """The README's `tune --acceptance smollm2-early-exit-24-lens` (tune drafts model-free by
+    default) wrote an n-gram vLLM config: an n-gram lookup would not accept what the early exit
+    accepted. No engine drafts with an early exit, so nothing is written, each with its reason."""
+    out = tmp_path / "tune"
+    assert main(["tune", "--rates", "4", "--seeds", "1", "--requests", "40", "--policies",
+                 "fixed", "--acceptance", "smollm2-early-exit-24-lens", "--k-max", "8",
+                 "--no-samples", "--jobs", "1", "--no-report", "--out", str(out)]) == 0
+    tune = json.loads((out / "tune.json").read_text())
+    printed = capsys.readouterr().out
+    assert tune["exports"] == {} and not any((out / "exports").glob("*"))
+    assert set(tune["export_problems"]) == set(EXPORTERS)
+    assert all("early exit" in why for why in tune["export_problems"].values())
+    assert "n-gram" not in printed
