@@ -28,9 +28,9 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from drafters import make_drafter  # noqa: E402
+from models.gguf import load_smollm2  # noqa: E402
 from profiler import device as devices  # noqa: E402
-from profiler.drafters import make_drafter  # noqa: E402
-from profiler.gguf import load_smollm2  # noqa: E402
 
 
 def _filled(model, batch: int, context: int, generator: torch.Generator):
@@ -72,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target, _ = load_smollm2(getattr(torch, args.dtype))
     drafter = make_drafter(args.drafter, target)
-    draft = getattr(drafter, "timing_model", getattr(drafter, "model", None))
+    draft = drafter.timing_model
     if draft is None:
         raise SystemExit(f"drafter {args.drafter!r} runs no model: nothing to time")
     name, _ = devices.describe(target.config.device)

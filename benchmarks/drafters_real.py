@@ -3,7 +3,7 @@ losslessness of every drafter x policy in the live engine.
 
 Part 1 (acceptance): the first odd-id question of each of the 13 categories (odd ids are held
 out from the tuned lens's fit), the target's greedy output (--tokens), then every drafter
-teacher-forced over the same outputs (profiler.record.record_outputs): acceptance_k1 and
+teacher-forced over the same outputs (live.recorder.record_outputs): acceptance_k1 and
 tokens per step at k=4, overall and per category.
 
 Part 2 (losslessness): 20 questions (the first odd and even ids of each category, in order),
@@ -52,9 +52,10 @@ def first_per_category(prompts, parity: int | None):
 
 
 def acceptance(target, tokenizer, tokens: int, log) -> dict:
-    from profiler.drafters import make_drafter
-    from profiler.record import greedy_output, record_outputs
-    from profiler.tokenizer import chat_prompt
+    from drafters import make_drafter
+    from live.recorder import record_outputs
+    from models.generate import greedy_output
+    from models.tokenizer import chat_prompt
     from spectune.record import acceptance_summary, lens_fit_text
     from traces.prompts import DEFAULT_PROMPTS, load_prompts
 
@@ -105,10 +106,10 @@ def reference(target, encoded, tokens):
 
 def lossless(target, tokenizer, tokens: int, log, drafters=LOSSLESS_DRAFTERS,
              policies=POLICIES) -> list[dict]:
+    from drafters import make_drafter
+    from live.engine import LiveEngine
+    from models.tokenizer import chat_prompt
     from policies import make_policy
-    from profiler.drafters import make_drafter
-    from profiler.live_engine import LiveEngine
-    from profiler.tokenizer import chat_prompt
     from simulator import SchedulerConfig, StepCostModel
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
@@ -158,7 +159,7 @@ def lossless(target, tokenizer, tokens: int, log, drafters=LOSSLESS_DRAFTERS,
 def main(argv=None) -> int:
     import torch
 
-    from profiler.gguf import load_smollm2
+    from models.gguf import load_smollm2
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=64)

@@ -40,11 +40,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from drafters import make_drafter  # noqa: E402
+from live.engine import LiveEngine  # noqa: E402
+from models.gguf import load_smollm2  # noqa: E402
+from models.tokenizer import chat_prompt  # noqa: E402
 from policies import make_policy  # noqa: E402
-from profiler.drafters import make_drafter  # noqa: E402
-from profiler.gguf import load_smollm2  # noqa: E402
-from profiler.live_engine import LiveEngine  # noqa: E402
-from profiler.tokenizer import chat_prompt  # noqa: E402
 from simulator import SchedulerConfig, StepCostModel  # noqa: E402
 from traces import Workload  # noqa: E402
 from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts  # noqa: E402
@@ -89,7 +89,7 @@ def goodput_cost(target, drafter, batch: int, prompts, tokens_out: int, scratch:
 
     lengths = np.asarray([len(p) for p in prompts])
     grid = validation_grid(batch, 8, lengths, np.full(len(prompts), tokens_out),
-                           draft_tree=getattr(drafter, "tree", None))  # a tree's verify widths
+                           draft_tree=drafter.tree)  # a tree's verify widths
     probe = DriftProbe(target, drafter.timing_model, grid, scratch / f"profile-b{batch}")
     for _ in range(3):
         probe.round()
@@ -99,7 +99,7 @@ def goodput_cost(target, drafter, batch: int, prompts, tokens_out: int, scratch:
 def pass_costs(target, head, context: int = 256, repeats: int = 200) -> dict:
     """Median seconds of one target decode pass (1 token after `context`) and one head pass
     (one entry, draft logits), interleaved so that machine drift hits both alike."""
-    from profiler.eagle import HeadTiming
+    from models.eagle_head import HeadTiming
 
     timing = HeadTiming(head)
     gen = torch.Generator().manual_seed(0)

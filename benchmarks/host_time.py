@@ -28,11 +28,11 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from drafters import make_drafter  # noqa: E402
+from live.engine import LiveEngine  # noqa: E402
+from models.gguf import load_smollm2  # noqa: E402
+from models.tokenizer import chat_prompt  # noqa: E402
 from policies import make_policy  # noqa: E402
-from profiler.drafters import make_drafter  # noqa: E402
-from profiler.gguf import load_smollm2  # noqa: E402
-from profiler.live_engine import LiveEngine  # noqa: E402
-from profiler.tokenizer import chat_prompt  # noqa: E402
 from simulator import SchedulerConfig  # noqa: E402
 from spectune.flags import parse_policy_list  # noqa: E402
 from traces import Workload  # noqa: E402
@@ -76,11 +76,11 @@ def main() -> None:
     target, tok = load_smollm2(getattr(torch, args.dtype))
     drafter = make_drafter(args.drafter, target)
     prompts = [tok.encode(chat_prompt(p.text)) for p in eval_prompts(args.batch)]
-    import profiler
+    import live
 
     print(f"SmolLM2-135M-Instruct {args.dtype}, {args.threads} thread(s), drafter "
           f"{args.drafter}, batch {args.batch}, {args.tokens} tokens per request; engine code "
-          f"from {os.path.dirname(os.path.dirname(os.path.abspath(profiler.__file__)))}")
+          f"from {os.path.dirname(os.path.dirname(os.path.abspath(live.__file__)))}")
     print(f"{'policy':<16} {'run':>3} {'host ms/iter (median)':>22} {'mean':>7} "
           f"{'passes ms/iter':>15} {'iterations':>10}")
     for repeat in range(args.repeats):

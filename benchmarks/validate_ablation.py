@@ -32,18 +32,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from models.generate import target_outputs  # noqa: E402
 from policies import make_policy  # noqa: E402
-from profiler.record import target_outputs  # noqa: E402
 from simulator import StepCostModel, simulate  # noqa: E402
-from spectune.validate import (  # noqa: E402
-    ValidateSpec,
-    _probe,
-    _setup,
-    build_workload,
-    record_trace,
-)
+from spectune.validate import ValidateSpec, _probe  # noqa: E402
 from spectune.validate_calibration import HostFit  # noqa: E402
 from spectune.validate_report import metrics  # noqa: E402
+from spectune.validate_setup import build_workload, record_trace, setup_models  # noqa: E402
 
 METRICS = ("e2e_mean_s", "tpot_mean_s", "e2e_p99_s", "ttft_mean_s")
 VARIANTS = ("model", "one")
@@ -61,7 +56,7 @@ def main() -> None:
     saved = json.loads((args.out / "validate.json").read_text())
     meta, rows = saved["meta"], pd.DataFrame(saved["rows"])
     spec = ValidateSpec(**meta["spec"])  # its thread count names the profile's device
-    setup = _setup(spec)
+    setup = setup_models(spec)
     workloads = {rate: build_workload(spec, rate, setup.vocab, setup.tokenizer)
                  for rate in spec.rate_list}
     probe = _probe(spec, setup, workloads, args.out)  # resumes the saved rounds, times nothing

@@ -26,7 +26,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from profiler.gguf import load_smollm2  # noqa: E402
+from models.gguf import load_smollm2  # noqa: E402
 
 
 def width_costs(target, widths: list[int], batch: int, context: int, repeats: int) -> dict:

@@ -5,37 +5,9 @@ Models via an Entropy-based Lower Bound on Token Acceptance Probability", arXiv 
 (docs/policies.md §6). The draft's entropy H (nats) at a position bounds how likely the target is to
 accept the drafted token from below by about 1 - sqrt(γ·H); drafting stops once that bound falls
 below a threshold λ, so a chain runs long where the drafter is sure and stops where it is not,
-without a trained stop predictor.
-
-The stopping test is from the paper's abstract and docs/policies.md: stop when 1 - sqrt(γ·H) < λ.
-
-λ is adapted per request after every verified round *(secondary: the paper's own text could not be
-read here; this follows the only implementation found, `AdaEDLScheduler` and the drafting loop in
-DSDE's vLLM fork, samsungsds-research-paper/DSDE, vllm/spec_decode/dynamic_scheduler.py and
-draft_model_runner.py, whose parameter names and defaults β1 0.5, β2 0.9, α 0.9, ε 0.01 match
-docs/policies.md)*:
-
-    AR_n   = accepted / drafted                                 (this round)
-    AR     = β1·AR + (1 - β1)·AR_n                              (EMA, starts at 0)
-    λ'     = λ + ε   if AR < α                                  (accepting too little: stop sooner)
-           = λ - ε   if AR > α and the whole allowed chain was accepted   (draft further)
-           = λ       otherwise
-    λ      = β2·λ + (1 - β2)·λ'                                 (starts at 0.5, DSDE's value)
-
-Differences from DSDE's code, and choices where it is silent:
-- "The whole allowed chain" is DSDE's `accepted == max_k`; here max_k is this step's chain cap,
-  min(max_k, engine k_max), so an engine cap below max_k does not freeze λ. As in DSDE, a chain cut
-  short by the stop rule never lowers λ: λ only falls after a round that ran to the cap and was
-  accepted whole, so once every chain is cut short λ can no longer fall (with a weak drafter it
-  climbs until each chain keeps one draft).
-- γ defaults to 0.2 (docs/policies.md); DSDE's `gamma_risk` defaults to 0.1.
-- DSDE checks the draft token it has just sampled and keeps it (the loop breaks after appending
-  it); `Policy.stop_drafting` means the same, so every chain keeps at least one draft, like DSDE's
-  `steps_done >= min_k` with min_k defaulting to 1. DSDE stops the whole batch when any row
-  fires (vLLM V0 proposes equal lengths); here each request stops on its own (docs/policies.md §7).
-- max_k defaults to 10 (the paper's own maximum is unconfirmed; DSDE's `max_spec_tokens` is 20).
-- A NaN entropy counts as zero confidence (the rule fires); +inf fires too.
-- A round with nothing drafted teaches nothing (DSDE skips k = 0 rounds as well).
+without a trained stop predictor. λ adapts per request toward an acceptance target, as in DSDE's
+implementation *(secondary)*; the update and where this differs from DSDE's code:
+docs/policy-adaedl.md.
 """
 
 from __future__ import annotations

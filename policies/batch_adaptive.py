@@ -3,30 +3,10 @@
 Su, Giannoula, Pekhimenko 2023, "The Synergy of Speculative Decoding and Batching" (arXiv
 2310.18813; docs/policies.md §2, mechanism from secondary descriptions): the best k falls as the
 batch grows, because a bigger batch makes each verified token dearer (the verify pass leaves the
-memory-bound regime) while the expected tokens per draft stay the same. Offline, build a table
-B -> k* that minimises per-token latency T_step(B, k) / E(k); online, look up the batch size and
-give every request that k.
-
-The table comes from one of three places:
-  `schedule`            vLLM V1's `num_speculative_tokens_per_batch_size`: inclusive ranges
-                        [[bs_lo, bs_hi, K], ...], e.g. the doc's EAGLE3 / Llama-3.1-8B example
-                        [[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]].
-  `draft_len_schedule`  TensorRT-LLM's {batch_size: draft_len}; see `_from_draft_len_schedule`.
-  neither (default)     derived here from the engine's own cost model (`StepContext.cost`) and an
-                        acceptance estimate `alpha`: the paper's procedure.
-`disable_by_batch_size` adds vLLM V0's switch on top of any of them.
-
-A batch size beyond the last range gets the last range's K, and a gap between two ranges carries
-the previous K forward: that is what `build_dynamic_sd_schedule_lookup` does in the vLLM-derived
-code read for this module (a fork's `validate_and_normalize_dynamic_sd_schedule` and dense lookup,
-"Copyright contributors to the vLLM project"; not confirmed against upstream vLLM). Every k is
-clamped to `ctx.k_max`, the engine's KV look-ahead cap (that code likewise caps each entry at
-`num_speculative_tokens`).
-
-vLLM V0's `disable_by_batch_size` (spec_decode_worker.py): `_should_disable_all_speculation` is
-`running_queue_size >= disable_by_batch_size`, and `_maybe_disable_speculative_tokens` sets the
-step's requests to 0 speculative tokens, "disabled forever". Here the count is the step's decode
-batch (`len(ctx.requests)`); vLLM's running queue may also hold requests still prefilling.
+memory-bound regime) while the expected tokens per draft stay the same. The table is the user's
+(vLLM ranges or TensorRT-LLM's `draft_len_schedule`) or derived from the engine's cost model, the
+paper's procedure. How each form is read, and vLLM V0's `disable_by_batch_size`:
+docs/policy-batch-adaptive.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """`gammatune` and `gammatune_plus`: GammaTune's switching rule (Gautam, Shrestha, Reddy 2025).
 
 "Token-Driven GammaTune: Adaptive Calibration for Enhanced Speculative Decoding", arXiv 2504.00030
-(+15% ±5% and +16% ±3% over fixed k on SpecBench). The paper's method section could not be read
-here (only its abstract); the rule below is docs/policies.md §5's restatement *(rule secondary)*.
-
-Per request, after each step with A drafts accepted of g drafted:
-
-* every draft accepted (A == g): g <- clip(A + δ, g_min, g_max); the smoothed estimate is left
-  alone, so one lucky step cannot drag the long-run estimate up;
-* otherwise: ĝ <- clip((1 - η)·ĝ + η·A, g_min, g_max), g <- ceil(ĝ): a rejection is an uncensored
-  observation of the run, smoothed so one unlucky step does not collapse g.
-
-Defaults η = 0.3, δ = 2, g_min = 1, g_max = 10, initial g = ĝ = 3. Example: 3 drafted, 3 accepted
--> g = 5; then 5 drafted, 2 accepted -> ĝ = 0.7·3 + 0.3·2 = 2.7 -> g = 3.
-
-GammaTune+ adds a draft-confidence stop: within a step, drafting stops when the draft's top-1
-probability falls below τ (0.4, the transformers default; the paper's value is unconfirmed).
-
-Choice where the sources are silent, when the stop cut the chain short (the engine reports the
-drafts actually proposed, d < g): "A accepted of g drafted" is read against what was drafted, as
-transformers' heuristic does under its confidence stop (`num_matches == len(scores[0]) - 1`). If all
-d drafts were accepted, it is the success branch, and the length grows from the planned g, g + δ
-(= A + δ when nothing was cut): the confidence rule, not a shrinking g, trims uncertain stretches.
-If a draft was rejected, the smoothing branch takes A as is. By the same reading, a chain the
-engine clamped to its own k_max counts as all-accepted when every clamped draft was accepted.
-`ceil` ignores float noise below 1e-9 (with η = 0.2, 0.8·6 + 0.2·1 must give 5, not 6).
+(+15% ±5% and +16% ±3% over fixed k on SpecBench). Per request: a fully accepted step grows g by δ
+and leaves the smoothed estimate alone, so one lucky step cannot drag it up; a rejection updates an
+EMA of accepted drafts and g follows its ceiling, so one unlucky step does not collapse g. The rule
+is docs/policies.md §5's restatement *(rule secondary: only the paper's abstract could be read)*;
+a worked example and the choices made where the sources are silent: docs/policy-gammatune.md.
 """
 
 from __future__ import annotations

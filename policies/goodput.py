@@ -1,67 +1,12 @@
 """`goodput`: SmartSpec (Liu et al. 2024, arXiv 2406.14066; docs/policies.md §3).
 
-Choose k to maximise predicted goodput, tokens emitted per second of step time, from an acceptance
-estimate and the serving system's cost model. Followed here: the authors' prototype,
-`LiuXiaoxuanPKU/vllm` `vllm/spec_decode/dsd.py` (class DSD) and its caller
-`vllm/spec_decode/spec_decode_worker.py`, read in the stored copy at commit 647244ce. What it does:
-
-- `get_draft_propose_len`: a step counter is incremented on every call; only when it is a
-  multiple of 20 (`updte_interval`) is k re-planned, otherwise the last plan is returned. The last
-  plan starts at 0, so the first 19 calls propose nothing.
-- The plan scans k = 0..num_lookahead_slots: goodput(k) = B (1 - a^(k+1)) / (1 - a) / time(k);
-  goodput(0) is multiplied by 1.1 ("the goodput should be at least 1.1x of non spec decode"); the
-  scan stops at the first k whose goodput is not higher than the best so far ("monotonically
-  decreasing after the peak"). docs/policies.md §0 warns that measured step times can jump
-  (CUDA-graph buckets, the compute knee), where stopping at the first drop misses a later peak; the
-  stop is kept because the prototype does it.
-- time(k): draft + target + overhead from regressions fitted to profiled tables, for the batch's
-  average sequence length bucketed to the profiled grid; k = 0 charges the target alone.
-  OOM check: B (seq_len + k + 1) 1.1 > block_size * num_gpu_blocks gives time 10000 s.
-- `set_token_acceptance_rate`: a <- 0.85 a + 0.15 x, called after every speculative step with
-  x = sampler.num_accepted_tokens / sampler.num_draft_tokens, skipped when x is NaN.
-
-Where this module differs, and why:
-- time(k) is `ctx.cost.step_s([k] * B, contexts)`, the engine's own cost model (the same object
-  that charges the step), with each request's context instead of a bucketed average. It prices
-  the chain's first draft pass at one token per request, not at the requests' `draft_feed` (the
-  catch-up the engine will charge): after a stretch of k = 0 that backlog is a cost drafting pays
-  once whenever it resumes, and charged in full to one step it makes drafting look dearer the
-  longer it waits, so the scan locks itself at k = 0. Simulated (EAGLE head, this project's CPU
-  profile, 200 requests of 400/64 tokens at 0.5 req/s, max 16 running), pricing the feeds cut
-  the share of decode steps that draft from 0.77 to 0.43, none at all over the last 40% of the
-  run, and mean E2E rose 3.8%. A drafting step's own catch-up (~E(k) tokens for EAGLE, 1-2 for
-  a draft model) is the part this leaves unpriced: one pass's extra tokens, a few % of a step.
-  The average (floor of the mean) is kept for the KV check, against `ctx.kv_capacity_tokens`.
-- A KV-infeasible k has infinite time (goodput 0), not 10000 s. With the prototype's sentinel, a
-  batch for which even k = 0 "overflows" scores goodput B E(k) / 10000, increasing in k, and the
-  scan picks the largest k; with infinity it picks 0.
-- x: the prototype reads `spec_decode_sampler.num_accepted_tokens / num_draft_tokens`. In
-  upstream vLLM V0's `spec_decode_base_sampler.py` (the prototype's copy is not in the stored
-  index; assumed unchanged) those are running totals since the engine started
-  (`num_draft_tokens += batch_size * k`), so the EMA reads a lifetime ratio, not the step's; and
-  `num_accepted_tokens += accepted.sum()` counts every position that passed its acceptance test,
-  including positions after the first rejection ("accepted may have True values inconsistent
-  with causal acceptance"). An engine here reports accepted drafts up to the first rejection only
-  (docs/policies.md §0: later positions are never observed), so accepted/drafted is the censored
-  ratio, under i.i.d. acceptance a (1 - a^k) / ((1 - a) k) < a (0.34 at a = 0.7, k = 6).
-  `ema_input` chooses x: "censored" (default), the maximum-likelihood a from this policy object's
-  (one per replica) running totals of what was observed: each accepted draft is a success, each
-  first rejection a failure, later positions unobserved, so x = S / (S + F). It estimates what
-  the prototype's lifetime counter estimates on vLLM V0 (the per-token acceptance rate), from
-  the censored outcomes a real engine sees. "cumulative" is the running accepted/drafted ratio,
-  "step" the step's own ratio (docs/policies.md's reading), "inverted" the a that explains the
-  step's mean accepted drafts under i.i.d. acceptance (`alpha_from_mean_accepted`). "cumulative"
-  and "step" under-estimate a and plan shorter chains than the prototype would on vLLM V0.
-- As in the prototype, k = 0 is absorbing while the batch's cost picture stays the same: without
-  drafts nothing updates a, and the next plan sees the same a. Running totals move slowly, so one
-  poor window rarely gets there; with "step" or "inverted" a few steps of a low-acceptance request
-  alone in the batch can. On the default `spectune simulate` run (1,000 requests) "cumulative"
-  planned k = 4 throughout (a settles near 0.41), "step" and "inverted" locked at k = 0 after ~600
-  steps (mean k 0.01, TPOT 7.1 ms against 2.7 ms).
-- n-gram drafters (the prototype's fixed 8-token chain with a verify length chosen by goodput) are
-  not modelled: k here is what is both drafted and verified.
-- `per_request=True` is not in the prototype (the paper describes per-request k): see
-  `Goodput._plan_per_request`.
+Choose k to maximise predicted goodput, tokens emitted per second of step time, from an EMA of the
+acceptance rate and the engine's own cost model, re-planned every `replan_every` steps. It follows
+the authors' prototype (`LiuXiaoxuanPKU/vllm`, `vllm/spec_decode/dsd.py`), and departs from it
+where the prototype would mislead here: the draft catch-up left out of the price, an infinite
+(not 10000 s) time for a KV-infeasible k, and an acceptance estimate that allows for censoring.
+The prototype read, each departure with its measurements, and the per-request planner:
+docs/policy-goodput.md.
 """
 
 from __future__ import annotations
@@ -234,29 +179,12 @@ class Goodput(Policy):
     def _plan_per_request(self, ctx: StepContext, k_cap: int) -> list[int]:
         """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (docs/policies.md §3 option).
 
-        Requests are ranked by their own estimate a_r (ties: shorter context first), and an
-        allocation gives k nonincreasing along that ranking: at equal step cost, moving a draft
-        to a request with a higher a_r never lowers the expected tokens (the gain of a request's
-        j-th draft is a_r^j). Moves: raise the first s requests of a level by one, or lower the
-        last s (s = 1, 2, 4, ..., all of them); when none of those helps, move one draft from
-        the last request of a level to the first of another. Each round takes the move that
-        raises predicted goodput most, by at least MIN_GAIN, until none does. The climb starts
-        twice, from all k_r = 0 and from the best batch-uniform k, and the better end must beat
-        k = 0 with its goodput scaled by `k0_bonus`; so a plan is never predicted worse than the
-        best single k for the batch.
-
-        Why not the plain greedy (+1 to one request at a time from 0, stop when no +1 helps): it
-        stalls at k = 0 whenever one draft pass costs more than one request's expected gain
-        (LinearCost: a 1 ms pass against a_r of a 10 ms step) even where all k_r = 1 pays. Group
-        moves cross a pass's fixed cost; down moves, transfers and the uniform start escape the
-        local optima that increments alone leave (with LinearCost's 20x knee, the greedy ended
-        13% below the exhaustive optimum on random 2-4 request cases; this climb within 2%).
-
-        Cost: a round makes at most 2 (k_cap + 1)(log2 B + 2) cost-model calls, plus
-        (k_cap + 1)^2 when it tries transfers. Measured on the roofline cost (Llama-3.1-8B +
-        Llama-68M, H100), random a_r in [0.3, 0.95]: ~100-300 calls per plan at B = 16, up to
-        ~2,000 (0.15 s) at B = 64 or 256. A plan runs every `replan_every` steps; requests that
-        arrive in between get the plan's median k (`_k_new`), finished ones drop out.
+        Allocations keep k nonincreasing along the requests ranked by their own a_r (ties: shorter
+        context first). Each round takes the group move (raise the first s of a level, or lower
+        the last s) or, failing that, the transfer of one draft between levels that raises
+        predicted goodput most, by at least MIN_GAIN. The climb starts from all k_r = 0 and from
+        the best batch-uniform k; the better end must beat k = 0 scaled by `k0_bonus`. Why not a
+        plain greedy, and what a plan costs: docs/policy-goodput.md.
         """
         reqs = ctx.requests
         b = len(reqs)

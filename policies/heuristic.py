@@ -2,30 +2,10 @@
 
 Both come from Hugging Face transformers, `src/transformers/generation/candidate_generator.py`
 (`AssistedCandidateGenerator.update_candidate_strategy`) and `stopping_criteria.py`
-(`ConfidenceCriteria`); docs/policies.md §6.
-
-heuristic (`num_assistant_tokens_schedule="heuristic"`): after each step, if every drafted token was
-accepted the draft length grows by 2, otherwise it shrinks by 1, never below 1; it starts at 5 (the
-default `num_assistant_tokens` before transformers 4.45). transformers decides "every drafted token"
-against the candidates actually produced (`num_matches == len(scores[0]) - 1`), not against the
-planned length; so does this module (the two agree unless something cut the chain).
-
-Per request or per generation? transformers builds one candidate generator per `generate()` call,
-and assisted generation runs one sequence at a time, so the length is per request. With
-`"heuristic"` the final length is written back into the assistant's generation config when the call
-ends (`_assisted_decoding`), so the *next* call starts where the last one stopped;
-`"heuristic_transient"` starts every call afresh. `carry_over=False` (the default, as
-docs/policies.md asks: initial 5 per request) is the transient form; `carry_over=True` starts each
-new request from the length the most recently finished request ended with.
-
-confidence (transformers >= 4.45 defaults: `num_assistant_tokens=20`, schedule "constant",
-`assistant_confidence_threshold=0.4`): draft up to 20 tokens, stop as soon as the draft's
-probability of the token it proposed falls below the threshold. `ConfidenceCriteria` checks the
-token the assistant *just generated*, so the low-confidence token is kept as a candidate and
-drafting stops after it, which is what `Policy.stop_drafting` means. With greedy drafting the
-proposed token is the draft's top-1, the signal the engine passes to `stop_drafting`.
-Not implemented: transformers (>= 4.46, with scikit-learn installed) also re-tunes the threshold per
-generation from a ROC curve of (draft probability, matched) pairs; here the threshold is fixed.
+(`ConfidenceCriteria`); docs/policies.md §6: the schedules users of assisted generation expect.
+heuristic grows k by 2 after a fully accepted step and shrinks it by 1 otherwise; confidence drafts
+up to 20 tokens and stops after one whose draft probability is below 0.4. How that code was read
+(per request or per generation, which token the stop keeps): docs/policy-heuristic.md.
 """
 
 from __future__ import annotations

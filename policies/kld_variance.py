@@ -2,59 +2,14 @@
 
 Yang, Choi, Moon, Jang, Jeon 2025, "DSDE: Dynamic Speculative Decoding with KLD Stability for
 Real-World Serving", arXiv 2509.01083; authors' code: samsungsds-research-paper/DSDE,
-vllm/spec_decode/dynamic_scheduler.py (`KLScheduler`, `_weighted_intensity_ratio`, `_dsl_step`,
-`coordinate_batch_k`) and spec_decode_worker.py (how the KL history is fed). docs/policies.md §4.
+vllm/spec_decode/dynamic_scheduler.py. Rule: docs/policies.md §4.
 
 Why: KL(target ‖ draft) measures how far the drafter is from the target at each drafted position.
 DSDE drafts long while that divergence is low *and* stable, and falls back to a short chain when it
 is high or has recently become volatile: a burst of variance in the newest third of the history,
-relative to the whole, predicts rejections better than the level alone.
-
-Per request, with H the newest W (`activation_tokens`) per-position KL values:
-
-1. Warm-up while len(H) < W: k starts at k_init; a step that accepted all k drafts doubles k
-   (0 -> 1), capped at k_max_cfg; otherwise k = max(k, k_min_cfg).
-2. When H first holds W values, per-request bounds from the warm-up's samples:
-   k_max_r = clamp(round(max_accepted · (1 + 0.5·mean_KL / max_KL)), k_min_cfg, k_max_cfg),
-   k_min_r = clamp(ceil(0.1·k_max_r), k_min_cfg, k_max_r).
-3. Each step from then on: n = len(H), s = max(1, n // 3), weights decay^age (age 0 = newest);
-   R = V_short / V_long of the weighted variances of the newest s and of all n values
-   (R = 20 if V_long < 1e-6; R = 0 if n < 2); D = mean KL of this step (/ temperature if > 0);
-   S = exp(alpha·D) - 1; k = max(k_min_r, ceil(k_min_r + (k_max_r - k_min_r)·(1 - R·S))) if
-   R·S <= 1, else k_min_r.
-4. SL cap (`cap=True`): cap = ceil(mean of step-3 k over the batch's post-warm-up requests);
-   k = min(k, cap), so one confident request does not make the whole batch verify long chains.
-
-Where docs/policies.md and the authors' code differ, this follows the code:
-- Warm-up's "otherwise keep k" is `max(k, k_min_cfg)` in the code (the same unless k < k_min_cfg).
-- The doubling test is `accepted >= k` against the scheduler's own k, not the drafted count (the
-  code's engine may clamp the chain below k; so may ours, to its k_max).
-- The step that fills H adds nothing to the warm-up samples: the code collects samples only while
-  the count is below W, then computes the bounds and already applies step 3 to that step.
-- `round` is Python's (half to even), as in the code; max_KL = 0 or no KL sample counts as 1.
-- R = 0 for n < 2 (the code's `_weighted_intensity_ratio`); docs/policies.md is silent.
-- D divides by (temperature + 1e-8) when |temperature| >= 1e-8, as `_dsl_step` does.
-- SL cap: the mean is over requests whose bounds existed before this step and that drafted
-  (`coordinate_batch_k` step 1), and the cap then applies to every post-warm-up request, including
-  one whose warm-up ended this step. The cap is computed after verification over the step's batch
-  and shapes the next step's k, as in the code. The code's config leaves the cap off
-  (`sl_cap_activation` defaults to None); docs/policies.md asks for it on, so `cap=True`.
-- Defaults are docs/policies.md's: k_min_cfg 1 (the code's config: `min_spec_tokens` 6),
-  k_max_cfg 20, W 100 (`dsl_activation_tokens` 100), k_init 5 (`num_speculative_tokens or 5`;
-  lowered to k_max_cfg where that is smaller, so the tuner's k_max_cfg grid point 4 is a valid
-  setting).
-
-Forced by what a simulator can observe (only the accepted drafts and the first rejection): the code
-appends the KL of *every* drafted position (the target scored all k, after the first rejection on a
-prefix that turned out wrong) and averages D over all k; here H and D hold only the observed
-positions, so H fills more slowly and D leaves out positions past the first rejection.
-
-Robustness (the authors clamp probabilities at 1e-8, so their KL never exceeds about ln 1e8):
-each KL is clipped to [0, ln 1e8 ≈ 18.42], so a +inf proxy KL (parametric traces, p = 0) counts as
-the largest divergence the authors' computation can report; NaN values are dropped; exp overflow
-counts as S = inf (k = k_min_r), and R = 0 gives R·S = 0 even then. A step with no usable KL
-leaves k as it was (the code would compute D = 0 from an empty sum and jump to k_max_r); a request
-held at k = 0 (k_min_cfg = 0 and a warm-up that accepted nothing) stays there, as in the code.
+relative to the whole, predicts rejections better than the level alone. Where this follows the
+authors' code rather than docs/policies.md, what a simulator cannot observe, and the guards against
+infinite or NaN KL: docs/policy-kld-variance.md.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""torch-only: models of catalog shapes, real SmolLM2 weights, timing and profile sweeps,
-drafters, and the live speculative-decoding engine. The only package that imports torch."""
+"""Timing forward passes: the grid of shapes, the timer, the profile sweep, the device's peaks.
+torch-only; its models come from models/ and its draft passes from drafters/."""

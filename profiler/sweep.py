@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from models.kv_cache import KVCache
+from models.llama import LlamaModel
 from profiler.grid import Grid, Point, points
-from profiler.kv_cache import KVCache
-from profiler.model import LlamaModel
 from simulator.latency import attention_pairs
 from simulator.latency_table import COLUMNS, LatencyTable, table_paths
 from traces import atomic_write

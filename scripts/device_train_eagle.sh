@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One EAGLE training on one lent GPU, in one device call (profiler/data/eagle/README.md): the
+# One EAGLE training on one lent GPU, in one device call (eagle/data/README.md): the
 # shipped head's recipe (fused layers 1,14,26, the 8,000-turn + 1,000-document data, seed 0) with
 # HEAD_LAYERS decoder layers (default 1, the shipped head's) and an EPOCHS-epoch schedule
 # (default 6), plus EXTRA arguments for train_eagle.py. One training per call: two side by side
@@ -7,20 +7,20 @@
 # (benchmarks/results/eagle-train-h100-rerun.log), so neither finished. A one-layer head:
 # features ~56-60 s, ~48 s per epoch, 6 epochs inside DEADLINE; two layers: features 71 s, ~78 s
 # per epoch, so DEADLINE stops epoch 6 (benchmarks/results/eagle-train-h100-2layer.log; the
-# second layer was measured and not shipped, profiler/data/eagle/README.md). The next experiment
+# second layer was measured and not shipped, eagle/data/README.md). The next experiment
 # (README, "Where the held-out acceptance goes"): EXTRA='--doc-temperature 1', documents made of
 # 2,000 answers sampled at temperature 1 instead of greedy ones; the sampled answers and the
 # 1,000 document turns' answers are generated there first (not timed on a GPU yet: if they eat
 # the deadline, the epochs that did finish still come back). Its first try (2026-11-27,
 # DATA_ONLY) stopped at the first sampled token: the CPU sampling streams met CUDA
-# probabilities; fixed since (profiler/record.py samples from CPU rows), and
+# probabilities; fixed since (live/recorder.py samples from CPU rows), and
 # scripts/eagle_cuda_check.py now checks sampled generation on the device first.
 # A second data change, measured on the CPU by fine-tuning (README, "Real documents from the
 # training split"): EXTRA='--real-documents' adds ~400 turns recombining the even ids' own
 # articles, passages and sentences (their 400 greedy answers are generated there too).
 # The model travels in two calls (the GGUF is over a call's transfer limit). Prepare here:
 #   printf '/.whl/\n/.xfer/\n' >> .git/info/exclude; mkdir -p .xfer
-#   xz -9 -c "$(python -c 'from profiler.gguf import find_smollm2_gguf as f; print(f())')" > m.xz
+#   xz -9 -c "$(python -c 'from models.gguf import find_smollm2_gguf as f; print(f())')" > m.xz
 #   split -b 45195340 -d -a 1 m.xz .xfer/m.xz.      # two parts of ~45 MB
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl simpy==4.1.2 gguf==0.19.0
 # then a first call (carry .xfer/m.xz.0 and .whl) copies .xfer/m.xz.0 to /tmp/xfer/ and checks
@@ -59,7 +59,7 @@ HEAD_LAYERS=${HEAD_LAYERS:-1}
 EPOCHS=${EPOCHS:-6}
 mkdir -p /tmp/h
 $TRAIN --device cuda --threads 8 --self-prompts 8000 --doc-prompts 1000 --batch 128 \
-    --fuse-layers 1,14,26 --data profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz \
+    --fuse-layers 1,14,26 --data eagle/data/training/smollm2-135m-eagle-data-8000-doc.npz \
     --head-layers "$HEAD_LAYERS" --epochs "$EPOCHS" ${EXTRA:-} --work /tmp/w --out /tmp/h/head.npz \
     --epoch-heads /tmp/h > "$OUT/train.log" 2>&1 &
 pid=$!

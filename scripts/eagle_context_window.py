@@ -1,6 +1,6 @@
 """Does the EAGLE head lose its long documents to distances it never trained on?
 
-    python scripts/eagle_context_window.py --head profiler/data/eagle/smollm2-135m-eagle.npz
+    python scripts/eagle_context_window.py --head eagle/data/smollm2-135m-eagle.npz
 
 Why: training cuts every sequence to its last 512 positions (`TrainSpec.window`), so the head
 never attends further back than that, while Spec-Bench's summarization and RAG prompts run to
@@ -8,7 +8,7 @@ never attends further back than that, while Spec-Bench's summarization and RAG p
 summarization and 20 RAG questions (the target's 128 greedy tokens) with its context cut to
 the last W positions at the last output token (the target still reads everything: its features
 are computed over the whole prompt), as training would show it. If the cut scored better, the
-head should slide a window at inference; it does not (profiler/data/eagle/README.md).
+head should slide a window at inference; it does not (eagle/data/README.md).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD
-from profiler.eagle_data import continue_prompts, target_features
-from profiler.eagle_train import eagle_runs
-from profiler.tokenizer import chat_prompt
+from eagle.chains import eagle_runs
+from eagle.training_data import continue_prompts, target_features
+from models.eagle_head import SHIPPED_HEAD
+from models.tokenizer import chat_prompt
 from scripts.eagle_generalization import held_out_documents, load_models, require_files
 from spectune.record import acceptance_k1, tokens_per_step
 from traces.prompts import DEFAULT_PROMPTS, load_prompts

@@ -22,23 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import EagleHead, load_head, save_head
-from profiler.eagle_data import (
-    Continuation,
-    batched_features,
-    continue_prompts,
-    target_features,
-)
-from profiler.eagle_train import (
-    TrainSpec,
-    draft_vocabulary,
-    eagle_runs,
-    feature_rms,
-    init_head,
-    sequence_loss,
-    train_head,
-)
-from profiler.model import LlamaModel, config_for
+from eagle.chains import eagle_runs
+from eagle.losses import sequence_loss
+from eagle.train_spec import TrainSpec
+from eagle.training import draft_vocabulary, feature_rms, init_head, train_head
+from eagle.training_data import Continuation, batched_features, continue_prompts, target_features
+from models.eagle_head import EagleHead, load_head, save_head
+from models.llama import LlamaModel, config_for
 from simulator.catalog import get_model
 
 

@@ -1,13 +1,13 @@
 """Does real document text help the EAGLE head? Fine-tune a head two ways with the same steps and
-compare them on held-out questions (profiler/data/eagle/README.md).
+compare them on held-out questions (eagle/data/README.md).
 
-    python scripts/eagle_document_finetune.py --head profiler/data/eagle/smollm2-135m-eagle.npz
+    python scripts/eagle_document_finetune.py --head eagle/data/smollm2-135m-eagle.npz
 
 Why: the head predicts the target's answers over documents made of the target's own answers far
 better than over Spec-Bench's news articles and passages (`scripts/eagle_generalization.py
 --documents`), and no corpus of real documents outside the evaluation split is at hand. The
 training split's own articles, passages and sentences, recombined into new turns
-(`profiler.eagle_data.recombined_documents`, ~400), are the nearest thing. Arm "control"
+(`eagle.training_data.recombined_documents`, ~400), are the nearest thing. Arm "control"
 fine-tunes on 2 x --replay sequences of the head's own training data (its self-written turns and
 Spec-Bench even-id answers, from the packed --data); arm "docs" on --replay of those plus the
 target's greedy answers to the recombined turns: the same number of sequences and steps, so a
@@ -30,17 +30,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD, load_head, read_meta, save_head
-from profiler.eagle_data import (
+from eagle.train_spec import TrainSpec
+from eagle.training import train_head
+from eagle.training_data import (
     Continuation,
     continue_prompts,
     recombined_documents,
     self_prompts,
     unpack_continuations,
 )
-from profiler.eagle_train import TrainSpec, train_head
-from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt, user_turn_frame
+from models.eagle_head import SHIPPED_HEAD, load_head, read_meta, save_head
+from models.gguf import load_smollm2
+from models.tokenizer import chat_prompt, user_turn_frame
 from scripts.eagle_generalization import DATA, held_out_documents, require_files
 from scripts.train_eagle import cached_features, held_out, training_items
 from traces import atomic_write

@@ -20,11 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import load_head
-from profiler.eagle_data import continue_prompts, self_prompts
-from profiler.eagle_train import eagle_runs
-from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt, user_turn_frame
+from eagle.chains import eagle_runs
+from eagle.training_data import continue_prompts, self_prompts
+from models.eagle_head import load_head
+from models.gguf import load_smollm2
+from models.tokenizer import chat_prompt, user_turn_frame
 from spectune.record import acceptance_k1, tokens_per_step
 from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 

@@ -1,7 +1,7 @@
 """Where an EAGLE head loses its acceptance: on sequences it trained on, on new sequences of the
-same kind, or on Spec-Bench's held-out questions (profiler/data/eagle/README.md).
+same kind, or on Spec-Bench's held-out questions (eagle/data/README.md).
 
-    python scripts/eagle_generalization.py --head profiler/data/eagle/smollm2-135m-eagle.npz
+    python scripts/eagle_generalization.py --head eagle/data/smollm2-135m-eagle.npz
 
 Why: the shipped head matches the target's next token at 0.77 of its training positions but
 0.59 of the held-out ones. If new self-written turns (sampled with another seed, so the head
@@ -22,20 +22,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD, load_head
-from profiler.eagle_data import (
+from eagle.training_data import (
     continue_prompts,
     document_prompts,
     self_prompts,
     unpack_continuations,
 )
-from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt, user_turn_frame
+from models.eagle_head import SHIPPED_HEAD, load_head
+from models.gguf import load_smollm2
+from models.tokenizer import chat_prompt, user_turn_frame
 from scripts.train_eagle import held_out
 from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 #: The packed data the shipped head's H100 training used.
-DATA = Path("profiler/data/eagle/training/smollm2-135m-eagle-data-8000-doc.npz")
+DATA = Path("eagle/data/training/smollm2-135m-eagle-data-8000-doc.npz")
 
 
 def held_out_documents(questions, per_category: int) -> list:

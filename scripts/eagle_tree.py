@@ -4,7 +4,7 @@
 
 Why a tree: the head's top-1 matches the target's next token at ~0.6 of positions, but its
 second and third candidates catch a good share of the misses, and the target verifies every
-branch in one pass (profiler/tree_layout.py). Which branches: the rank paths that most often lie
+branch in one pass (drafters/tree_layout.py). Which branches: the rank paths that most often lie
 on the target's greedy path, counted over the target's greedy answers (128 tokens) to every
 training-split (even id) Spec-Bench question. The tree goes to `--out` with what it was built
 from; `--score-eval` also prints tokens per step at depth `--depth` on the evaluation split for
@@ -22,11 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import SHIPPED_HEAD
-from profiler.eagle_data import continue_prompts
-from profiler.eagle_train import eagle_ranks
-from profiler.tokenizer import chat_prompt
-from profiler.tree_layout import SHIPPED_TREE
+from drafters.tree_layout import SHIPPED_TREE
+from eagle.chains import eagle_ranks
+from eagle.training_data import continue_prompts
+from models.eagle_head import SHIPPED_HEAD
+from models.tokenizer import chat_prompt
 from scripts.eagle_generalization import load_models, require_files
 from simulator.draft_tree import build_tree, chain_shape, path_counts, save_tree
 from spectune.record import walk

@@ -19,12 +19,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.drafters import NgramDrafter
-from profiler.eagle import load_head
-from profiler.eagle_chain import chain_passes
-from profiler.eagle_data import continue_prompts, target_features
-from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt
+from drafters.ngram import NgramDrafter
+from eagle.chains import chain_passes
+from eagle.training_data import continue_prompts, target_features
+from models.eagle_head import load_head
+from models.gguf import load_smollm2
+from models.tokenizer import chat_prompt
 from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
 
 K = 4

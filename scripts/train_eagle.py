@@ -1,15 +1,15 @@
-"""Reproduce the shipped EAGLE head for SmolLM2-135M from scratch (profiler/data/eagle/README.md).
+"""Reproduce the shipped EAGLE head for SmolLM2-135M from scratch (eagle/data/README.md).
 
-    python scripts/train_eagle.py --out profiler/data/eagle/smollm2-135m-eagle.npz
+    python scripts/train_eagle.py --out eagle/data/smollm2-135m-eagle.npz
 
 Stages (continuations are cached under --work, so a rerun resumes; --pack writes them to one file
 and --data unpacks such a file, so another run skips the generation): the target's continuations of
 the training split (even Spec-Bench question ids; greedy and sampled); --self-prompts user turns
-the target writes itself (Magpie-style, profiler/eagle_data.self_prompts) and its greedy answers
+the target writes itself (Magpie-style, eagle/training_data.self_prompts) and its greedy answers
 to them; --doc-prompts long-context turns in Spec-Bench's summarize and RAG forms made of
-those answers (profiler/eagle_data.document_prompts) and the target's greedy answers to them;
+those answers (eagle/training_data.document_prompts) and the target's greedy answers to them;
 with --real-documents, turns recombining the training split's own articles, passages and
-sentences (profiler/eagle_data.recombined_documents) and the target's greedy answers to them;
+sentences (eagle/training_data.recombined_documents) and the target's greedy answers to them;
 a draft vocabulary from all of that text; the target's features over prompt +
 continuation; training with a fixed seed (the curve is printed, with held-out acceptance on the
 first 3 odd-id questions of each category after every epoch); and the fp16 weights with what
@@ -21,7 +21,7 @@ weights of a run never stopped (same threads).
 
 With --device cuda the same stages run on a GPU (scripts/eagle_cuda_check.py checks that first):
 features are computed for many whole sequences per pass and stay on the GPU, and each training
-step's sequences go through one packed set of chain passes (`eagle_train.packed_loss`), so an
+step's sequences go through one packed set of chain passes (`eagle.losses.packed_loss`), so an
 epoch over 2.6 M positions takes ~40 s on an H100 instead of ~50 min on a 2-core CPU. Nothing is
 kept under --work/features or --work/checkpoints there; --epoch-heads keeps each epoch's head.
 """
@@ -40,8 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from profiler.eagle import EagleHead, save_head
-from profiler.eagle_data import (
+from eagle.chains import eagle_runs
+from eagle.train_spec import TrainSpec
+from eagle.training import checkpoint_name, draft_vocabulary, feature_rms, init_head, train_head
+from eagle.training_data import (
     Continuation,
     batched_features,
     continue_prompts,
@@ -52,17 +54,9 @@ from profiler.eagle_data import (
     self_prompts,
     unpack_continuations,
 )
-from profiler.eagle_train import (
-    TrainSpec,
-    checkpoint_name,
-    draft_vocabulary,
-    eagle_runs,
-    feature_rms,
-    init_head,
-    train_head,
-)
-from profiler.gguf import load_smollm2
-from profiler.tokenizer import chat_prompt, user_turn_frame
+from models.eagle_head import EagleHead, save_head
+from models.gguf import load_smollm2
+from models.tokenizer import chat_prompt, user_turn_frame
 from spectune.record import acceptance_k1, tokens_per_step
 from traces import atomic_write
 from traces.prompts import DEFAULT_PROMPTS, first_per_category, in_split, load_prompts
@@ -239,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--real-documents", action="store_true",
                     help="also ~400 turns recombining the training split's real documents "
                          "(article parts, RAG passages reordered and mixed, translation "
-                         "sentences paired: profiler/eagle_data.recombined_documents), answered "
+                         "sentences paired: eagle/training_data.recombined_documents), answered "
                          "greedily; their text enters the loss")
     ap.add_argument("--data", type=Path,
                     help="a packed data file (--pack) to unpack into --work before generating: "
@@ -417,7 +411,7 @@ def main(argv=None) -> int:
                                                       f"{args.doc_temperature}"}
                                         if args.doc_temperature else {})},
                      "real_documents": {"count": len(real), "answers": "greedy",
-                                        "made_by": "profiler.eagle_data.recombined_documents"},
+                                        "made_by": "eagle.training_data.recombined_documents"},
                      "temperatures": temps, "max_tokens": args.max_tokens,
                      "seed": args.data_seed, "sequences": len(conts),
                      "output_tokens": sum(len(c.output) for c in conts)},

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from simulator.errors import ConfigError
+from simulator.scheduler import scheduler_names
 
 Router = Literal["round-robin", "least-loaded"]
 ROUTERS: tuple[str, ...] = ("round-robin", "least-loaded")
@@ -49,8 +50,6 @@ class SchedulerConfig:
                 "registry): fcfs-reserve"})
 
     def __post_init__(self) -> None:
-        from simulator.scheduler import scheduler_names
-
         if self.scheduler not in scheduler_names():
             raise ConfigError(f"unknown scheduler {self.scheduler!r}; known: "
                               f"{', '.join(scheduler_names())}")

@@ -7,10 +7,10 @@ target just committed, and how much that is depends on the drafter (`catch_up`):
   "bonus"      a draft model (or early exit) whose cache still holds the drafts it fed: of a
                chain of m drafts it fed m - 1 of them, so after a accepted it feeds only the
                bonus token, or the last draft and the bonus token when all m were accepted
-               (profiler/model_drafter.py).
+               (drafters/model.py).
   "committed"  an EAGLE head: its entries fed with predicted features are not trusted, so it
                re-feeds every token committed since its last chain, with the target's true
-               features: the accepted drafts and the bonus token (profiler/eagle_drafter.py).
+               features: the accepted drafts and the bonus token (drafters/eagle.py).
 
 Either way a step that drafts nothing (k = 0) leaves its committed token for the next chain, and
 right after the prefill the first chain feeds the first output token. A third rule, "one",

@@ -5,7 +5,7 @@ The scheduler is pure bookkeeping, as in nano-vllm (an engine step is schedule -
 postprocess): it keeps the queues and the KV reservations, decides who is admitted and which
 prompt chunks run, checks the policy's k and builds what the policy sees, and retires finished
 requests. It knows no clock (callers pass `now`) and no torch: `simulator/replica.py` executes
-its plans with the cost model and replayed acceptance, `profiler/live_server.py` with real
+its plans with the cost model and replayed acceptance, `live/loop.py` with real
 forward passes. Validation means something because both follow this one copy of the rules.
 
 The rules (FCFS with reservation): a request reserves prompt + output + k_max KV tokens on
@@ -18,18 +18,29 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from policies import Policy, StepContext, StepCost
-from simulator.config import SchedulerConfig
 from simulator.draft_feed import FIRST_FEED
 from simulator.errors import ConfigError
-from simulator.logs import RequestLog
+
+if TYPE_CHECKING:  # pandas: only the engines that write logs load it
+    from simulator.logs import RequestLog
 
 #: a prompt chunk of one iteration: (request, tokens in this chunk, tokens already cached)
 Chunk = tuple[Any, int, int]
+
+
+class SchedulerSettings(Protocol):
+    """What a scheduler reads of its configuration (simulator/config.py's `SchedulerConfig`,
+    which imports this module to check the name it is given)."""
+
+    scheduler: str
+    max_num_seqs: int
+    max_batched_tokens: int | None
+    k_max: int
 
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {}
@@ -47,7 +58,7 @@ def scheduler_names() -> list[str]:
     return sorted(_SCHEDULERS)
 
 
-def make_scheduler(config: SchedulerConfig, kv_capacity_tokens: int, policy: Policy,
+def make_scheduler(config: SchedulerSettings, kv_capacity_tokens: int, policy: Policy,
                    log: RequestLog, cost: StepCost, replica: int = 0) -> Scheduler:
     """The scheduler `config.scheduler` names, for one replica (or the live engine)."""
     return _SCHEDULERS[config.scheduler](config, kv_capacity_tokens, policy, log, cost, replica)
@@ -63,7 +74,7 @@ class Scheduler:
 
     name = "fcfs-reserve"
 
-    def __init__(self, config: SchedulerConfig, kv_capacity_tokens: int, policy: Policy,
+    def __init__(self, config: SchedulerSettings, kv_capacity_tokens: int, policy: Policy,
                  log: RequestLog, cost: StepCost, replica: int = 0) -> None:
         self.config = config
         self.kv_capacity = kv_capacity_tokens

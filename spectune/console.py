@@ -11,7 +11,7 @@ from collections.abc import Callable
 def require_torch(command: str) -> None:
     """A clear error, not an ImportError traceback, when the torch extra is missing."""
     try:
-        import torch  # noqa: F401
+        import models.runtime  # noqa: F401  (it imports torch)
     except ImportError:
         raise ValueError(f"spectune {command} needs torch: pip install -e '.[torch]'") from None
 

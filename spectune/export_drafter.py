@@ -17,7 +17,7 @@ from spectune.export_schedule import ExportError, is_int
 
 #: Drafter families: a model-free n-gram lookup, a separate draft model, an EAGLE head drafting a
 #: chain, the head drafting a static tree, the head taking an n-gram lookup's token, and an early
-#: exit (the target's own first layers). The drafter names of profiler/drafters.py map onto them.
+#: exit (the target's own first layers). The drafter names of drafters/registry.py map onto them.
 DRAFTER_KINDS = ("ngram", "draft-model", "eagle", "eagle-tree", "eagle-ngram", "early-exit")
 _EAGLE_KINDS = {"eagle": "eagle", "eagle+ngram": "eagle-ngram", "eagle-tree": "eagle-tree"}
 _HEAD_KINDS = ("eagle", "eagle-tree", "eagle-ngram", "early-exit")  # drafted by the target's parts
@@ -70,7 +70,7 @@ class _Recorded(NamedTuple):
 
 
 def _recorded(name: str) -> _Recorded:
-    """meta["drafter"] of a recording, as profiler/drafters.py `make_drafter` names them:
+    """meta["drafter"] of a recording, as drafters/registry.py `make_drafter` names them:
     ngram[:MIN-MAX], early-exit:L[:lens], quant:BITS, eagle[@int8][:PATH], eagle+ngram[...],
     eagle-tree[...], model:SHAPE."""
     head, _, arg = name.partition(":")

@@ -86,10 +86,9 @@ class ProfileSpec:
 
 def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     """Profile, evaluate, write everything to `out`; return the summary."""
-    import torch
-
+    from models.llama import LlamaModel, config_for
+    from models.runtime import dtype_named, set_threads, torch_version
     from profiler import device as devices
-    from profiler.model import LlamaModel, config_for
     from profiler.peaks import device_memory_bytes, measure_peaks
     from profiler.sweep import Models, run_sweep
     from simulator.latency_table import new_meta
@@ -99,9 +98,9 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
     grid = spec.grid()
     device = devices.resolve(spec.device)
     dtype_name = spec.dtype or ("fp32" if device.type == "cpu" else "bf16")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    dtype = dtype_named(dtype_name)
     if device.type == "cpu":
-        torch.set_num_threads(spec.threads)
+        set_threads(spec.threads)
     target_shape = get_model(spec.target)
     draft_shape = None if spec.draft.lower() in ("none", "ngram") else get_model(spec.draft)
     repeats = spec.repeats or (3 if spec.quick else 5)
@@ -113,7 +112,7 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
 
     models = Models(build(target_shape), build(draft_shape) if draft_shape else None)
     name, driver = devices.describe(device)
-    meta = new_meta(name, driver, torch.__version__, dtype_name, target_shape, draft_shape,
+    meta = new_meta(name, driver, torch_version(), dtype_name, target_shape, draft_shape,
                     grid.as_dict(), repeats, warmup,
                     notes="random weights (latency does not depend on values); "
                           f"spectune profile{' --quick' if spec.quick else ''}")
@@ -134,11 +133,10 @@ def run_profile(spec: ProfileSpec, out: Path, progress=None) -> dict:
 
 def check_memory(grid, target, draft, dtype, device) -> None:
     """Refuse a grid whose largest pass cannot fit, before timing anything."""
-    import torch
-
+    from models.runtime import element_size
     from profiler.peaks import available_bytes
 
-    size = torch.tensor([], dtype=dtype).element_size()
+    size = element_size(dtype)
     weights = sum(m.params for m in (target, draft) if m) * size
     kv = sum(m.kv_bytes_per_token(size) for m in (target, draft) if m)
     b = max(max(grid.batch_sizes), max(grid.prefill_batch_sizes))

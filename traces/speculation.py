@@ -7,7 +7,7 @@ probability, KL, draft confidence) feed policies that adapt on them.
 
 A trace recorded at a temperature > 0 (over a sampled output) replays the same way: with a
 deterministic drafter, rejection sampling emits the draft iff it accepts it, so run[t] over the
-sampled output is exactly what speculation accepted on that output (profiler/record.py).
+sampled output is exactly what speculation accepted on that output (live/recorder.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,3 @@
-"""What the profiler tests share."""
+"""Tiny torch models: one thread (support/torch_threads.py)."""
 
-from __future__ import annotations
-
-import pytest
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes: one thread is fastest, and spare threads spin on a busy machine (50x slower)."""
-    torch = pytest.importorskip("torch")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from support.torch_threads import one_thread  # noqa: F401  (an autouse fixture)

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from support.tiny_models import TINY  # noqa: E402
 
+from models.llama import LlamaModel, config_for  # noqa: E402
 from profiler.grid import Grid  # noqa: E402
-from profiler.model import LlamaModel, config_for  # noqa: E402
 from profiler.sweep import DRAFT_TIMING, Models, Sweep  # noqa: E402
 from simulator.latency_table import new_meta  # noqa: E402
 
@@ -62,8 +62,8 @@ def test_the_draft_is_timed_at_its_catch_up_and_the_profile_says_what_it_feeds(t
     chain's first pass); the meta names the draft's catch-up rule, which the latency model
     takes (a draft LlamaModel keeps its drafts: "bonus"; an EAGLE head: "committed"), and a
     sweep with another rule is not resumed."""
-    from profiler.eagle import EagleHead, HeadTiming
-    from profiler.eagle_drafter import EagleDrafter
+    from drafters.eagle import EagleDrafter
+    from models.eagle_head import EagleHead, HeadTiming
     from simulator.profiled import ProfiledLatency
 
     m = models()

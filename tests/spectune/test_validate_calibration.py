@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from profiler.model import LlamaModel, config_for  # noqa: E402
-from profiler.pass_timer import PassTimer  # noqa: E402
+from live.pass_timer import PassTimer  # noqa: E402
+from models.llama import LlamaModel, config_for  # noqa: E402
 from simulator.catalog import ModelShape  # noqa: E402
 from spectune.validate_calibration import DriftProbe, fit_host, validation_grid  # noqa: E402
 

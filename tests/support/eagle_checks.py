@@ -32,9 +32,9 @@ def assert_chains_equal_live(head, target) -> None:
     entry through its KV cache."""
     import torch
 
-    from profiler.eagle_chain import chain_passes
-    from profiler.eagle_data import target_features
-    from profiler.record import target_outputs
+    from eagle.chains import chain_passes
+    from eagle.training_data import target_features
+    from models.generate import target_outputs
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, TINY.vocab, 9).tolist()
@@ -56,10 +56,10 @@ def assert_live_eagle_lossless(target, head, chunked: bool) -> None:
     """The live engine with `EagleDrafter(head)` at fixed k=4 (whole or chunked prefill) writes
     one-by-one greedy output and accepts per step what `eagle_runs` records; something is
     accepted."""
+    from drafters.eagle import EagleDrafter
+    from eagle.chains import eagle_runs
+    from live.engine import LiveEngine
     from policies import make_policy
-    from profiler.eagle_drafter import EagleDrafter
-    from profiler.eagle_train import eagle_runs
-    from profiler.live_engine import LiveEngine
     from simulator import SchedulerConfig, StepCostModel
 
     sched = SchedulerConfig(max_num_seqs=3, kv_capacity_tokens=100_000, k_max=6,

@@ -42,8 +42,8 @@ def random_head(target, seed=1, vocab=None):
     the output and down projections drawn at full scale from `seed` + 1."""
     import torch
 
-    from profiler.eagle import EagleHead
-    from profiler.eagle_train import init_head
+    from eagle.training import init_head
+    from models.eagle_head import EagleHead
 
     ids = torch.arange(target.config.shape.vocab) if vocab is None else vocab
     head = init_head(EagleHead(target, ids), seed)

@@ -1,0 +1,232 @@
+"""The live engine: continuous batching with speculative decoding on real forward passes.
+
+It is the simulator's replica (simulator/replica.py) with the clock and the acceptance made real,
+so that `validate` compares like with like. The scheduler is the same, rule for rule:
+
+- Arrivals join the waiting queue at the first iteration boundary at or after their arrival time
+  (arrival times shifted so the first request arrives at 0, as `simulate` does).
+- Admission is FCFS: the head of the queue is admitted while the batch holds fewer than
+  max_num_seqs requests, its KV reservation (prompt + output + k_max tokens, held until it
+  finishes) fits the free capacity, and its prompt fits the iteration's token budget; the first
+  request that does not fit stops admission (no skipping ahead).
+- Newly admitted requests are prefilled in an iteration of their own (the target, and a model
+  drafter, over their whole prompts); running requests wait. Their first token is the argmax of
+  (or, at a temperature > 0, a sample from) the prefill's last logits, emitted (TTFT) when that
+  iteration ends.
+- Otherwise one decode iteration: the policy chooses k per running request, the drafter drafts
+  (the policy's stop rule may cut chains), one verify pass, greedy acceptance or, at a
+  temperature > 0, rejection sampling with a seeded generator (verify.py),
+  the policy observes the outcomes, and requests that reached their max tokens finish.
+With chunked prefill (`scheduler.chunked_prefill`) every iteration is a mixed one: decode
+steps and prompt chunks in one target pass (live/mixed.py). Records have the simulator's schema
+(simulator/logs.py) with measured wall-clock seconds: an iteration runs from the boundary
+where it was scheduled (admission, the policy's choice and drafting count) to the moment its
+tokens are emitted; the policy's `observe` and the finishing bookkeeping come after, as in the
+simulator, where they take no time (microseconds here, in the gap before the next iteration).
+
+Replay mode (`replay=` a speculation trace, live/replay.py): every pass stays real, but the
+tokens written and the drafts accepted come from the trace, as in the simulator, so random-weight
+shapes (an 8B target on a GPU) serve with realistic acceptance.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from drafters.base import Drafter
+from live.loop import LiveLoop
+from live.mixed import ChunkedLoop
+from live.replay import ReplayDrafter, ReplayScript
+from live.requests import EngineClock, LiveRequest, VirtualClock
+from models.llama import LlamaModel
+from policies import Policy, StepCost
+from simulator.config import SchedulerConfig
+from simulator.errors import ConfigError
+from simulator.replica import check_fits
+from traces import SpeculationTrace, Workload
+
+DECODE_LOG_COLUMNS = ("request_id", "step", "position", "k", "drafted", "accepted", "emitted")
+
+__all__ = ["DECODE_LOG_COLUMNS", "LiveEngine", "LiveResult", "MissingCost"]
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    """Per-request and per-step records (the simulator's schema), the tokens, and provenance.
+
+    `outputs[i]` are the token ids generated for workload row i. `decode_log` has one row per
+    decode step of each request (DECODE_LOG_COLUMNS; `position` = tokens generated before the
+    step, `k` = the policy's choice, `drafted` = what the drafter proposed): the sequence a
+    replay-exactness check compares with the simulator's. `pass_s[i]` is the time step i
+    spent inside forward passes (wall time on CPU; on CUDA the GPU time between events around
+    each pass, since the host only launches them), so `steps.duration_s - pass_s` is its host
+    time.
+    """
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    outputs: tuple[tuple[int, ...], ...]
+    decode_log: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    pass_s: np.ndarray | None = None
+
+
+class MissingCost:
+    """The `StepCost` of a live run given no cost model: a policy that asks for one fails."""
+
+    def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
+               feeds: Sequence[int] | None = None) -> float:
+        raise ConfigError(
+            "this policy needs a cost model (StepContext.cost): pass LiveEngine(cost=...), e.g. "
+            "simulator.StepCostModel of the profile of this device"
+        )
+
+
+class LiveEngine:
+    """Serve a workload on `target` with `drafter` and `policy` (see the module doc)."""
+
+    def __init__(
+        self,
+        target: LlamaModel,
+        drafter: Drafter,
+        policy: Policy,
+        scheduler: SchedulerConfig,
+        device: torch.device | str | None = None,
+        *,
+        cost: StepCost | None = None,
+        kv_capacity_tokens: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        replay: SpeculationTrace | None = None,
+    ) -> None:
+        if type(policy).simulation_only:
+            raise ConfigError(
+                f"policy {policy.name!r} needs an oracle's lookahead: simulation only"
+            )
+        if not (temperature >= 0 and temperature < float("inf")):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if drafter.tree is not None and (temperature > 0 or replay is not None):
+            raise ConfigError(f"drafter {drafter.name!r} drafts a tree, verified greedily only: "
+                              f"run it at temperature 0 and without replay")
+        if replay is not None and temperature > 0:
+            raise ConfigError("replay takes acceptance from the speculation trace (sampled or "
+                              "not): leave the temperature at 0")
+        capacity = kv_capacity_tokens if kv_capacity_tokens is not None else (
+            scheduler.kv_capacity_tokens)
+        if capacity is None:
+            raise ConfigError("the live engine needs a KV capacity: set kv_capacity_tokens")
+        self.device = torch.device(device) if device is not None else target.config.device
+        if self.device != target.config.device:
+            raise ConfigError(f"target is on {target.config.device}, not on {self.device}")
+        draft_model = drafter.model
+        if draft_model is not None and draft_model.config.device != self.device:
+            raise ConfigError(f"draft model is on {draft_model.config.device}, not {self.device}")
+        self.target, self.drafter, self.policy = target, drafter, policy
+        self.scheduler = scheduler
+        self.kv_capacity_tokens = int(capacity)
+        self.cost: StepCost = cost if cost is not None else MissingCost()
+        self.temperature, self.seed = float(temperature), int(seed)
+        self.replay = replay
+
+    def run(
+        self,
+        workload: Workload,
+        prompts_tokens: Sequence[Sequence[int]],
+        realtime: bool = True,
+        virtual_time: bool = False,
+    ) -> LiveResult:
+        """Serve every request of `workload` (prompt = prompts_tokens[i], max tokens = its
+        output_tokens; generation ignores end-of-sequence tokens, as the simulator does).
+
+        realtime=False replays arrivals without sleeping: idle gaps are skipped (EngineClock).
+        virtual_time=True times every iteration with the cost model instead of the wall clock
+        (VirtualClock): the scheduler then decides exactly as the simulator does, step for step.
+        The policy is deep-copied, so runs are independent and the caller's object untouched.
+        """
+        requests = self._requests(workload, prompts_tokens)
+        ids, prompt_tokens, output_tokens = (
+            workload.request_ids, workload.prompt_tokens, workload.output_tokens)  # fmt: skip
+        check_fits(ids, prompt_tokens, output_tokens, self.scheduler, self.kv_capacity_tokens)
+        if virtual_time and not hasattr(self.cost, "iteration_s"):
+            raise ConfigError("virtual_time needs a simulator cost model: LiveEngine(cost=...)")
+        clock = VirtualClock() if virtual_time else EngineClock(realtime)
+        policy = copy.deepcopy(self.policy)
+        drafter, script = self.drafter, None
+        if self.replay is not None:
+            script = ReplayScript(self.replay, workload, policy, self._replay_vocab(),
+                                  self.scheduler.k_max, self.seed)
+            drafter = ReplayDrafter(self.drafter, script)
+        started = time.perf_counter()
+        loop = ChunkedLoop if self.scheduler.chunked_prefill else LiveLoop
+        server = loop(self, policy, clock, requests, drafter, script)
+        steps = server.serve()
+        pass_s = np.asarray(server.pass_s, dtype=np.float64)
+        req_df = server.log.frame(ids, prompt_tokens, output_tokens)
+        rows = [(request.request_id, i, *entry) for request in requests
+                for i, entry in enumerate(request.log)]
+        decode_log = pd.DataFrame(rows, columns=list(DECODE_LOG_COLUMNS), dtype="int64")
+        outputs = tuple(tuple(request.output) for request in requests)
+        meta = self._meta(workload, realtime, time.perf_counter() - started)
+        meta["virtual_time"] = virtual_time
+        return LiveResult(req_df, steps, outputs, decode_log, meta, pass_s)
+
+    def _replay_vocab(self) -> int:
+        """Replayed tokens must embed in the target and in a draft model (vocabularies of
+        random-weight shapes may differ: only their passes' time matters)."""
+        vocab = self.target.config.shape.vocab
+        draft = self.drafter.model
+        return min(vocab, draft.config.shape.vocab) if draft is not None else vocab
+
+    def _requests(self, workload: Workload, prompts: Sequence[Sequence[int]]) -> list[LiveRequest]:
+        if len(prompts) != len(workload):
+            raise ValueError(f"{len(prompts)} prompts for a workload of {len(workload)} requests")
+        vocab = self._replay_vocab() if self.replay is not None else self.target.config.shape.vocab
+        arrival = workload.arrival_s - workload.arrival_s[0]
+        out = []
+        for i, prompt in enumerate(prompts):
+            tokens = [int(t) for t in prompt]
+            if len(tokens) != int(workload.prompt_tokens[i]):
+                raise ValueError(
+                    f"request index {i}: {len(tokens)} prompt tokens, but the "
+                    f"workload says {int(workload.prompt_tokens[i])}"
+                )
+            if min(tokens) < 0 or max(tokens) >= vocab:
+                raise ValueError(f"request index {i}: token ids must be in 0..{vocab - 1}")
+            out.append(
+                LiveRequest(
+                    i,
+                    int(workload.request_ids[i]),
+                    float(arrival[i]),
+                    tokens,
+                    int(workload.output_tokens[i]),
+                )
+            )
+        return out
+
+    def _meta(self, workload: Workload, realtime: bool, wall_s: float) -> dict:
+        return {
+            "engine": "live",
+            "workload": workload.source,
+            "requests": len(workload),
+            "target": self.target.config.shape.name,
+            "dtype": str(self.target.config.dtype).removeprefix("torch."),
+            "drafter": self.drafter.name,
+            "replay": None if self.replay is None else dict(self.replay.meta),
+            "policy": {"name": self.policy.name, "params": self.policy.params()},
+            "scheduler": self.scheduler.__dict__,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "device": str(self.device),
+            "threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+            "realtime": realtime,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "wall_s": wall_s,
+        }
