@@ -1,21 +1,13 @@
 """Drafter `eagle`: greedy chains from an EAGLE head fed with the target's features.
 
-Unlike the other drafters it needs what the target computed: the engine hands it, after every
-prefill and verify pass, the features (last layer before the final norm) of the tokens the target
-committed (`observe_hidden`). Per request it keeps a one-layer KV cache of `trusted` entries built
-from true features, then the chain's speculative entries. At `propose` it rolls back to the
-trusted entries, feeds the entries the new true features allow (entry i needs f_i and the token
-x_{i+1} after it: the catch-up is the last step's accepted drafts plus the bonus token), and
-chains: each pass feeds back the predicted feature with the token it drafted.
-
-With a `lookup` (drafter `eagle+ngram`), each chain step also asks the n-gram lookup what follows
-the history plus the chain so far, and drafts the lookup's token instead of the head's when the
-lookup matched a suffix of at least `lookup_min_match` tokens; the head's predicted feature is fed
-with whichever token was drafted (as EAGLE's tree drafts feed its non-top tokens). The head is
-weak where the target copies (translation, extraction, summaries: the lookup accepts 0.45-0.81 at
-k=1 there, the head 0.25-0.45) and the lookup is weak elsewhere; the rule needs nothing the
-drafter cannot see, and on held-out Spec-Bench outputs it takes the head's 0.46 to 0.57 at k=1
-(scripts/hybrid_gap.py compares it with other rules and the oracle). Signals stay the head's.
+The engine hands it the features of the tokens the target committed after every prefill and
+verify pass (`observe_hidden`). Per request it keeps a one-layer KV cache of `trusted` entries
+from true features, then the chain's speculative ones; `propose` rolls back to the trusted
+entries, feeds the catch-up (the last step's accepted drafts and the bonus token) and chains,
+feeding back each predicted feature with its drafted token. With a `lookup` (`eagle+ngram`) a
+chain step drafts the n-gram lookup's token when it matched at least `lookup_min_match` tokens:
+the head is weak where the target copies, the lookup elsewhere. Why, and what it gains:
+docs/eagle-head.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """The live engine: continuous batching with speculative decoding on real forward passes.
 
 It is the simulator's replica (simulator/replica.py) with the clock and the acceptance made real,
-so that `validate` compares like with like. The scheduler is the same, rule for rule:
-
-- Arrivals join the waiting queue at the first iteration boundary at or after their arrival time
-  (arrival times shifted so the first request arrives at 0, as `simulate` does).
-- Admission is FCFS: the head of the queue is admitted while the batch holds fewer than
-  max_num_seqs requests, its KV reservation (prompt + output + k_max tokens, held until it
-  finishes) fits the free capacity, and its prompt fits the iteration's token budget; the first
-  request that does not fit stops admission (no skipping ahead).
-- Newly admitted requests are prefilled in an iteration of their own (the target, and a model
-  drafter, over their whole prompts); running requests wait. Their first token is the argmax of
-  (or, at a temperature > 0, a sample from) the prefill's last logits, emitted (TTFT) when that
-  iteration ends.
-- Otherwise one decode iteration: the policy chooses k per running request, the drafter drafts
-  (the policy's stop rule may cut chains), one verify pass, greedy acceptance or, at a
-  temperature > 0, rejection sampling with a seeded generator (verify.py),
-  the policy observes the outcomes, and requests that reached their max tokens finish.
-With chunked prefill (`scheduler.chunked_prefill`) every iteration is a mixed one: decode
-steps and prompt chunks in one target pass (live/mixed.py). Records have the simulator's schema
-(simulator/logs.py) with measured wall-clock seconds: an iteration runs from the boundary
-where it was scheduled (admission, the policy's choice and drafting count) to the moment its
-tokens are emitted; the policy's `observe` and the finishing bookkeeping come after, as in the
-simulator, where they take no time (microseconds here, in the gap before the next iteration).
-
-Replay mode (`replay=` a speculation trace, live/replay.py): every pass stays real, but the
-tokens written and the drafts accepted come from the trace, as in the simulator, so random-weight
-shapes (an 8B target on a GPU) serve with realistic acceptance.
+executing the same scheduler (simulator/scheduler.py) rule for rule, so that `validate` compares
+like with like: FCFS admission under the batch, KV and token limits; prefills in an iteration of
+their own (or chunked beside decode steps: live/mixed.py); decode iterations of choose k, draft,
+one verify pass (live/verify.py), observe. Records have the simulator's schema with measured
+seconds. Replay mode (`replay=`, live/replay.py) keeps every pass real but takes tokens and
+acceptance from a speculation trace. The iteration rule by rule, what a record's seconds cover,
+and replay: docs/live-engine.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """Record speculation traces by teacher forcing (docs/design.md "Speculation traces").
 
-Greedy decoding fixes the target's output, so per request: generate the target's greedy output
-(up to `max_tokens`, stopping after EOS inclusive), then run the drafter over prompt + output from
-the true prefix at every output position t:
-
-- a model drafter (`model:...`, `early-exit:L`): one teacher-forced draft pass over the whole
-  sequence gives its argmax at every position; match[t] = (draft argmax at t == output[t]) and
-  run = run_from_matches(match) capped at `max_run` (a greedy chain keeps proposing the draft's
-  argmax after the true prefix for as long as it matches). Signals per position from the target's
-  distribution p (the logits that chose output[t]) and the draft's q: accept_prob = sum min(p, q),
-  kl = KL(p || q) clamped at >= 1e-8, draft_top1 = max q, draft_entropy = H(q).
-- the n-gram lookup (no distribution): run[t] = how many of the lookup's proposals from the true
-  prefix at t match output[t:] (computed directly per position; the lookup's first k proposals do
-  not depend on k, so min(k, run[t]) is what a k-token lookup gets accepted). Signals: draft_top1
-  1.0 and draft_entropy 0.0 (as the live engine's stop rule sees them); accept_prob and kl are
-  None (absent): a one-hot "distribution" would make them degenerate, not informative.
-
-- the EAGLE head (`eagle`, drafting from predicted features, so a chain is not its teacher-forced
-  argmax): every position's chain is run, batched (`eagle.chains.eagle_runs`; equal to the live
-  drafter's chains), and run[t] is its matching prefix. Signals are those of the chain's first
-  draft at t; a live chain's deeper drafts come from predicted features, so their signals depend
-  on where the chain started, which a per-position trace cannot hold: policies reading signals
-  at deeper positions replay approximately with this drafter. `eagle+ngram` records the same
-  way, each draft taken from the lookup where the live drafter takes it (`eagle_runs`).
-
-Position 0 is produced by the prefill and never drafted: run[0] = 0 (its signals are still
-stored). Replaying a fixed k: a step at position g accepts min(k, run[g], N - g - 1).
-
-Sampling (temperature T > 0): the target's output is a sample (each request from its own seeded
-stream), and run[t] is computed over it exactly as above. That is still the live engine's
-acceptance, not an approximation: the drafters here propose deterministically, and rejection
-sampling with a one-hot proposal emits the draft d iff it accepts it (a rejection resamples from
-p without d), so "accepted" and "the output's next token equals d" are the same event. A sampled
-trace is therefore one draw of the live process (the target's output law is the same with or
-without speculation), and replaying it is exact for the run it was recorded from. Signals use
-the tempered target distribution softmax(logits / T), as the live engine's do.
+Greedy decoding fixes the target's output, so per request the target writes its output once and
+the drafter is run from the true prefix at every output position t: run[t] is how many of its
+proposals match the output from t on (capped at `max_run`; run[0] = 0, the prefill's token), and
+the signals come from the same pass. A model drafter needs one teacher-forced pass, the n-gram
+lookup none, the EAGLE head every position's chain (it drafts from predicted features). At a
+temperature > 0 the output is sampled, and the trace is still exact for that draw. Per drafter,
+the signals and their guards, and why sampling stays exact: docs/recording.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Replay mode: real forward passes of any shape, acceptance taken from a speculation trace.
 
-A model with random weights (Llama-3.1-8B's shape on a GPU, say) drafts and verifies nothing
-meaningful, but its passes take the time real ones take: latency does not depend on weight values.
-Replay keeps every pass real (the target's prefills and verify passes over the drafted tokens,
-the draft model's chain passes, KV caches growing and rolled back) and takes what they would have
-decided from a speculation trace, exactly as the simulator does (simulator/acceptance.py), so
-scheduling and latency are validated at a realistic scale without real weights:
-
-- The target "writes" a fixed sequence per request (seeded random token ids: `ReplayScript.truth`).
-  Its first token is the sequence's first; a verify pass accepts the chain's leading tokens that
-  equal the sequence and emits the sequence's next token, as greedy verification does.
-- The drafter's chain at output position g is the sequence itself for run[g] tokens, then a token
-  that differs, so a chain of n tokens has exactly min(n, run[g]) accepted: the simulator's rule.
-  Its length is the simulator's too: the policy's stop rule reads the trace's draft_top1 and
-  draft_entropy at each depth, and a trace that says how many tokens the drafter could propose
-  (n-gram lookups run out) caps it. A draft model, if any, runs its real chain passes for that
-  length (its own proposals are discarded; its cache re-syncs from the history as after any
-  rejection).
-- The signals a policy is told (KL, acceptance probability, draft confidence) are the trace's, at
-  the positions a real engine would observe (accepted drafts and the first rejection).
-
-Greedy only: a sampled trace replays too (run[t] over a sampled output is what speculation
-accepted on it), but the engine's own sampler has nothing to do.
+Latency does not depend on weight values, so a random-weight model (Llama-3.1-8B's shape on a
+GPU, say) takes a real pass's time while deciding nothing meaningful. Replay keeps every pass real
+and takes what they would have decided from the trace, exactly as the simulator does
+(simulator/acceptance.py): the target "writes" a seeded random sequence (`ReplayScript.truth`),
+and the drafter's chain at position g matches it for run[g] tokens, so a chain of n has
+min(n, run[g]) accepted. Greedy only. How the chains, their lengths and the signals follow the
+trace: docs/live-engine.md "Replay mode".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """One greedy verification pass over a batch of draft chains, and the signals a policy may see.
 
-Request r's target cache holds every token but its newest (`last`). The verify pass feeds
-[last, d_1 .. d_n] (n = its chain length, q_r = n + 1) in one ragged batch and keeps all logits:
-row i is the target's distribution of the token after d_i (row 0: after `last`). Greedy
-acceptance (Leviathan et al. 2023, temperature 0): d_{i+1} is accepted while it equals the argmax
-of row i, so accepted = the number of leading drafts that match; row `accepted` then gives the
-bonus token (all accepted) or the correction (the first rejected draft's place). Every emitted
-token is the target's own argmax after a prefix that is the target's own output, which is why
-the output equals target-only greedy decoding (up to fp rounding on exact near-ties: a q = n + 1
-pass and a q = 1 pass use different matmul shapes).
-
-Signals (docs/policies.md §7), for observed positions only (the accepted drafts and the first
-rejected one), with p the target's and q the draft's distribution at a position:
-  kl            KL(p ‖ q) = Σ p (log p − log q), probabilities clamped at 1e-8 inside the logs
-                (and the sum at 0: rounding, or the clamp's extra mass, can dip it below)
-  accept_prob   Σ min(p, q), the probability that rejection sampling would accept the draft
-                (at most 1: float32 sums of two distributions can round just above it)
-  draft_top1    max q      draft_entropy   −Σ q log q
-A model-free drafter's q is one-hot on its proposal (top-1 1.0, entropy 0.0).
+Each request feeds [last, d_1 .. d_n] into one ragged target pass; d_{i+1} is accepted while it
+equals the target's argmax after d_i (Leviathan et al. 2023), and the next row gives the bonus
+token or the correction. Every emitted token is the target's own greedy choice, so the output
+equals target-only greedy decoding (up to rounding on exact near-ties). The signals (KL,
+accept_prob, draft top-1 and entropy; docs/policies.md §7) are computed for observed positions
+only: the accepted drafts and the first rejected one. The pass row by row, the formulas and
+their guards: docs/live-engine.md "Verification and the signals a policy sees".
 """
 
 from __future__ import annotations

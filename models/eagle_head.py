@@ -1,33 +1,14 @@
 """An EAGLE-style draft head: one decoder layer that extrapolates the target's last-layer feature.
 
-EAGLE (Li et al. 2024, arXiv:2401.15077) drafts at the feature level. Entry i of the head's
-sequence is fc([embed(x_{i+1}); f_i]): the target's feature f_i at position i (its last layer's
-output before the final norm, the vector its LM head reads to predict x_{i+1}) beside the
-embedding of the token that was actually chosen there. One decoder layer, attending over the
-entries before it (its own KV cache), outputs a prediction of f_{i+1}; the target's frozen final
-norm and tied LM head turn that into the draft of x_{i+2}. The next chain step feeds the
-predicted feature back with the drafted token, so a k-token chain costs k passes of one layer.
-
-The LM head is read on a draft vocabulary: the most frequent tokens of the training text
-(FR-Spec, Zhao et al. 2025, arXiv:2502.14856; EAGLE-3 does the same). The full 49,152-row head
-holds 28M of the ~134M parameters a SmolLM2 forward pass reads, more than the rest of the head
-six times over; the shipped head reads 16,384 rows, which cover ~96% of the tokens the target
-wrote for held-out questions (8,192 rows: ~91%; the README next to the weights has the figures),
-and the draft can only propose those. Embedding and head rows are the target's, never copied
-into the file.
-
-Shapes: the layer has the target's dimensions (hidden 576, 9/3 heads, FFN 1536 for SmolLM2);
-fc is [2 * hidden, hidden] with a bias. The weights ship as fp16 .npz (`save_head`/`load_head`).
-`layers` > 1 stacks that many such layers (EAGLE's head is one; a deeper head costs a draft pass
-more and may predict better, which only a full-size training can tell); the file's meta says how
-many.
-
-Fused features (`fuse_layers`, EAGLE-3: Li et al. 2025, arXiv:2503.01840): a true entry's
-feature is then the outputs of some lower decoder layers beside the last one's
-(`LlamaModel.set_feature_layers`), each at unit RMS, mapped to one `hidden` vector by `fuse`
-[(layers + 1) * hidden, hidden]; predicted features (chain steps) enter as they are. `fuse`
-starts as "the last block only", so a fused head begins where an unfused one does. The head
-still predicts the last layer's feature, which the frozen norm and LM head decode.
+EAGLE (Li et al. 2024, arXiv:2401.15077) drafts at the feature level: entry i is
+fc([embed(x_{i+1}); f_i]), the target's feature at i beside the token chosen there, and one
+decoder layer over the entries before it predicts f_{i+1}, which the target's frozen final norm
+and tied LM head decode into a draft. A chain feeds its predicted features back, so k drafts
+cost k passes of one layer. The LM head reads only a draft vocabulary of frequent tokens (FR-Spec,
+arXiv:2502.14856), as the full head is most of what a pass reads; `layers` stacks layers and
+`fuse_layers` fuses lower layers' features (EAGLE-3, arXiv:2503.01840). Shapes, the draft
+vocabulary's figures and fusion: docs/eagle-head.md; how the shipped head was trained:
+eagle/data/README.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Run a profile sweep: time every grid point and the ragged batches, in interleaved rounds.
 
-On a shared machine the clock drifts: for seconds at a time every pass runs 20-40% slower (seen
-on this project's 2-core CPU machines, one thread, nothing else running). Timing each point's
-repeats back to back lets one slow spell skew whole points, and the fitted model with them. So
-the sweep runs in rounds: each round times every point once (after one untimed call), and a
-point's time is the median over rounds, spread across the whole run.
-
-The samples are saved after every round (`samples.json`, atomically) and the table rewritten, so
-an interrupted sweep keeps what it measured, and a rerun with the same settings resumes.
-
-A draft pass is timed right after an untimed target pass, because that is where the engine runs
-it: a draft chain always follows a verify or prefill pass, which has pushed the draft's weights
-out of the CPU's caches (or the GPU's L2). Timed back to back instead, a small drafter's passes
-run from cache: on the 2-core CPU VM the shipped EAGLE head (fp32, batch 5) took 3.9 ms per pass
-in such a profile and 9.2 ms inside the live engine, and the simulator under-predicted EAGLE
-steps by ~10%. (A target pass reads far more than any cache holds, so its own timing does not
-depend on what ran before it.) The draft is timed at one token per request and at every longer
-query of the grid (`catchup`: the chain's first pass, which feeds what the target committed
-since the last chain); the meta's `draft_catch_up` says which tokens those are for this draft
-(the model's `catch_up`, "bonus" unless it says otherwise: simulator/draft_feed.py).
+On a shared machine the clock drifts for seconds at a time, so each round times every point once
+and a point's time is the median over rounds; the samples are saved after every round, so an
+interrupted sweep resumes. A draft pass is timed right after an untimed target pass, where the
+engine runs it: timed back to back, a small drafter runs from cache and looks faster than it is.
+The draft is also timed at every longer query of the grid (`catchup`, a chain's first pass:
+simulator/draft_feed.py). The drift and the cache effect in numbers, and the meta's
+`draft_catch_up`: docs/profiling.md "The sweep".
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """What a draft model feeds in a chain's first pass: its catch-up on what the target committed.
 
-A drafter with a model keeps its own KV cache, so each chain's later passes feed one token (the
-draft before). The first pass is different: it has to bring the cache up to the history the
-target just committed, and how much that is depends on the drafter (`catch_up`):
-
-  "bonus"      a draft model (or early exit) whose cache still holds the drafts it fed: of a
-               chain of m drafts it fed m - 1 of them, so after a accepted it feeds only the
-               bonus token, or the last draft and the bonus token when all m were accepted
-               (drafters/model.py).
-  "committed"  an EAGLE head: its entries fed with predicted features are not trusted, so it
-               re-feeds every token committed since its last chain, with the target's true
-               features: the accepted drafts and the bonus token (drafters/eagle.py).
-
-Either way a step that drafts nothing (k = 0) leaves its committed token for the next chain, and
-right after the prefill the first chain feeds the first output token. A third rule, "one",
-charges one token per request whatever was committed: what the simulator did before it modelled
-the catch-up, kept to measure what that is worth (benchmarks/validate_ablation.py).
-
-On the 2-core CPU the EAGLE head's first pass at batch 5 took 12.2 ms against 9.2 ms for its
-one-token passes. Charged one token per request, the same live EAGLE runs under fixed k=4,
-kld_variance and gammatune simulated 0.3-0.9 points faster than with the catch-up
-(benchmarks/results/validate-cpu-smollm2-eagle-catchup-ablation.txt).
+A drafter with a model keeps its own KV cache, so a chain's later passes feed one token each; the
+first brings the cache up to the history the target just committed, and how much that is depends
+on the drafter's `catch_up`: "bonus" (a draft model or early exit, whose cache still holds the
+drafts it fed: drafters/model.py), "committed" (an EAGLE head, which re-feeds every committed
+token with true features: drafters/eagle.py), or "one" (one token per request, the simulator's
+old charge, kept to measure the difference: benchmarks/validate_ablation.py). Each rule token by
+token, and what modelling the catch-up changed in validation: docs/step-cost.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Static draft trees: which of the head's candidates to draft at each depth, and what a step
 that drafts one costs.
 
-A chain drafts the head's top-1 at every depth and stops being useful at the first miss; a tree
-also drafts the runners-up, so a miss of the top-1 is often caught by the second or third
-candidate, and the target verifies every branch in the same pass (EAGLE, Li et al. 2024, arXiv
-2401.15077, after Medusa's and SpecInfer's tree attention). A node is named by its *rank path*:
-(r_1, .., r_d) is the r_d-th most likely child (0 = the top-1) of node (r_1, .., r_{d-1}), so
-the chain of depth k is {(0,), (0, 0), .., (0,) * k}.
-
-The shape is static, chosen offline: the nodes that most often lie on the target's greedy path,
-counted on training-split recordings (`build_tree`, scripts/eagle_tree.py). With greedy
-verification the accepted path is the target's own greedy continuation, so a node is accepted
-exactly when the greedy token's rank under each ancestor's distribution matches its path: one
-pass over the greedy path (the rank of the true token at every depth) scores any shape.
-
-Nodes are kept in breadth-first order (by depth, then by path), so a node's parent comes first
-and `upto(k)` (the nodes of depth <= k) is a prefix: the policy's k is the tree's depth, and a
-step that drafts a tree to depth k counts k drafted positions, as a chain of k does (what a
-policy's acceptance estimates read). What differs is the cost (simulator/step_cost.py): the
-verify pass feeds `draft_tokens(k)` nodes after the last token, and the head's pass j >= 2
-feeds one entry per node of depth j - 1 that has children (`expanding`), not one per request.
+A tree also drafts the head's runners-up, so a miss of the top-1 is often caught by another
+candidate, and the target verifies every branch in one pass (EAGLE, Li et al. 2024, arXiv
+2401.15077). A node is its rank path (r_1, .., r_d), the r_d-th most likely child of (r_1, ..,
+r_{d-1}); the shape is static: the nodes most often on the target's greedy path in training-split
+recordings (`build_tree`, scripts/eagle_tree.py). Nodes are breadth-first, so `upto(k)` is a
+prefix and the policy's k is the tree's depth; what differs from a chain of k is the cost
+(simulator/step_cost.py). Why one greedy pass scores any shape, and the cost pass by pass:
+docs/step-cost.md "Draft trees".
 """
 
 from __future__ import annotations

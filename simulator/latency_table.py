@@ -1,20 +1,11 @@
 """The profiled latency table: timed forward passes over a grid, plus where they were timed.
 
-A table is two files side by side, `NAME.csv` (one row per grid point) and `NAME.meta.json`
-(device, versions, models, grid, date). The profiler writes it; the profiled latency model
-reads it. A latency number without its device and versions can't be trusted, so loading checks
-both files and names the file and the problem in one line.
-
-CSV columns (rows counted from 1 after the header in error messages):
-  role                   target | draft
-  phase                  prefill | decode | verify (target); prefill | draft | catchup (draft:
-                         one token per request, or several at c > 0 as a chain's first pass
-                         feeds them, simulator/draft_feed.py)
-  num_seqs               requests in the pass, >= 1
-  query_tokens_per_seq   tokens each request feeds, >= 1
-  cached_tokens_per_seq  tokens each request already has in the KV cache, >= 0
-  median_s, p10_s, p90_s seconds over the repeats, > 0, with p10 <= median <= p90
-  repeats                timed repetitions behind the three times, >= 1
+A table is two files side by side, `NAME.csv` (one row per grid point: role, phase, num_seqs,
+query and cached tokens per request, median/p10/p90 seconds, repeats) and `NAME.meta.json`
+(device, versions, models, grid, date). The profiler writes it; the profiled latency model reads
+it. A latency number without its device and versions can't be trusted, so loading checks both
+files and names the file and the problem in one line. Every column and its valid values:
+docs/profiling.md "The latency table".
 """
 
 from __future__ import annotations

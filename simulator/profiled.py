@@ -1,22 +1,12 @@
 """The profiled latency model: pass times from a `LatencyTable` timed on the device at hand.
 
 Per role (target, draft), a linear form in the pass's aggregates is fitted on all that role's rows
-(`simulator.fit.fit_linear`). Inside a phase's grid the form is corrected by the measured/fitted
-ratio, interpolated at the query's uniform equivalent (num_seqs, query/num_seqs, cached/num_seqs);
-so grid points come back exactly and ragged batches inherit their neighbours' correction.
-
-Which grid a pass uses: query == num_seqs is a decode (target) or draft step (draft); cached == 0
-with more query tokens than requests is a prefill; any other target pass is a verify (mixed
-prefill + decode batches included), any other draft pass a catch-up (a chain's first pass, which
-feeds what the target committed since the last chain: simulator/draft_feed.py). A table without
-catch-up rows (profiled before they were swept) charges those passes the fitted form alone.
-
-Outside a grid's box the ratio at the nearest point of the box is kept (`extrapolation="clamp"`,
-the default) rather than dropped (`"fit"`): it keeps the prediction continuous across the box's
-edge, and on synthetic roofline profiles (8B/H100, 7B/A100, 135M/L4; queried at points beyond
-the box in batch, context, k and prompt length) its median error was 2-7% against 9-15% for the
-fit alone, better in every direction tried. Far-out ragged batches (4x the batch, 5x the context)
-split two to one in its favour. `test_clamped_extrapolation_beats_the_fit_alone` keeps this.
+(`simulator.fit.fit_linear`) and corrected inside each phase's grid by the measured/fitted ratio,
+interpolated at the query's uniform equivalent, so grid points come back exactly and ragged
+batches inherit their neighbours' correction. A pass's shape says which grid it uses (decode,
+draft, prefill, verify, or catch-up: simulator/draft_feed.py). Outside a grid's box the nearest
+point's ratio is kept (`extrapolation="clamp"`, the default), which measured closer than the fit
+alone. The grid rules and the extrapolation's measurements: docs/profiling.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Cost of one engine iteration, composed from a LatencyModel's forward passes.
 
-A speculative iteration with per-request k_r costs (docs/design.md "Latency models"):
-  the draft chain: max k_r draft passes, pass j over the requests still drafting (k_r >= j),
-  one target verify pass over sum_r (k_r + 1) tokens (plus any prompt chunks in the batch),
-  and the per-iteration overhead.
-A draft pass feeds one token per request (a chain drafter keeps its own KV cache, so only the
-newest token is new to it), except the chain's first: there each request feeds its catch-up on
-what the target committed since its last chain (`feeds`, simulator/draft_feed.py; one token when
-not given). When a batch also prefills prompts, the draft model prefills them in its first pass.
-Model-free drafters cost nothing to draft.
-
-Requests with different k are costed as a ragged batch: draft pass j only for the requests still
-drafting, the verify pass over exactly sum(k_r + 1) tokens. Engines that pad every request to
-the batch's largest k (fixed CUDA-graph shapes) pay more than this for per-request policies.
-A request at k = 0 still has its prompt prefilled by the draft model (its draft KV stays warm).
-
-`cached` may be 2-D (requests x steps): the fast path costs many steps of one batch at once.
-The draft passes only need, per pass j, the number of requests with k_r >= j and the sum of
-their cached tokens, so requests are bucketed by k once and the sums taken per bucket.
+An iteration with per-request k_r costs max k_r draft passes (pass j over the requests with
+k_r >= j), one verify pass over sum_r (k_r + 1) tokens plus any prompt chunks, and the
+per-iteration overhead (docs/design.md "Latency models"). The chain's first draft pass feeds each
+request's catch-up (`feeds`, simulator/draft_feed.py); model-free drafters cost nothing. Batches
+are ragged, not padded to the largest k as engines with fixed CUDA-graph shapes are. `cached`
+may be 2-D (requests x steps) for the fast path, with requests bucketed by k. Every rule and
+why: docs/step-cost.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """One simulation per (policy setting, request rate, seed), cached on disk and run in parallel.
 
-What a seed changes, so that seeds are real replicates and not the same run three times:
-- a trace workload (azure-conv, a file): seed i serves the i-th window of `requests` consecutive
-  requests of the trace (rescaled to the rate), so each seed is another stretch of real traffic;
-- a synthetic workload: its arrivals and lengths are drawn from the seed;
-- acceptance: parametric models are drawn from the seed; a recorded trace is assigned to the
-  workload's requests in a seed-dependent order.
-Every candidate sees the same seeds (common random numbers), so their differences are paired.
-
-Each evaluation is written as one JSON file named by the hash of everything that determines it,
-atomically: an interrupted tune resumes where it stopped, and a rerun with other rates or
-policies reuses what it shares. "Everything" means contents, not names: the bytes of the workload,
-length, speculation-trace and profile files, the catalog entries the names resolve to, and the
-code version (the simulator's sources and shipped data), so an edited input or an upgrade is
-recomputed, never answered from a stale file.
+Seeds are real replicates, not one run three times: a trace workload serves another window of
+the trace per seed, a synthetic one draws its arrivals and lengths from it, and acceptance is
+drawn from it or assigned from a recording in a seed-dependent order; every candidate sees the
+same seeds, so differences are paired. Each evaluation is one JSON file named by the hash of the
+contents (not names) of everything that determines it, code version included, so an interrupted
+tune resumes and an edited input is recomputed. Details: docs/tune-cache.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The `validate` job: serve a workload live (real forward passes, real clock), simulate the same
 workload, and compare them metric by metric.
 
-For every policy and arrival rate: (1) the live engine serves the workload in real time; (2) the
-acceptance it saw is recorded as a speculation trace by teacher forcing on its own outputs
-(`live.recorder.record_outputs`), so the simulator replays acceptance exactly; (3) the
-simulator serves the same workload with the profile's latency, the same scheduler settings, KV
-capacity and policy.
-
-The simulator's inputs are measured, never fitted to the runs it is compared with
-(validate_calibration.py has the why of each):
-- pass times: a profile of a grid shaped for the workload, timed in rounds between the live runs
-  (or a given --profile); each run's passes are scaled by the device's speed in the rounds just
-  before and after it (the drift of a shared CPU; reported per run, --no-drift turns it off);
-- host time per iteration (policy, lookups, acceptance, signals): fitted per policy on a
-  calibration run of its own (its own draw of prompts, all arriving at once) from the live
-  engine's own split of each iteration into forward passes and the rest (--no-overhead turns
-  it off).
-Rows also carry `simulated_uncorrected`: the profile alone, with neither correction.
-
-What replays exactly: acceptance and drafts per step, greedy or sampled (--temperature; the
-trace carries how many tokens the n-gram lookup could propose), for policies that decide from
-each request's own history.
-Batch-level policies (goodput) may not: their k depends on the batch that real timing shapes.
+For every policy and rate the live engine serves the workload; its outputs are recorded as a
+speculation trace (`live.recorder.record_outputs`), so the simulator replays acceptance exactly;
+the simulator serves the same workload with the same scheduler, KV capacity and policy. Its other
+inputs are measured, never fitted to the compared runs (validate_calibration.py): pass times from
+a profile timed between the runs, scaled for drift (--no-drift), and a host time per iteration
+per policy (--no-overhead); rows also carry `simulated_uncorrected`, with neither. Batch-level
+policies (goodput) may not replay exactly. What replays, and the why of each input:
+docs/validate.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """What `validate` measures besides the live runs: the device's pass times, in rounds spread
 between the runs, and the engine's host time per iteration.
 
-Why rounds between runs: on a shared machine a CPU's speed drifts by 10-40% over minutes (seen on
-this project's 2-core machines, one thread, nothing else running), so a profile timed before the
-runs is off by the drift by the time a run is served. `validate` therefore times a grid shaped
-for its workload (`validation_grid`) one round before every live run and once after the last:
-the profile is the median over all rounds, and each run's prediction is scaled by the speed
-measured around it (`DriftProbe.scale`: the median over the grid's points of the two rounds
-that bracket the run, divided by the profile's prediction there). The scale is reported per
-run; on a stable device it stays near 1. With few runs the bracketing rounds make up much of
-the median the profile is, so the scale is pulled to 1 (two runs: 4 rounds, scales 1.000 seen):
-it means something from about five runs on.
-
-Why a host model: the profile times forward passes only, while a live iteration also runs the
-policy, the n-gram lookups, acceptance, the signals a policy reads (a KL over the vocabulary per
-observed draft) and bookkeeping. The live engine times the passes inside each iteration
-(`LiveResult.pass_s`), so host time = duration - passes is measured, not inferred. Per policy,
-a calibration run on its own workload (its own draw of prompts, all arriving at once, staggered
-lengths: every batch size from max_num_seqs down to 1) fits
-host = a + b * requests + c * drafted tokens (non-negative least squares); the compared runs never
-feed the fit.
+Rounds between runs: a shared CPU's speed drifts over minutes, so the grid (`validation_grid`) is
+timed once before every live run and once after the last; the profile is the median of all
+rounds, and each run's prediction is scaled by the speed in the two rounds around it
+(`DriftProbe.scale`). A host model: the profile times passes only, so host time = duration -
+passes (`LiveResult.pass_s`) is fitted per policy on a calibration run of its own, as
+a + b * requests + c * drafted tokens; the compared runs never feed the fit. The drift measured,
+when the scale means something, and the calibration workload: docs/validate.md.
 """
 
 from __future__ import annotations
