@@ -145,7 +145,7 @@ def _cache_paths(source: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
     return folder / f"{stem}.pt", folder / f"{stem}.tokenizer.json"
 
 
-def _source_id(source: Path) -> dict[str, Any]:
+def source_id(source: Path) -> dict[str, Any]:
     """What a cache entry was built from: a changed file (size, mtime) invalidates it."""
     stat = source.stat()
     return {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
@@ -160,7 +160,7 @@ def _build_cache(source: Path, weights: Path, vocab: Path) -> None:
                         rms_eps=meta["llama.attention.layer_norm_rms_epsilon"])  # fmt: skip
     model = LlamaModel(config)
     model.load_hf_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
-    ident = _source_id(source)
+    ident = source_id(source)
     hyper = {"rope_theta": config.rope_theta, "rms_eps": config.rms_eps}
     with atomic_write(weights) as f:
         torch.save({"source": ident, "hyper": hyper, "state": model.state_dict()}, f)
@@ -179,7 +179,7 @@ def _cached(path: Path, source: Path) -> dict[str, Any] | None:
         entry = json.loads(path.read_text(encoding="utf-8"))
     else:  # memory-mapped: a cached load copies nothing
         entry = torch.load(path, mmap=True, weights_only=True)
-    return entry if entry.get("source") == _source_id(source) else None
+    return entry if entry.get("source") == source_id(source) else None
 
 
 def _cache_entry(
