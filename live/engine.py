@@ -31,6 +31,7 @@ from policies import Policy, StepCost
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
 from simulator.replica import check_fits
+from simulator.scheduler import scheduler_class
 from traces import SpeculationTrace, Workload
 
 DECODE_LOG_COLUMNS = ("request_id", "step", "position", "k", "drafted", "accepted", "emitted")
@@ -90,6 +91,11 @@ class LiveEngine:
         if type(policy).simulation_only:
             raise ConfigError(
                 f"policy {policy.name!r} needs an oracle's lookahead: simulation only"
+            )
+        if getattr(scheduler_class(scheduler.scheduler), "plans_whole_step", False):
+            raise ConfigError(
+                f"scheduler {scheduler.scheduler!r} is simulation only: the live engine runs "
+                "fcfs-reserve's calls; compare it with a vLLM server instead"
             )
         if not (temperature >= 0 and temperature < float("inf")):
             raise ConfigError(f"temperature must be a finite number >= 0, got {temperature!r}")

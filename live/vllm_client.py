@@ -127,3 +127,15 @@ def served_frame(served: Sequence[Served], workload: Workload) -> pd.DataFrame:
             "accepted": sum(s.per_step_accepted), "error": s.error or "",
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def warm_up(url: str, model: str, prompts: Sequence[Sequence[int]], batches=(1, 4)) -> None:
+    """Batches of short requests, each batch at once, so the first shapes compile now."""
+    for size in batches:
+        picked = [prompts[i % len(prompts)] for i in range(size)]
+        wl = Workload(arrival_s=np.zeros(size), prompt_tokens=np.array([len(p) for p in picked]),
+                      output_tokens=np.full(size, 8), request_ids=np.arange(size),
+                      source="vLLM warm-up")
+        errors = [s.error for s in serve_workload(url, model, wl, picked) if s.error]
+        if errors:
+            raise RuntimeError(f"vLLM warm-up failed: {errors[0]}")

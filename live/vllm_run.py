@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from live.vllm_client import serve_workload, served_frame
+from live.vllm_client import serve_workload, served_frame, warm_up
 from live.vllm_log import read_iterations
+from live.vllm_profile import probe
 from live.vllm_server import VllmServer, VllmSettings
 from traces import Workload
 
@@ -29,18 +29,6 @@ class VllmRun:
     outputs: list[list[int]]
     per_step: list[tuple[list[int], list[int]]]  # (drafted, accepted) per request
     meta: dict
-
-
-def warm_up(url: str, model: str, prompts: Sequence[Sequence[int]], batches=(1, 4)) -> None:
-    """Batches of short requests, each batch at once, so the first shapes compile now."""
-    for size in batches:
-        picked = [prompts[i % len(prompts)] for i in range(size)]
-        wl = Workload(arrival_s=np.zeros(size), prompt_tokens=np.array([len(p) for p in picked]),
-                      output_tokens=np.full(size, 8), request_ids=np.arange(size),
-                      source="vLLM warm-up")
-        errors = [s.error for s in serve_workload(url, model, wl, picked) if s.error]
-        if errors:
-            raise RuntimeError(f"vLLM warm-up failed: {errors[0]}")
 
 
 def run_vllm(settings: VllmSettings, venv: Path,
@@ -57,18 +45,21 @@ def run_vllm(settings: VllmSettings, venv: Path,
         ready_s = time.perf_counter() - started
         model = str(settings.model_dir)
         warm_up(server.url, model, next(iter(workloads.values()))[1])
+        k = settings.speculative_tokens
         for label, (workload, prompts) in workloads.items():
-            time.sleep(1.0)  # the warm-up's (or the last run's) lines reach the log
+            before = probe(server.url, model, log, k)
             first = len(read_iterations(log))
             served = serve_workload(server.url, model, workload, prompts)
             time.sleep(1.0)
             iterations = read_iterations(log).iloc[first:].reset_index(drop=True)
-            runs[label] = _keep(served, workload, iterations, settings, ready_s, out / label, log)
+            after = probe(server.url, model, log, k)
+            runs[label] = _keep(served, workload, iterations, settings, ready_s, out / label, log,
+                                before + after)
     return runs
 
 
 def _keep(served, workload: Workload, iterations: pd.DataFrame, settings: VllmSettings,
-          ready_s: float, out: Path, log: Path) -> VllmRun:
+          ready_s: float, out: Path, log: Path, probes: list[dict]) -> VllmRun:
     errors = [s.error for s in served if s.error]
     if errors:
         raise RuntimeError(f"{len(errors)} of {len(served)} requests failed; the first: "
@@ -77,7 +68,8 @@ def _keep(served, workload: Workload, iterations: pd.DataFrame, settings: VllmSe
     requests = served_frame(served, workload)
     meta = {"settings": {k: str(v) if isinstance(v, Path) else v
                          for k, v in asdict(settings).items()},
-            "ready_s": ready_s, "requests": len(workload), "workload": workload.source}
+            "ready_s": ready_s, "requests": len(workload), "workload": workload.source,
+            "probe_rows": probes}
     per_step = [(s.per_step_drafted, s.per_step_accepted) for s in served]
     requests.to_csv(out / "requests.csv", index=False)
     iterations.to_csv(out / "iterations.csv", index=False)

@@ -38,8 +38,9 @@ LAUNCH = (
 SETUP_HINT = "bash scripts/vllm_env.sh"
 
 
-class VllmError(RuntimeError):
-    """vLLM could not be started or answered wrongly; the message says what to do."""
+class VllmError(ValueError):
+    """vLLM could not be started or answered wrongly; the message says what to do (the CLI
+    prints it as a one-line error, as it does bad input)."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Literal
 
 from simulator.errors import ConfigError
 from simulator.scheduler import scheduler_names
+from simulator.scheduler_vllm import DEFAULT_MAX_BATCHED_TOKENS  # also registers "vllm-v1"
 
 Router = Literal["round-robin", "least-loaded"]
 ROUTERS: tuple[str, ...] = ("round-robin", "least-loaded")
@@ -31,28 +32,44 @@ class SchedulerConfig:
     Token budget: decode requests always run, with their k + 1 tokens each; the budget limits
     the prompt tokens that join them (so an iteration can exceed it by its decode tokens). vLLM's
     V1 scheduler instead counts draft tokens against the budget and defers what does not fit.
+
+    `scheduler="vllm-v1"` selects those vLLM V1 rules instead (simulator/scheduler_vllm.py,
+    docs/vllm-v1-scheduler.md): 128-token KV blocks allocated as sequences grow, one budget
+    for every scheduled token, preemption by recompute. It always chunks prompts (the field is
+    set to True so the records say so), and an unset budget becomes vLLM's CPU default, 2048.
     """
 
     max_num_seqs: int = field(default=256, metadata={"help": "requests in one batch, at most"})
     max_batched_tokens: int | None = field(
-        default=None, metadata={"help": "token budget per iteration; unset: unlimited"}
+        default=None, metadata={"help": "token budget per iteration; unset: unlimited "
+                                          f"(vllm-v1: {DEFAULT_MAX_BATCHED_TOKENS})"}
     )
     chunked_prefill: bool = field(
-        default=False, metadata={"help": "split prompts into chunks that share iterations"}
+        default=False, metadata={"help": "split prompts into chunks that share iterations "
+                                          "(always on under vllm-v1)"}
     )
     kv_capacity_tokens: int | None = field(
         default=None,
-        metadata={"help": "KV-cache tokens per replica; unset: derived from GPU memory"},
+        metadata={"help": "KV-cache tokens per replica; unset: derived from GPU memory "
+                          "(vllm-v1: vLLM's 'KV cache size', 128-token blocks, one of them "
+                          "the null block)"},
     )
-    k_max: int = field(default=10, metadata={"help": "hard cap on k; reserved as KV look-ahead"})
+    k_max: int = field(default=10, metadata={
+        "help": "hard cap on k; reserved as KV look-ahead (vllm-v1: num_speculative_tokens, "
+                "nothing reserved)"})
     scheduler: str = field(default="fcfs-reserve", metadata={
         "help": "the rules that admit, chunk and finish requests (simulator/scheduler.py's "
-                "registry): fcfs-reserve"})
+                "registry): fcfs-reserve, or vllm-v1 (vLLM V1's scheduler: blocks, one token "
+                "budget, preemption; docs/vllm-v1-scheduler.md)"})
 
     def __post_init__(self) -> None:
         if self.scheduler not in scheduler_names():
             raise ConfigError(f"unknown scheduler {self.scheduler!r}; known: "
                               f"{', '.join(scheduler_names())}")
+        if self.scheduler == "vllm-v1":  # vLLM V1 always chunks, with a budget (doc 0)
+            object.__setattr__(self, "chunked_prefill", True)
+            if self.max_batched_tokens is None:
+                object.__setattr__(self, "max_batched_tokens", DEFAULT_MAX_BATCHED_TOKENS)
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_batched_tokens is not None and self.max_batched_tokens < 1:

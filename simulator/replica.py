@@ -9,6 +9,10 @@ Fast path: when the running set cannot change before the next arrival or finish,
 k depends only on the running set (`stateless_per_batch`), the replica costs all iterations up to
 that event at once with numpy. It produces the same records as iterating one step at a time
 (a test checks that), and is what lets 10k requests simulate in about a second.
+
+A scheduler that `plans_whole_step` (vllm-v1, simulator/scheduler_vllm.py) is run instead as
+vLLM's engine step: `_planned_iteration` (docs/vllm-v1-scheduler.md sections 2 and "What
+spectune models"). It never takes the fast path.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
-from simulator.scheduler import make_scheduler
+from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
 
 
@@ -66,6 +70,10 @@ class Replica:
         # the fast path's one-k-per-segment walk does not model: step one iteration at a time
         self.fast_path = (fast_path and type(policy).stateless_per_batch
                           and not acceptance.limits_proposals)
+        self.planned = getattr(type(self.scheduler), "plans_whole_step", False)
+        if self.planned and cost.draft_tree is not None:
+            raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
+                              "not a draft tree: use a chain drafter's trace")
         self.observes = type(policy).observe is not Policy.observe
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
@@ -94,6 +102,9 @@ class Replica:
             if not scheduler.load:
                 self._idle = env.event()
                 yield self._idle
+                continue
+            if self.planned:
+                yield from self._planned_iteration()
                 continue
             if self.config.chunked_prefill:
                 yield from self._mixed_iteration()
@@ -215,6 +226,74 @@ class Replica:
                    for name in type(self.policy).signals}
         return DraftOutcome(request.request_id, k, acc, emit, g, signals)
 
+    # -- a scheduler that plans whole steps (vllm-v1) ----------------------------------------
+
+    def _planned_iteration(self):
+        """One vLLM V1 engine step (doc section 2): schedule() plans it; the policy picks the k
+        of the drafts proposed at its end, from the requests it schedules (doc 5.4); the step is
+        charged for every token it runs (verify tokens with drafts, prompt and re-prefill
+        chunks); then the outcomes are committed, the next step's drafts proposed and finished
+        requests retired (their blocks free for the next step)."""
+        env, scheduler = self.env, self.scheduler
+        plan = scheduler.schedule(env.now)
+        if not plan.scheduled:
+            raise RuntimeError("replica holds requests it can neither admit nor run")
+        batch = plan.requests
+        lookahead = None
+        if type(self.policy).simulation_only:
+            by_id = {request.request_id: request for request in batch}
+            lookahead = lambda rid: by_id[rid].run  # noqa: E731
+        ks = scheduler.choose(batch, env.now, lookahead)
+        decodes = [entry for entry in plan.scheduled if not entry.prefill]
+        chunks = [entry for entry in plan.scheduled if entry.prefill]
+        drafts = [entry.drafts for entry in decodes]
+        feeds = [entry.request.draft_feed for entry in decodes] if self.feeds else None
+        start, (waiting, held, kv) = env.now, scheduler.snapshot()
+        chunk_tokens = sum(entry.tokens for entry in chunks)
+        duration = self.cost.iteration_s(
+            drafts, [entry.computed for entry in decodes], len(chunks), chunk_tokens,
+            sum(entry.computed for entry in chunks),
+            sum(e.tokens * e.computed + e.tokens * (e.tokens + 1) // 2 for e in chunks), feeds)
+        yield env.timeout(duration)
+        scheduler.step_index += 1
+        before = [entry.request.generated for entry in plan.scheduled]
+        accepted = [min(entry.drafts, int(entry.request.run[g])) if entry.drafts else 0
+                    for entry, g in zip(plan.scheduled, before)]
+        emitted = scheduler.update_from_output(plan, accepted, env.now)
+        decode_emit = [(entry, g, emit) for entry, g, emit in zip(plan.scheduled, before, emitted)
+                       if not entry.prefill]
+        if self.feeds:
+            for entry, _, emit in decode_emit:
+                entry.request.draft_feed = next_feed(self.catch_up, entry.request.draft_feed,
+                                                     entry.drafts, emit)
+        if self.observes and decode_emit:
+            self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
+                                [self._outcome(entry.request, g, entry.drafts, emit - 1, emit)
+                                 for entry, g, emit in decode_emit])
+        self._propose(plan, ks, emitted)
+        emit_total = sum(emit for _, _, emit in decode_emit)
+        self.steps.add(self.index, start, duration, len(decodes), len(chunks), chunk_tokens,
+                       sum(drafts), max(drafts, default=0), emit_total - len(decodes),
+                       emit_total, waiting, held, kv)
+        self._finish_done()
+
+    def _propose(self, plan, ks: list[int], emitted: list[int]) -> None:
+        """The drafts proposed at the end of the step for the next (doc 5.2): by every request
+        that sampled and goes on, at most its k; a draft stop rule and the n-gram lookup's
+        limit are read at the position the drafts start from (its new `generated`)."""
+        batch, chosen = [], []
+        for entry, k, emit in zip(plan.scheduled, ks, emitted):
+            if emit and not self.scheduler.finished(entry.request):
+                batch.append(entry.request)
+                chosen.append(k)
+        if type(self.policy).uses_draft_stop:
+            chosen = self._draft_stop(batch, chosen)
+        if self.acceptance.limits_proposals:
+            chosen = [min(k, int(self.acceptance.proposable(request.index)[request.generated]))
+                      for request, k in zip(batch, chosen)]
+        for request, k in zip(batch, chosen):
+            self.scheduler.propose(request, k)
+
     # -- the fast path -----------------------------------------------------------------------
 
     def _decode_segment(self):
@@ -289,8 +368,13 @@ def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerCo
 
     A request reserves prompt + output + k_max KV tokens for its whole life (the output length
     stands in for the max_tokens a real request declares); without chunked prefill its whole
-    prompt must also fit one iteration's token budget.
+    prompt must also fit one iteration's token budget. A scheduler class with its own
+    `check_fits` (vllm-v1: blocks) checks instead.
     """
+    own = getattr(scheduler_class(scheduler.scheduler), "check_fits", None)
+    if own is not None:
+        own(request_ids, prompt_tokens, output_tokens, scheduler, kv_capacity_tokens)
+        return
     reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + scheduler.k_max
     worst = int(np.argmax(reserve))
     if reserve[worst] > kv_capacity_tokens:

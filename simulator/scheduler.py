@@ -12,13 +12,17 @@ The rules (FCFS with reservation): a request reserves prompt + output + k_max KV
 admission and keeps them until it finishes, so nothing is ever preempted; waiting requests are
 admitted in arrival order while the batch cap (`max_num_seqs`), the KV cache and the token
 budget allow, and the first that does not fit stops admission (no skipping ahead).
+
+This module also holds the registry (`--scheduler NAME`). The second rule book, "vllm-v1"
+(vLLM V1's block allocation, one token budget, preemption by recompute), lives in
+simulator/scheduler_vllm.py: docs/vllm-v1-scheduler.md, section "What spectune models".
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -43,11 +47,16 @@ class SchedulerSettings(Protocol):
     k_max: int
 
 
-_SCHEDULERS: dict[str, type[Scheduler]] = {}
+_SCHEDULERS: dict[str, type] = {}
+_S = TypeVar("_S", bound=type)
 
 
-def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
-    """Class decorator: make a scheduler selectable by its `name` (`--scheduler NAME`)."""
+def register_scheduler(cls: _S) -> _S:
+    """Class decorator: make a scheduler selectable by its `name` (`--scheduler NAME`).
+
+    A class with `plans_whole_step = True` (simulator/scheduler_vllm.py's "vllm-v1", which
+    simulator/config.py imports so that it is always registered) is run by the replica as
+    vLLM's schedule / update_from_output instead of this class's calls."""
     if cls.name in _SCHEDULERS and _SCHEDULERS[cls.name] is not cls:
         raise TypeError(f"scheduler name {cls.name!r} is already registered")
     _SCHEDULERS[cls.name] = cls
@@ -58,9 +67,15 @@ def scheduler_names() -> list[str]:
     return sorted(_SCHEDULERS)
 
 
+def scheduler_class(name: str) -> type:
+    """The class registered as `name` (KeyError if none)."""
+    return _SCHEDULERS[name]
+
+
 def make_scheduler(config: SchedulerSettings, kv_capacity_tokens: int, policy: Policy,
-                   log: RequestLog, cost: StepCost, replica: int = 0) -> Scheduler:
-    """The scheduler `config.scheduler` names, for one replica (or the live engine)."""
+                   log: RequestLog, cost: StepCost, replica: int = 0) -> Any:
+    """The scheduler `config.scheduler` names, for one replica (or the live engine): a
+    `Scheduler`, or a class that `plans_whole_step` (simulator/scheduler_vllm.py)."""
     return _SCHEDULERS[config.scheduler](config, kv_capacity_tokens, policy, log, cost, replica)
 
 

@@ -61,6 +61,10 @@ class ProfileSpec:
     prompt_tokens: str | None = field(default=None, metadata={"help": "prefill grid axis"})
     prefill_batch_sizes: str | None = field(default=None, metadata={"help": "prefill grid axis"})
     seed: int = field(default=0, metadata={"help": "seed of weights, tokens and ragged batches"})
+    engine: str = field(default="spectune", metadata={
+        "help": "spectune (time our passes) or vllm (time a real vLLM's iterations: "
+                "scripts/vllm_env.sh builds it; the other flags do not apply)"})
+    vllm_venv: str = field(default=".venv-vllm", metadata={"help": "vLLM's environment"})
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -74,6 +78,8 @@ class ProfileSpec:
                                  f"got {value}")
         if self.warmup is not None and self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.engine not in ("spectune", "vllm"):
+            raise ValueError(f"--engine must be spectune or vllm, got {self.engine!r}")
 
     def grid(self):
         from profiler.grid import DEFAULT_GRID, QUICK_GRID, Grid
@@ -243,6 +249,8 @@ def main(args: argparse.Namespace) -> int:
     require_torch("profile")
     spec = dataclass_from_args(ProfileSpec, args)
     prepare_out(args.out)
+    if spec.engine == "vllm":
+        return _main_vllm(spec, args)
     progress = progress_line("round {}/{} done")
     try:
         summary = run_profile(spec, args.out, progress)
@@ -255,4 +263,23 @@ def main(args: argparse.Namespace) -> int:
     else:
         print_summary(summary)
         print(f"\nprofile written to {args.out}/ (use it: spectune simulate --profile {args.out})")
+    return 0
+
+
+def _main_vllm(spec: ProfileSpec, args: argparse.Namespace) -> int:
+    from spectune.files import to_json, write_json
+    from spectune.profile_vllm import run_profile_vllm
+
+    summary = run_profile_vllm(Path(spec.vllm_venv), args.out,
+                               progress=lambda text: print(text, file=sys.stderr, flush=True))
+    write_json(args.out / "summary.json", summary)
+    if args.format == "json":
+        print(to_json(summary))
+    else:
+        held = summary["heldout"]
+        print(f"vLLM profile: {summary['rows']} rows, {summary['iteration_gap_s'] * 1000:.2f} ms "
+              f"between iterations; held-out points median {held['median_abs_pct']:.1f}%, p90 "
+              f"{held['p90_abs_pct']:.1f}% ({held['n']} points)")
+        print(f"written to {args.out}/ (use it: spectune validate --engine vllm --profile "
+              f"{args.out}/latency)")
     return 0

@@ -287,11 +287,31 @@ def main(args: argparse.Namespace) -> int:
     rates = tuple(args.rates) if args.rates else None
     spec = dataclass_from_args(ValidateSpec, args, rates=rates)
     prepare_out(args.out)
-    rows = run_validate(spec, args.out, log=sys.stderr)
+    if spec.engine == "vllm":
+        rows = _validate_vllm(spec, args.out)
+    else:
+        rows = run_validate(spec, args.out, log=sys.stderr)
     if args.format == "json":
         print(to_json(rows))
         return 0
     meta = json.loads((args.out / "validate.json").read_text())["meta"]
-    print(format_table(rows, meta))
+    print(format_table(rows, meta if spec.engine != "vllm" else None))
     print(f"\nwritten to {args.out}/validate.csv and validate.json")
     return 0
+
+
+def _validate_vllm(spec: ValidateSpec, out: Path) -> list[dict]:
+    """`--engine vllm` (spectune/validate_vllm.py), written as validate writes its results."""
+    from spectune.flags import parse_policy_list
+    from spectune.validate_vllm import VllmValidation, ks_of, run_vllm_validation
+
+    venv = Path(spec.vllm_venv)
+    policies = parse_policy_list(spec.policies or "fixed:k=0,fixed:k=4")
+    v = VllmValidation(profile=spec.profile, venv=venv,
+                       model_dir=venv / "models" / "SmolLM2-135M-Instruct",
+                       rates=spec.rate_list, ks=ks_of(policies), requests=spec.n_requests,
+                       output_tokens=spec.n_output, seed=spec.seed)
+    rows = run_vllm_validation(v, out, say=lambda text: print(text, file=sys.stderr))
+    write_results(out, rows, {"engine": "vllm", "spec": asdict(spec),
+                              "profile": str(spec.profile)})
+    return rows

@@ -67,6 +67,12 @@ class ValidateSpec:
     threads: int = field(default=1, metadata={"help": "CPU threads for torch"})
     seed: int = field(default=0, metadata={
         "help": "seed of arrivals, prompts, weights and sampling"})
+    engine: str = field(default="spectune", metadata={
+        "help": "spectune (the live engine) or vllm (a real vLLM server built by "
+                "scripts/vllm_env.sh; fixed:k=K policies; needs --profile from `spectune "
+                "profile --engine vllm`)"})
+    vllm_venv: str = field(default=".venv-vllm", metadata={
+        "help": "vLLM's environment (--engine vllm)"})
 
     def __post_init__(self) -> None:
         if self.model not in ("smollm2", "tiny"):
@@ -105,6 +111,12 @@ class ValidateSpec:
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
             raise ConfigError(f"--temperature must be a finite number >= 0, got "
                               f"{self.temperature!r}")
+        if self.engine not in ("spectune", "vllm"):
+            raise ConfigError(f"--engine must be spectune or vllm, got {self.engine!r}")
+        if self.engine == "vllm" and self.profile is None:
+            raise ConfigError("--engine vllm compares with vLLM's own profile: make one with "
+                              "`spectune profile --engine vllm --out profiles/vllm` and pass "
+                              "--profile profiles/vllm/latency")
         if self.quick and self.model != "tiny":
             object.__setattr__(self, "model", "tiny")
 

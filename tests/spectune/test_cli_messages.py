@@ -70,3 +70,18 @@ def test_report_on_a_file_says_it_is_a_file(tmp_path, capsys):
     tune.write_text("{}")
     assert f"give its folder: spectune report {tmp_path}" in _err(capsys, ["report", str(tune)],
                                                                    2)
+
+
+def test_vllm_engine_flags_are_checked_before_anything_runs(tmp_path, capsys):
+    err = _err(capsys, ["validate", "--engine", "vllm", "--out", str(tmp_path / "v")], 2)
+    assert "--engine vllm compares with vLLM's own profile" in err
+    assert "spectune profile --engine vllm" in err
+    err = _err(capsys, ["validate", "--engine", "sglang", "--out", str(tmp_path / "v")], 2)
+    assert "--engine must be spectune or vllm" in err
+    err = _err(capsys, ["validate", "--engine", "vllm", "--profile", "vllm-cpu-smollm2",
+                        "--policies", "goodput", "--vllm-venv", str(tmp_path / "none"),
+                        "--out", str(tmp_path / "v")], 2)
+    assert "fixed:k=K policies" in err
+    err = _err(capsys, ["profile", "--engine", "vllm", "--vllm-venv", str(tmp_path / "none"),
+                        "--out", str(tmp_path / "p")], 2)
+    assert "scripts/vllm_env.sh" in err

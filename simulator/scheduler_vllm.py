@@ -1,0 +1,324 @@
+"""vLLM V1's scheduler as served on CPU, for `--scheduler vllm-v1` (docs/vllm-v1-scheduler.md).
+
+Why a second rule book: fcfs-reserve reserves each request's whole output up front and gives
+every decode its k + 1 tokens, so it admits fewer requests and never preempts. vLLM V1 hands out
+128-token blocks as sequences grow, counts every token (drafts included) against one budget, and
+preempts by recompute (doc section 12). This class is the same kind of pure bookkeeping as
+`simulator.scheduler.Scheduler` (no clock, no torch), shaped like vLLM's engine step (doc 2):
+`schedule()` plans the whole step in one call (doc 3), the executor runs it and replays the
+acceptance, `update_from_output()` commits the sampled tokens and rolls back rejected drafts
+(doc 5.5, 7), `propose()` stores the drafts proposed at the end of the step for the next one
+(doc 5.2), `finish_done()` frees the blocks of finished requests for the next step (doc 8).
+`simulator/replica.py` runs it (`plans_whole_step`). What is and is not modelled: the doc's
+section "What spectune models".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from policies import Policy, StepContext, StepCost
+from simulator.draft_feed import FIRST_FEED
+from simulator.errors import ConfigError
+from simulator.scheduler import SchedulerSettings, register_scheduler
+
+if TYPE_CHECKING:  # pandas: only the engines that write logs load it
+    from simulator.logs import RequestLog
+
+#: KV block size of vLLM's CPU platform when none is given (doc 4.1)
+BLOCK_SIZE = 128
+#: max_num_batched_tokens of vLLM's OpenAI server on CPU (doc 0): the budget when none is set
+DEFAULT_MAX_BATCHED_TOKENS = 2048
+
+
+def blocks_for(tokens: int) -> int:
+    """Blocks that hold `tokens` KV entries."""
+    return -(-tokens // BLOCK_SIZE)
+
+
+def usable_blocks(kv_capacity_tokens: int) -> int:
+    """Blocks the pool hands out. `kv_capacity_tokens` is read as vLLM's "KV cache size"
+    (num_blocks x 128, the null block included, doc 4.1): num_blocks - 1 are usable."""
+    return kv_capacity_tokens // BLOCK_SIZE - 1
+
+
+@dataclass(slots=True)
+class Scheduled:
+    """One request's share of a step (vLLM's num_scheduled_tokens entry)."""
+
+    request: Any
+    tokens: int  # n: prompt-chunk tokens, or 1 + drafts for a decode
+    computed: int  # C before the step: KV entries already written
+    drafts: int  # drafts verified this step (after trimming); 0 for a chunk
+    prefill: bool  # a (re-)prefill chunk, not a verify step
+    resumed: bool  # a re-prefill of a preempted request with outputs: vLLM logs it "generation"
+
+
+@dataclass
+class StepPlan:
+    """What `schedule()` decided for one step, in vLLM's scheduling order."""
+
+    scheduled: list[Scheduled] = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+
+    @property
+    def requests(self) -> list:
+        return [entry.request for entry in self.scheduled]
+
+
+class _Seq:
+    """vLLM's per-request scheduler state beside the request object (doc 1)."""
+
+    __slots__ = ("blocks", "computed", "prefilling", "spec")
+
+    def __init__(self) -> None:
+        self.computed = 0  # C
+        self.spec = 0  # |S|: drafts waiting to be verified
+        self.blocks = 0  # blocks held; only grows while running
+        self.prefilling = True  # its (re-)prefill has not sampled yet
+
+
+@register_scheduler
+class VllmV1Scheduler:
+    """vLLM V1's `Scheduler` for FCFS, n-gram drafts, no prefix caching (doc 0)."""
+
+    name = "vllm-v1"
+    #: the replica runs schedule / update_from_output / propose instead of fcfs-reserve's calls
+    plans_whole_step = True
+
+    def __init__(self, config: SchedulerSettings, kv_capacity_tokens: int, policy: Policy,
+                 log: RequestLog, cost: StepCost, replica: int = 0) -> None:
+        self.config = config
+        self.policy = policy
+        self.log = log
+        self.cost = cost
+        self.replica = replica
+        self.budget = config.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+        #: optional on the settings (SchedulerConfig has no such field): None = unlimited
+        self.max_model_len: int | None = getattr(config, "max_model_len", None)
+        self.total_blocks = usable_blocks(kv_capacity_tokens)
+        if self.total_blocks < 1:
+            raise ConfigError(f"vllm-v1 needs at least 2 KV blocks of {BLOCK_SIZE} tokens (one "
+                              f"is vLLM's null block), got {kv_capacity_tokens} tokens")
+        self.free_blocks = self.total_blocks
+        self.waiting: deque = deque()
+        self.running: list = []  # admission order, prefilling requests included
+        self._seq: dict[int, _Seq] = {}
+        self.step_index = 0
+        self.preemptions = 0
+
+    @property
+    def load(self) -> int:
+        """Requests held (waiting, preempted, running): what a router balances."""
+        return len(self.waiting) + len(self.running)
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(waiting, held, KV tokens in allocated blocks) after this step's allocations."""
+        used = self.total_blocks - self.free_blocks
+        return len(self.waiting), self.load, used * BLOCK_SIZE
+
+    def add(self, request) -> None:
+        """A request arrives at the back of `waiting` (doc 2.1); nothing is reserved."""
+        self._seq[request.index] = _Seq()
+        self.waiting.append(request)
+
+    # -- schedule() (doc 3) ---------------------------------------------------------------------
+
+    def _cap(self, tokens: int) -> int:
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
+
+    def schedule(self, now: float) -> StepPlan:
+        """Phase 1 over `running` in admission order, then (only if nothing was preempted)
+        phase 2 over `waiting`, FCFS; advances each scheduled request's C (doc 3.2-3.5)."""
+        plan, budget, seqs = StepPlan(), self.budget, self._seq
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            seq = seqs[request.index]
+            total = request.prompt_tokens + request.generated  # N
+            n = min(total + seq.spec - seq.computed, budget)
+            if self.max_model_len is not None:
+                n = min(n, self.max_model_len - seq.computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            need = max(blocks_for(self._cap(seq.computed + n)) - seq.blocks, 0)
+            if not self._make_room(request, need, plan):
+                break  # it was the last one: preempted itself, and nothing is left to walk
+            self.free_blocks -= need
+            seq.blocks += need
+            budget -= n
+            drafts = max(n - (total - seq.computed), 0) if seq.spec else 0
+            seq.spec = 0  # trimmed drafts are dropped; new ones come at the end of the step
+            plan.scheduled.append(Scheduled(request, n, seq.computed, drafts, seq.prefilling,
+                                            seq.prefilling and request.generated > 0))
+            i += 1
+        while (not plan.preempted and budget > 0 and self.waiting
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            seq = seqs[request.index]
+            total = request.prompt_tokens + request.generated  # a resumed one: prompt + outputs
+            if blocks_for(self._cap(total)) > self.free_blocks:
+                break  # strict FCFS: nobody behind it is tried, nothing is preempted for it
+            self.waiting.popleft()
+            n = min(total, budget)
+            seq.computed, seq.spec, seq.prefilling = 0, 0, True
+            seq.blocks = blocks_for(self._cap(n))
+            self.free_blocks -= seq.blocks
+            self.running.append(request)
+            if math.isnan(self.log.admitted_s[request.index]):  # the first admission
+                self.log.admitted_s[request.index] = now
+            budget -= n
+            plan.scheduled.append(Scheduled(request, n, 0, 0, True, request.generated > 0))
+        for entry in plan.scheduled:  # _update_after_schedule: drafts count as computed
+            seqs[entry.request.index].computed += entry.tokens
+        return plan
+
+    def _make_room(self, request, need: int, plan: StepPlan) -> bool:
+        """Preempt `running[-1]` until `need` blocks are free (doc 3.3); False if `request`
+        itself had to go."""
+        while need > self.free_blocks:
+            victim = self.running.pop()
+            seq = self._seq[victim.index]
+            self.free_blocks += seq.blocks
+            seq.blocks = seq.computed = seq.spec = 0
+            seq.prefilling = True
+            victim.prefilled = 0
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
+            plan.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    # -- the policy (doc 5.4) -------------------------------------------------------------------
+
+    def context(self, batch: Sequence, now: float,
+                lookahead: Callable[[int], np.ndarray] | None = None) -> StepContext:
+        """What the policy sees: KV room in whole blocks' tokens, the queue after scheduling."""
+        return StepContext(
+            now_s=now, replica=self.replica, step_index=self.step_index, requests=batch,
+            k_max=self.config.k_max, cost=self.cost,
+            kv_capacity_tokens=self.total_blocks * BLOCK_SIZE,
+            kv_free_tokens=self.free_blocks * BLOCK_SIZE, waiting=len(self.waiting),
+            lookahead=lookahead,
+        )
+
+    def choose(self, batch: Sequence, now: float,
+               lookahead: Callable[[int], np.ndarray] | None = None) -> list[int]:
+        """The policy's k for every request of `batch` (the requests of this step), checked
+        against k_max (vLLM's num_speculative_tokens)."""
+        ks = [int(k) for k in self.policy.choose(self.context(batch, now, lookahead))]
+        if len(ks) != len(batch):
+            raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
+                               f"{len(batch)} requests")
+        for k in ks:
+            if not 0 <= k <= self.config.k_max:
+                raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
+                                  f"engine's 0..k_max={self.config.k_max}; raise k_max or "
+                                  "lower the policy's k")
+        return ks
+
+    # -- update_from_output() and the draft hand-off (doc 5, 7) ---------------------------------
+
+    def update_from_output(self, plan: StepPlan, accepted: Sequence[int],
+                           now: float) -> list[int]:
+        """Commit the step: `accepted[i]` drafts of entry i were accepted (ignored for chunks).
+        Returns the tokens each entry sampled: 0 for a chunk short of N, 1 for the chunk that
+        completes it, accepted + 1 for a decode, cut at the request's length."""
+        out = []
+        for entry, acc in zip(plan.scheduled, accepted):
+            request = entry.request
+            seq = self._seq[request.index]
+            total = request.prompt_tokens + request.generated
+            if entry.prefill:
+                request.prefilled = min(seq.computed, request.prompt_tokens)
+                if seq.computed < total:
+                    out.append(0)  # a partial chunk samples nothing
+                    continue
+                seq.prefilling = False
+                request.generated += 1
+                request.draft_feed = FIRST_FEED
+                if math.isnan(self.log.first_token_s[request.index]):
+                    self.log.first_token_s[request.index] = now
+                out.append(1)
+                continue
+            room = request.output_tokens - request.generated
+            if self.max_model_len is not None:
+                room = min(room, self.max_model_len - total)
+            emit = min(acc + 1, room)
+            seq.computed -= entry.drafts - acc  # rejected drafts roll back; blocks stay
+            request.generated += emit
+            request.steps += 1
+            request.drafted += entry.drafts
+            request.accepted += emit - 1
+            out.append(emit)
+        return out
+
+    def finished(self, request) -> bool:
+        """Stops of doc 8 for token-id workloads: max tokens (the output length), max_model_len."""
+        if request.generated >= request.output_tokens:
+            return True
+        limit = self.max_model_len
+        return limit is not None and request.prompt_tokens + request.generated >= limit
+
+    def propose(self, request, drafts: int) -> None:
+        """The drafts `request` proposed at the end of this step (at most max_model_len - N),
+        verified when it is next scheduled; a request not scheduled keeps its older ones."""
+        if self.max_model_len is not None:
+            drafts = min(drafts, self.max_model_len - request.prompt_tokens - request.generated)
+        self._seq[request.index].spec = max(drafts, 0)
+
+    def finish_done(self, now: float) -> list:
+        """Retire finished requests: records, blocks (free for the next step), policy state."""
+        done = [request for request in self.running if self.finished(request)]
+        if not done:
+            return []
+        gone = {id(request) for request in done}
+        self.running = [request for request in self.running if id(request) not in gone]
+        log = self.log
+        for request in done:
+            log.finish_s[request.index] = now
+            log.steps[request.index] = request.steps
+            log.drafted[request.index] = request.drafted
+            log.accepted[request.index] = request.accepted
+            self.free_blocks += self._seq.pop(request.index).blocks
+            self.policy.finish(request.request_id)
+        return done
+
+    # -- the workload ---------------------------------------------------------------------------
+
+    @staticmethod
+    def check_fits(request_ids, prompt_tokens, output_tokens, config: SchedulerSettings,
+                   kv_capacity_tokens: int) -> None:
+        """Refuse a request that could not finish even alone: at its last step it holds
+        prompt + output - 1 tokens plus up to k_max drafts, and a request that cannot get its
+        blocks with the whole pool would preempt itself forever."""
+        usable = usable_blocks(kv_capacity_tokens)
+        if usable < 1:
+            raise ConfigError(f"vllm-v1 needs at least 2 KV blocks of {BLOCK_SIZE} tokens (one "
+                              f"is vLLM's null block), got {kv_capacity_tokens} tokens")
+        prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        peak = prompt + np.asarray(output_tokens, dtype=np.int64) - 1 + config.k_max
+        limit = getattr(config, "max_model_len", None)
+        if limit is not None:
+            if int(prompt.max()) >= limit:
+                worst = int(np.argmax(prompt))
+                raise ConfigError(f"request {int(request_ids[worst])} has a {int(prompt[worst])}"
+                                  f"-token prompt; vLLM rejects prompts of max_model_len "
+                                  f"({limit}) tokens or more")
+            peak = np.minimum(peak, limit)
+        need = -(-peak // BLOCK_SIZE)
+        worst = int(np.argmax(need))
+        if need[worst] > usable:
+            raise ConfigError(
+                f"request {int(request_ids[worst])} can need {int(need[worst])} KV blocks "
+                f"(prompt + output - 1 + k_max = {int(peak[worst])} tokens) but a replica has "
+                f"{usable} usable blocks ({kv_capacity_tokens} tokens // {BLOCK_SIZE}, less "
+                "vLLM's null block); use more KV cache or cap the lengths")

@@ -1,0 +1,73 @@
+"""vLLM's profile and validation bookkeeping, by hand: which iteration lines become table rows
+(shape and seconds), what a run's measured metrics are, which policies a server can run."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from live.vllm_profile import batch_rows, cyclic_prompt, table_rows
+from simulator import ConfigError
+from spectune.validate_vllm import ks_of, measured_metrics
+
+
+def lines(*rows):
+    return pd.DataFrame(rows, columns=["iteration", "context_requests", "context_tokens",
+                                       "generation_requests", "generation_tokens",
+                                       "elapsed_ms", "dummy"])
+
+
+def test_a_speculating_batch_becomes_prefill_and_verify_rows():
+    its = lines((0, 2, 200, 0, 0, 500.0, False),   # both prompts of 100 tokens
+                (1, 0, 0, 2, 10, 40.0, False),     # 2 x (1 + 4 drafts) over 100 cached
+                (2, 0, 0, 2, 10, 42.0, False),     # after 2 accepted: 100 + 3 cached
+                (3, 0, 0, 2, 6, 30.0, False),      # 2 drafts each: a 3-token verify
+                (4, 0, 0, 2, 7, 20.0, False))      # not 2 x (1 + 4): one request had fewer
+    rows = batch_rows(its, 2, 100, 4, drafted=[4, 4, 2, 4], accepted=[2, 4, 0, 1])
+    assert rows == [
+        {"phase": "prefill", "num_seqs": 2, "query_tokens_per_seq": 100,
+         "cached_tokens_per_seq": 0, "seconds": 0.5},
+        {"phase": "verify", "num_seqs": 2, "query_tokens_per_seq": 5,
+         "cached_tokens_per_seq": 100, "seconds": 0.04},
+        {"phase": "verify", "num_seqs": 2, "query_tokens_per_seq": 5,
+         "cached_tokens_per_seq": 103, "seconds": 0.042},
+        {"phase": "verify", "num_seqs": 2, "query_tokens_per_seq": 3,
+         "cached_tokens_per_seq": 108, "seconds": 0.03},
+    ]
+
+
+def test_decode_rows_count_one_token_per_step_and_bin_by_context():
+    its = lines((0, 1, 64, 0, 0, 100.0, False), *[(i, 0, 0, 1, 1, 20.0 + i, False)
+                                                  for i in range(1, 10)])
+    rows = batch_rows(its, 1, 64, 0, drafted=[], accepted=[])
+    assert [r["cached_tokens_per_seq"] for r in rows[1:]] == list(range(64, 73))
+    table = table_rows(pd.DataFrame(rows))
+    decode = table[table.phase == "decode"]
+    assert decode.cached_tokens_per_seq.tolist() == [64, 72]  # bins of 8
+    assert decode.repeats.tolist() == [8, 1]
+    assert decode.median_s.tolist() == pytest.approx([0.0245, 0.029])
+
+
+def test_the_cyclic_prompt_repeats():
+    p = cyclic_prompt(40)
+    assert len(p) == 40 and p[:16] == p[16:32] and len(set(p)) == 16
+
+
+def test_measured_metrics_of_a_run():
+    requests = pd.DataFrame({"arrival_s": [0.0, 1.0], "first_token_s": [0.5, 2.0],
+                             "finish_s": [1.5, 4.0], "output_tokens": [3, 5]})
+    its = lines((0, 1, 10, 0, 0, 1, False), (1, 1, 10, 1, 5, 1, False),
+                (2, 0, 0, 2, 6, 1, False), (3, 0, 0, 1, 1, 1, False))
+    m = measured_metrics(requests, its)
+    assert m["ttft_mean_s"] == pytest.approx(0.75)
+    assert m["tpot_mean_s"] == pytest.approx((0.5 + 0.5) / 2)
+    assert m["e2e_mean_s"] == pytest.approx(2.25)
+    assert m["emitted_per_step"] == pytest.approx((8 - 2) / 4)  # less each prompt's first token
+    assert m["drafted_per_step"] == pytest.approx((4 + 4 + 0) / 4)
+    assert m["throughput_tokens_per_s"] == pytest.approx(8 / 4.0)
+
+
+def test_a_vllm_server_runs_fixed_k_policies_only():
+    assert ks_of([("fixed:k=0", "fixed", {"k": "0"}), ("fixed:k=4", "fixed", {"k": "4"})]) == (0, 4)
+    with pytest.raises(ConfigError, match="fixed:k=K policies"):
+        ks_of([("goodput", "goodput", {})])
