@@ -74,9 +74,14 @@ def table_rows(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def _product_grid(table: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per decode/verify phase and query width, the context bins every batch size has:
-    the profiled model interpolates on a full product grid only (simulator/fit.py)."""
+    """Keep the prompt lengths every prefill batch size has and, per decode/verify phase and
+    query width, the context bins every batch size has: the profiled model interpolates on a
+    full product grid only (simulator/fit.py)."""
     keep = pd.Series(True, index=table.index)
+    prefill = table[table.phase == "prefill"]
+    counts = prefill.groupby("query_tokens_per_seq").num_seqs.nunique()
+    full = counts[counts == prefill.num_seqs.nunique()].index
+    keep[prefill.index] = prefill.query_tokens_per_seq.isin(full)
     for (phase, _), group in table.groupby(["phase", "query_tokens_per_seq"]):
         if phase == "prefill":
             continue
@@ -90,10 +95,13 @@ def _product_grid(table: pd.DataFrame) -> pd.DataFrame:
 def profile_server(settings: VllmSettings, venv: Path, batches: Sequence[int],
                    prompts: Sequence[int], output_tokens: int, out: Path,
                    progress: Callable[[str], None] | None = None,
-                   prefill_prompts: Sequence[int] = ()) -> tuple[pd.DataFrame, list]:
-    """Every (prompt, batch) on one server, then one request of each of `prefill_prompts`
-    (writing 2 tokens: its prefill is what it times): raw step rows and (busy wall s,
-    iterations, sum of elapsed s) per batch for the gap between iterations."""
+                   prefill_prompts: Sequence[int] = (), rounds: int = 2,
+                   seed: int = 0) -> tuple[pd.DataFrame, list]:
+    """Every (prompt, batch) on one server, and 1 and 2 requests of each of `prefill_prompts`
+    (writing 2 tokens: their prefill is what they time), in `rounds` rounds, each in its own
+    shuffled order (so the machine's drift spreads over every shape instead of biasing some):
+    raw step rows and (busy wall s, iterations, sum of elapsed s) per batch for the gap
+    between iterations."""
     k = settings.speculative_tokens
     raw, busy = [], []
     log = out / f"server-k{k}.log"
@@ -101,8 +109,10 @@ def profile_server(settings: VllmSettings, venv: Path, batches: Sequence[int],
         model = str(settings.model_dir)
         warm_up(server.url, model, [cyclic_prompt(min(prompts))])
         shapes = [(p, b, output_tokens) for p in prompts for b in batches]
-        shapes += [(p, 1, 2) for p in prefill_prompts]
-        for prompt, batch, tokens in shapes:
+        shapes += [(p, b, 2) for p in prefill_prompts for b in (1, 2)]
+        rng = np.random.default_rng(seed)
+        order = [shapes[i] for r in range(rounds) for i in rng.permutation(len(shapes))]
+        for prompt, batch, tokens in order:
             ids = [cyclic_prompt(prompt)] * batch
             wl = Workload(arrival_s=np.zeros(batch), prompt_tokens=np.full(batch, prompt),
                           output_tokens=np.full(batch, tokens),
@@ -142,7 +152,8 @@ def _settled(log: Path, first: int, wait_s: float = 0.5, tries: int = 20) -> pd.
 def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = (0, 4),
                  batches: Sequence[int] = (1, 2, 4, 8, 16),
                  prompts: Sequence[int] = (128, 512, 1024), output_tokens: int = 32,
-                 prefill_prompts: Sequence[int] = (64, 256, 768, 1536, 2000),
+                 prefill_prompts: Sequence[int] = (64, 256, 768, 1024),
+                 rounds: int = 2,
                  progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, dict]:
     """The table's rows and what the meta adds (the gap between iterations, the raw steps'
     count); raw steps go to out/steps.csv."""
@@ -151,7 +162,7 @@ def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = 
     for k in ks:
         raw, b = profile_server(replace(base, speculative_tokens=k), venv, batches, prompts,
                                 output_tokens, out, progress,
-                                prefill_prompts if k == ks[0] else ())
+                                prefill_prompts if k == ks[0] else (), rounds)
         raws.append(raw)
         busy += b
     raw = pd.concat(raws, ignore_index=True)
@@ -162,7 +173,7 @@ def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = 
     return table_rows(raw), extra
 
 
-def probe(url: str, model: str, log: Path, k: int, prompt: int = 128, tokens: int = 24
+def probe(url: str, model: str, log: Path, k: int, prompt: int = 128, tokens: int = 64
           ) -> list[dict]:
     """One request of a cyclic prompt: its uniform steps as profile rows (shape and seconds).
     Run around each measured workload, they say how fast the machine is then, against the

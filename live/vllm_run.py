@@ -46,6 +46,7 @@ def run_vllm(settings: VllmSettings, venv: Path,
         model = str(settings.model_dir)
         warm_up(server.url, model, next(iter(workloads.values()))[1])
         k = settings.speculative_tokens
+        probe(server.url, model, log, k)  # the first probe's shapes run cold: not kept
         for label, (workload, prompts) in workloads.items():
             before = probe(server.url, model, log, k)
             first = len(read_iterations(log))

@@ -48,6 +48,22 @@ def test_decode_rows_count_one_token_per_step_and_bin_by_context():
     assert decode.median_s.tolist() == pytest.approx([0.0245, 0.029])
 
 
+def test_the_table_keeps_a_full_product_grid():
+    raw = pd.DataFrame([
+        {"phase": "prefill", "num_seqs": b, "query_tokens_per_seq": q,
+         "cached_tokens_per_seq": 0, "seconds": 0.1}
+        for b, q in ((1, 64), (2, 64), (1, 256), (2, 256), (1, 1536))] + [
+        {"phase": "decode", "num_seqs": b, "query_tokens_per_seq": 1,
+         "cached_tokens_per_seq": c, "seconds": 0.02}
+        for b, c in ((1, 128), (2, 128), (1, 136), (2, 136), (1, 144))])
+    table = table_rows(raw)
+    prefill = table[table.phase == "prefill"]
+    assert sorted(prefill.query_tokens_per_seq.unique()) == [64, 256]  # 1536: batch 1 only
+    decode = table[table.phase == "decode"]
+    assert sorted(decode.cached_tokens_per_seq.unique()) == [128, 136]  # 144: batch 1 only
+    assert (table.role == "target").all() and len(table) == 8
+
+
 def test_the_cyclic_prompt_repeats():
     p = cyclic_prompt(40)
     assert len(p) == 40 and p[:16] == p[16:32] and len(set(p)) == 16
