@@ -123,7 +123,7 @@ def test_cache_entry_belongs_to_one_source_file(tmp_path):
     source = tmp_path / "m.gguf"
     source.write_bytes(b"x")
     entry = tmp_path / "m.tokenizer.json"
-    entry.write_text(json.dumps({"source": gguf._source_id(source), "tokens": []}))
+    entry.write_text(json.dumps({"source": gguf.source_id(source), "tokens": []}))
     assert gguf._cached(entry, source) is not None
     source.write_bytes(b"xy")
     assert gguf._cached(entry, source) is None
