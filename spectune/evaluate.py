@@ -198,6 +198,12 @@ class Runner:
             if process.is_alive():
                 process.kill()
                 process.join(1.0)
+        # the executor's manager thread closes its wake-up pipe as it ends; at interpreter exit
+        # concurrent.futures writes to that pipe, and while the thread is still closing it the
+        # write fails with EBADF and prints a traceback (a race in CPython 3.11): let it end
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(2.0)
 
     def _interrupted(self) -> Interrupted:
         return Interrupted(self.done, self.total, self.cache_dir)
