@@ -92,7 +92,7 @@ class LiveEngine:
             raise ConfigError(
                 f"policy {policy.name!r} needs an oracle's lookahead: simulation only"
             )
-        if getattr(scheduler_class(scheduler.scheduler), "plans_whole_step", False):
+        if scheduler_class(scheduler.scheduler).plans_whole_step:
             raise ConfigError(
                 f"scheduler {scheduler.scheduler!r} is simulation only: the live engine runs "
                 "fcfs-reserve's calls; compare it with a vLLM server instead"

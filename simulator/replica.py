@@ -70,7 +70,7 @@ class Replica:
         # the fast path's one-k-per-segment walk does not model: step one iteration at a time
         self.fast_path = (fast_path and type(policy).stateless_per_batch
                           and not acceptance.limits_proposals)
-        self.planned = getattr(type(self.scheduler), "plans_whole_step", False)
+        self.planned = type(self.scheduler).plans_whole_step
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -366,30 +366,9 @@ def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerCo
                kv_capacity_tokens: int) -> None:
     """Refuse up front a workload with a request no replica could ever admit.
 
-    A request reserves prompt + output + k_max KV tokens for its whole life (the output length
-    stands in for the max_tokens a real request declares); without chunked prefill its whole
-    prompt must also fit one iteration's token budget. A scheduler class with its own
-    `check_fits` (vllm-v1: blocks) checks instead.
+    The output length stands in for the max_tokens a real request declares. Each scheduler
+    class holds its own rule (`check_fits`): fcfs-reserve's reservation of prompt + output +
+    k_max and its token budget, vllm-v1's blocks.
     """
-    own = getattr(scheduler_class(scheduler.scheduler), "check_fits", None)
-    if own is not None:
-        own(request_ids, prompt_tokens, output_tokens, scheduler, kv_capacity_tokens)
-        return
-    reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + scheduler.k_max
-    worst = int(np.argmax(reserve))
-    if reserve[worst] > kv_capacity_tokens:
-        raise ConfigError(
-            f"request {int(request_ids[worst])} needs {int(reserve[worst])} KV-cache tokens "
-            f"(prompt {int(prompt_tokens[worst])} + output {int(output_tokens[worst])} + k_max "
-            f"{scheduler.k_max}) but a replica holds {kv_capacity_tokens}; use a GPU with more "
-            "memory or cap the lengths"
-        )
-    budget = scheduler.max_batched_tokens
-    if budget is not None and not scheduler.chunked_prefill:
-        longest = int(np.argmax(prompt_tokens))
-        if prompt_tokens[longest] > budget:
-            raise ConfigError(
-                f"request {int(request_ids[longest])} has a {int(prompt_tokens[longest])}-token "
-                f"prompt, over the {budget}-token budget per iteration; raise max_batched_tokens "
-                "or use --chunked-prefill"
-            )
+    scheduler_class(scheduler.scheduler).check_fits(request_ids, prompt_tokens, output_tokens,
+                                                    scheduler, kv_capacity_tokens)

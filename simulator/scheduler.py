@@ -44,6 +44,7 @@ class SchedulerSettings(Protocol):
     scheduler: str
     max_num_seqs: int
     max_batched_tokens: int | None
+    chunked_prefill: bool
     k_max: int
 
 
@@ -88,6 +89,33 @@ class Scheduler:
     draft_feed): `simulator.request.RequestState` and the live engine's `LiveRequest`."""
 
     name = "fcfs-reserve"
+    #: False: the replica and the live loop run this class's calls one by one (vllm-v1 plans a
+    #: whole step in one call: simulator/scheduler_vllm.py)
+    plans_whole_step = False
+
+    @staticmethod
+    def check_fits(request_ids, prompt_tokens, output_tokens, config: SchedulerSettings,
+                   kv_capacity_tokens: int) -> None:
+        """Each request's whole reservation must fit a replica; without chunked prefill its
+        prompt must also fit one iteration's token budget."""
+        reserve = np.asarray(prompt_tokens) + np.asarray(output_tokens) + config.k_max
+        worst = int(np.argmax(reserve))
+        if reserve[worst] > kv_capacity_tokens:
+            raise ConfigError(
+                f"request {int(request_ids[worst])} needs {int(reserve[worst])} KV-cache tokens "
+                f"(prompt {int(prompt_tokens[worst])} + output {int(output_tokens[worst])} + k_max "
+                f"{config.k_max}) but a replica holds {kv_capacity_tokens}; use a GPU with more "
+                "memory or cap the lengths"
+            )
+        budget = config.max_batched_tokens
+        if budget is not None and not config.chunked_prefill:
+            longest = int(np.argmax(prompt_tokens))
+            if prompt_tokens[longest] > budget:
+                raise ConfigError(
+                    f"request {int(request_ids[longest])} has a "
+                    f"{int(prompt_tokens[longest])}-token prompt, over the {budget}-token budget "
+                    "per iteration; raise max_batched_tokens or use --chunked-prefill"
+                )
 
     def __init__(self, config: SchedulerSettings, kv_capacity_tokens: int, policy: Policy,
                  log: RequestLog, cost: StepCost, replica: int = 0) -> None:
