@@ -21,8 +21,11 @@ from traces import RequestSpeculation, SpeculationTrace
 
 
 def ngram_trace(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-                max_run: int, meta: dict, min_n: int = 1, max_n: int = 3) -> SpeculationTrace:
-    """The n-gram lookup's run and proposable at every output position of every request."""
+                max_run: int, meta: dict, min_n: int = 1, max_n: int = 3,
+                keys: Sequence[str] | None = None,
+                categories: Sequence[str] | None = None) -> SpeculationTrace:
+    """The n-gram lookup's run and proposable at every output position of every request
+    (keyed by `keys`, else by position)."""
     drafter = NgramDrafter(min_n, max_n)
     records = []
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
@@ -31,7 +34,9 @@ def ngram_trace(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int
         n = len(output)
         records.append(RequestSpeculation(
             run=run, proposable=proposable, draft_top1=np.ones(n, dtype=np.float32),
-            draft_entropy=np.zeros(n, dtype=np.float32), key=str(i)))
+            draft_entropy=np.zeros(n, dtype=np.float32),
+            key=str(i) if keys is None else str(keys[i]),
+            category=None if categories is None else str(categories[i])))
     return SpeculationTrace(records, {"drafter": f"ngram (vLLM, {min_n}-{max_n})",
                                       "max_run": max_run, **meta})
 

@@ -149,7 +149,7 @@ def _settled(log: Path, first: int, wait_s: float = 0.5, tries: int = 20) -> pd.
     return read_iterations(log).iloc[first:].reset_index(drop=True)
 
 
-def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = (0, 4),
+def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = (0, 2, 4, 6),
                  batches: Sequence[int] = (1, 2, 4, 8, 16),
                  prompts: Sequence[int] = (128, 512, 1024), output_tokens: int = 32,
                  prefill_prompts: Sequence[int] = (64, 256, 768, 1024),

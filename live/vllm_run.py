@@ -59,6 +59,19 @@ def run_vllm(settings: VllmSettings, venv: Path,
     return runs
 
 
+def load_run(folder: Path) -> VllmRun:
+    """A run `run_vllm` kept (out/LABEL), read back: simulate it again without serving it."""
+    missing = [name for name in ("requests.csv", "iterations.csv", "outputs.json",
+                                 "per_step.json", "meta.json") if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: no measured vLLM run here (missing "
+                                f"{', '.join(missing)})")
+    per_step = [(list(d), list(a)) for d, a in json.loads((folder / "per_step.json").read_text())]
+    return VllmRun(pd.read_csv(folder / "requests.csv"), pd.read_csv(folder / "iterations.csv"),
+                   json.loads((folder / "outputs.json").read_text()), per_step,
+                   json.loads((folder / "meta.json").read_text()))
+
+
 def _keep(served, workload: Workload, iterations: pd.DataFrame, settings: VllmSettings,
           ready_s: float, out: Path, log: Path, probes: list[dict]) -> VllmRun:
     errors = [s.error for s in served if s.error]

@@ -36,6 +36,19 @@ LAUNCH = (
     "sys.exit(main())\n"
 )
 SETUP_HINT = "bash scripts/vllm_env.sh"
+#: where scripts/vllm_env.sh builds vLLM's environment: the checkout's root
+DEFAULT_VENV = ".venv-vllm"
+
+
+def resolve_venv(path: str | Path) -> Path:
+    """The environment a `--vllm-venv` names: as given, except that the default, when the
+    working directory has none, is the checkout's (where scripts/vllm_env.sh builds it)."""
+    given = Path(path)
+    if str(path) == DEFAULT_VENV and not given.exists():
+        checkout = Path(__file__).resolve().parents[1] / DEFAULT_VENV
+        if checkout.exists():
+            return checkout
+    return given
 
 
 class VllmError(ValueError):

@@ -108,6 +108,11 @@ class Policy:
     uses_draft_stop: ClassVar[bool] = False
     simulation_only: ClassVar[bool] = False
 
+    @classmethod
+    def unused_parameters(cls, pinned: Mapping[str, Any]) -> frozenset[str]:
+        """Parameters that do nothing given the pinned ones: a tuner does not search them."""
+        return frozenset()
+
     def choose(self, ctx: StepContext) -> Sequence[int]:
         """k for every request of `ctx.requests`, in the same order, each in 0..ctx.k_max.
 

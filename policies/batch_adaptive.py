@@ -15,7 +15,7 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from policies.base import Policy, StepContext, StepCost
 from policies.registry import register
@@ -64,6 +64,13 @@ class BatchAdaptive(Policy):
     disable_by_batch_size: int | None = field(default=None, metadata={
         "help": "vLLM V0: when running requests >= this, k=0 for that step's requests, and they "
                 "never speculate again (sticky per request)"})
+
+    @classmethod
+    def unused_parameters(cls, pinned: Mapping[str, Any]) -> frozenset[str]:
+        """A given table is not derived: the derivation's parameters do nothing."""
+        if pinned.get("schedule") is not None or pinned.get("draft_len_schedule") is not None:
+            return frozenset({"alpha", "context_tokens", "max_batch"})
+        return frozenset()
 
     def __post_init__(self) -> None:
         if self.schedule is not None and self.draft_len_schedule is not None:

@@ -45,6 +45,11 @@ class _RoleModel:
     report: dict = field(default_factory=dict)
 
 
+#: table meta key: how a step of prompt chunks and decodes is priced ("one pass", the default, or
+#: "parts")
+MIXED_STEPS_KEY = "mixed_steps"
+
+
 class ProfiledLatency(LatencyModel):
     """Forward-pass times fitted to a profiled table; see the module docstring.
 
@@ -87,14 +92,30 @@ class ProfiledLatency(LatencyModel):
         self._scalar_coef = {r: tuple(float(x) for x in m.coef) for r, m in self._roles.items()}
         self.source = _source(table.meta, "draft" in self._roles)
         self.draft_catch_up = table.meta.get(DRAFT_CATCH_UP_KEY, "bonus")
+        mixed = table.meta.get(MIXED_STEPS_KEY, "one pass")
+        if mixed not in ("one pass", "parts"):
+            raise ConfigError(f"profiled latency: meta {MIXED_STEPS_KEY!r} must be 'one pass' or "
+                              f"'parts', got {mixed!r}")
+        #: price an iteration of prompt chunks and decodes as its prefill pass plus its decode
+        #: pass less one fixed cost, each scaled by its own phase's grid (the profile's meta
+        #: says so where its mixed steps were checked against an engine: docs/vllm.md)
+        self.mixed_parts = mixed == "parts"
+
+    @property
+    def fixed_pass_s(self) -> float:
+        """The target's fitted cost of a pass that computes nothing (its form's constant)."""
+        return self._scalar_coef["target"][0] * self.pass_scale
 
     @property
     def has_draft_model(self) -> bool:
         return "draft" in self._roles
 
     def forward_s(self, role: Role, num_seqs: ArrayLike, query_tokens: ArrayLike,
-                  cached_tokens: ArrayLike, attn_pairs: ArrayLike) -> ArrayLike:
-        """Fitted form × interpolated ratio, elementwise; 0 for an empty pass or no draft."""
+                  cached_tokens: ArrayLike, attn_pairs: ArrayLike,
+                  phase: str | None = None) -> ArrayLike:
+        """Fitted form × interpolated ratio, elementwise; 0 for an empty pass or no draft.
+        `phase` names the grid to read (a prompt chunk that continues a cached prompt is still
+        a prefill); None: the phase the shape implies."""
         if role not in ROLE_PHASES:
             raise ConfigError(f"role must be 'target' or 'draft', got {role!r}")
         model = self._roles.get(role)
@@ -102,7 +123,8 @@ class ProfiledLatency(LatencyModel):
                 and isinstance(cached_tokens, _SCALARS) and isinstance(attn_pairs, _SCALARS)):
             if model is None:
                 return 0.0
-            t = self._scalar(role, model, num_seqs, query_tokens, cached_tokens, attn_pairs)
+            t = self._scalar(role, model, num_seqs, query_tokens, cached_tokens, attn_pairs,
+                             phase)
             return t * self.pass_scale
         args = np.broadcast_arrays(num_seqs, query_tokens, cached_tokens, attn_pairs)
         b, q, c, p = (np.asarray(x, dtype=np.float64) for x in args)
@@ -116,6 +138,9 @@ class ProfiledLatency(LatencyModel):
         prefill = live & (c == 0) & (q > b)
         masks = {_STEP_PHASE[role]: step, "prefill": prefill,
                  _MULTI_PHASE[role]: live & ~step & ~prefill}
+        if phase is not None:
+            masks = {phase: live}
+            cbar = np.zeros_like(cbar) if phase == "prefill" else cbar
         for phase, mask in masks.items():
             grid = model.grids.get(phase)
             if grid is None or not mask.any():
@@ -127,13 +152,15 @@ class ProfiledLatency(LatencyModel):
             t[mask] *= np.exp(log_ratio)
         return _out(np.where(live, t * self.pass_scale, 0.0))
 
-    def _scalar(self, role: str, model: _RoleModel, b, q, c, p) -> float:
+    def _scalar(self, role: str, model: _RoleModel, b, q, c, p, phase=None) -> float:
         """The same for one pass in plain Python: the engine calls this once per iteration."""
         if b <= 0 or q <= 0:
             return 0.0
         k0, k1, k2, k3, k4 = self._scalar_coef[role]
         t = k0 + k1 * b + k2 * q + k3 * c + k4 * p
-        if q == b:
+        if phase is not None:
+            c = 0 if phase == "prefill" else c
+        elif q == b:
             phase = _STEP_PHASE[role]
         elif c == 0 and q > b:
             phase = "prefill"

@@ -65,8 +65,17 @@ class StepCostModel:
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         own = [(k + 1) * (k + 2) // 2 if tree is None else tree.verify_pairs(k) for k in distinct]
         pairs = sum((w + 1) * s + n * o for w, n, s, o in zip(widths, counts, sums, own))
-        total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
-                           cached_total + prefill_cached, pairs + prefill_pairs)
+        if prefill_seqs and getattr(lat, "mixed_parts", False):
+            # prompt chunks priced as a prefill (a continuing chunk too) and the decodes as
+            # their own pass; the pass's fixed cost is paid once
+            total = lat.forward_s("target", prefill_seqs, prefill_tokens, prefill_cached,
+                                  prefill_pairs, phase="prefill")
+            if n_decode:
+                total = (total + lat.forward_s("target", n_decode, query, cached_total, pairs)
+                         - lat.fixed_pass_s)
+        else:
+            total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
+                                  cached_total + prefill_cached, pairs + prefill_pairs)
         # host time per drafted position, as `validate` fits it on the engines' `drafted` (a
         # tree's depth, not its nodes)
         positions = sum(k * n for k, n in zip(distinct, counts))

@@ -57,11 +57,23 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> An
     return cls(**values)
 
 
+def _top_level_split(text: str) -> list[str]:
+    """Split at commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
+
+
 def parse_policy_list(text: str, flag: str = "--policies") -> list[tuple[str, str, dict[str, str]]]:
     """(label, name, params) per comma-separated NAME[:KEY=VALUE...]:
-    "fixed:k=4" -> ("fixed:k=4", "fixed", {"k": "4"}). Values stay text (make_policy types them)."""
+    "fixed:k=4" -> ("fixed:k=4", "fixed", {"k": "4"}). Values stay text (make_policy types them);
+    commas inside brackets belong to the value (batch_adaptive:schedule=[[1,4,4],[5,128,0]])."""
     out = []
-    for label in (p.strip() for p in text.split(",") if p.strip()):
+    for label in (p.strip() for p in _top_level_split(text) if p.strip()):
         name, *pairs = label.split(":")
         params = {}
         for pair in pairs:

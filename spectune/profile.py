@@ -51,7 +51,7 @@ class ProfileSpec:
     quick: bool = field(default=False, metadata={"help": "the small CI grid and fewer repeats"})
     repeats: int | None = field(default=None, metadata={
         "help": "rounds: each times every point once; a point's time is the median over "
-                "rounds (5; 3 quick)"})
+                "rounds (5; 3 quick; --engine vllm: 2)"})
     warmup: int | None = field(default=None, metadata={
         "help": "untimed calls before each timed one (1)"})
     ragged: int = field(default=30, metadata={"help": "random ragged batches timed for real"})
@@ -267,10 +267,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main_vllm(spec: ProfileSpec, args: argparse.Namespace) -> int:
+    from live.vllm_server import resolve_venv
     from spectune.files import to_json, write_json
     from spectune.profile_vllm import run_profile_vllm
 
-    summary = run_profile_vllm(Path(spec.vllm_venv), args.out,
+    summary = run_profile_vllm(resolve_venv(spec.vllm_venv), args.out, rounds=spec.repeats or 2,
                                progress=lambda text: print(text, file=sys.stderr, flush=True))
     write_json(args.out / "summary.json", summary)
     if args.format == "json":

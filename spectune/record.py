@@ -71,6 +71,11 @@ class RecordSpec:
         "help": "0: greedy outputs; > 0: outputs sampled at this temperature (each prompt from "
                 "its own stream, fixed by --seed and its id), replayed as rejection sampling"})
     seed: int = field(default=0, metadata={"help": "seed of the sampled outputs"})
+    engine: str = field(default="spectune", metadata={
+        "help": "spectune (the project's SmolLM2, teacher-forced) or vllm (greedy outputs "
+                "served by a real vLLM built by `bash scripts/vllm_env.sh`; n-gram drafters only)"})
+    vllm_venv: str = field(default=".venv-vllm", metadata={"help": "vLLM's environment "
+                                                             "(--engine vllm)"})
     split: str = field(default="all", metadata={
         "help": "all; eval (odd question ids: what the tuned lens and the EAGLE head were not "
                 "fitted on); train (even ids)"})
@@ -86,6 +91,13 @@ class RecordSpec:
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
             raise ValueError(f"--temperature must be a finite number >= 0, got "
                              f"{self.temperature!r}")
+        if self.engine not in ("spectune", "vllm"):
+            raise ValueError(f"--engine must be spectune or vllm, got {self.engine!r}")
+        if self.engine == "vllm" and (not self.drafter.startswith("ngram")
+                                      or self.temperature > 0):
+            raise ValueError("--engine vllm records the n-gram drafter (ngram or ngram:MIN-MAX) "
+                             f"on greedy outputs; got --drafter {self.drafter} --temperature "
+                             f"{self.temperature:g}")
         if self.k > self.max_run:
             raise ValueError(f"--k {self.k} exceeds --max-run {self.max_run}: runs are capped at "
                              "max-run, so tokens_per_step would be wrong")
@@ -318,8 +330,14 @@ def main(args: argparse.Namespace) -> int:
     spec = dataclass_from_args(RecordSpec, args)
     spec.prompts_path()  # fail on bad input before loading the model
     prepare_out(args.out)
-    progress = progress_line("prompt {}/{}")
-    summary = run_record(spec, args.out, progress)
+    if spec.engine == "vllm":
+        from spectune.record_vllm import run_record_vllm
+
+        summary = run_record_vllm(spec, args.out, acceptance_summary)
+        progress = None
+    else:
+        progress = progress_line("prompt {}/{}")
+        summary = run_record(spec, args.out, progress)
     end_progress(progress)
     if args.format == "json":
         print(to_json(summary))

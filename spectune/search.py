@@ -54,9 +54,11 @@ def _short(value: Any) -> str:
 
 def searched_parameters(policy: str, fixed: dict[str, Any] | None = None) -> list[ParamInfo]:
     """The parameters the tuner varies: those with a grid or bounds, minus those set by hand."""
-    from policies import parameters
+    from policies import parameters, policy_class
 
-    return [p for p in parameters(policy) if p.searched and p.name not in (fixed or {})]
+    unused = policy_class(policy).unused_parameters(fixed or {})
+    return [p for p in parameters(policy)
+            if p.searched and p.name not in (fixed or {}) and p.name not in unused]
 
 
 def _rounded(value: float) -> float:

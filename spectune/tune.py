@@ -103,11 +103,17 @@ class TuneSpec:
 
 
 def pinned_values(name: str, pinned: dict[str, str]) -> dict:
-    """Pinned values converted to the fields' types (through the policy's own parser)."""
+    """Pinned values converted to the fields' types (through the policy's own parser); a
+    structured one (a batch-size table) stays canonical JSON text, so that a candidate stays
+    hashable, and the policy parses it again when it is built."""
+    import json
+
     from policies import make_policy
 
     policy = make_policy(name, pinned)
-    return {k: policy.params()[k] for k in pinned}
+    typed = {k: policy.params()[k] for k in pinned}
+    return {k: json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else v
+            for k, v in typed.items()}
 
 
 def scheduler_for(scheduler: SchedulerConfig, c: Candidate,

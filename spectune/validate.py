@@ -297,21 +297,30 @@ def main(args: argparse.Namespace) -> int:
     meta = json.loads((args.out / "validate.json").read_text())["meta"]
     print(format_table(rows, meta if spec.engine != "vllm" else None))
     print(f"\nwritten to {args.out}/validate.csv and validate.json")
+    if spec.engine == "vllm":
+        print(f"speed-matched diagnostic (passes scaled by each run's logged iteration time): "
+              f"{args.out}/speed-matched/validate.csv")
     return 0
 
 
 def _validate_vllm(spec: ValidateSpec, out: Path) -> list[dict]:
     """`--engine vllm` (spectune/validate_vllm.py), written as validate writes its results."""
+    from live.vllm_server import resolve_venv
     from spectune.flags import parse_policy_list
-    from spectune.validate_vllm import VllmValidation, ks_of, run_vllm_validation
+    from spectune.validate_vllm import VllmValidation, configs_of, run_vllm_validation
 
-    venv = Path(spec.vllm_venv)
+    venv = resolve_venv(spec.vllm_venv)
     policies = parse_policy_list(spec.policies or "fixed:k=0,fixed:k=4")
     v = VllmValidation(profile=spec.profile, venv=venv,
                        model_dir=venv / "models" / "SmolLM2-135M-Instruct",
-                       rates=spec.rate_list, ks=ks_of(policies), requests=spec.n_requests,
-                       output_tokens=spec.n_output, seed=spec.seed)
-    rows = run_vllm_validation(v, out, say=lambda text: print(text, file=sys.stderr))
+                       rates=spec.rate_list, configs=configs_of(policies), requests=spec.n_requests,
+                       output_tokens=spec.n_output, seed=spec.seed, workload=spec.workload)
+    rows, matched = run_vllm_validation(
+        v, out, say=lambda text: print(text, file=sys.stderr),
+        measured=None if spec.measured is None else Path(spec.measured))
     write_results(out, rows, {"engine": "vllm", "spec": asdict(spec),
                               "profile": str(spec.profile)})
+    write_results(out / "speed-matched", matched, {
+        "engine": "vllm", "spec": asdict(spec), "profile": str(spec.profile),
+        "note": "passes scaled by each run's logged/simulated iteration time: a diagnostic"})
     return rows

@@ -5,6 +5,7 @@ checked before any model is built, so a bad flag fails in a second, not after a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -73,6 +74,9 @@ class ValidateSpec:
                 "profile --engine vllm`)"})
     vllm_venv: str = field(default=".venv-vllm", metadata={
         "help": "vLLM's environment (--engine vllm)"})
+    measured: str | None = field(default=None, metadata={
+        "help": "--engine vllm: an earlier validation's --out folder; simulate its measured runs "
+                "again (with another --profile, say) instead of serving them"})
 
     def __post_init__(self) -> None:
         if self.model not in ("smollm2", "tiny"):
@@ -113,6 +117,11 @@ class ValidateSpec:
                               f"{self.temperature!r}")
         if self.engine not in ("spectune", "vllm"):
             raise ConfigError(f"--engine must be spectune or vllm, got {self.engine!r}")
+        if self.measured is not None and self.engine != "vllm":
+            raise ConfigError("--measured reads back runs of --engine vllm; add --engine vllm")
+        if self.measured is not None and not Path(self.measured).is_dir():
+            raise ConfigError(f"--measured {self.measured}: no such folder (give the --out of "
+                              "an earlier `spectune validate --engine vllm`)")
         if self.engine == "vllm" and self.profile is None:
             raise ConfigError("--engine vllm compares with vLLM's own profile: make one with "
                               "`spectune profile --engine vllm --out profiles/vllm` and pass "

@@ -33,22 +33,65 @@ class VllmValidation:
     venv: Path
     model_dir: Path
     rates: tuple[float, ...]
-    ks: tuple[int, ...]
+    configs: tuple[VllmConfig, ...]
     requests: int
     output_tokens: int
     seed: int = 0
     scheduler: str = "vllm-v1"
+    workload: str | None = None  # a trace's lengths (azure-conv, a file); None: Spec-Bench's
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """One server's speculation: fixed:k=K (K = 0: none), or vLLM's per-batch-size table
+    (batch_adaptive:schedule=[[lo, hi, k], ...], served with K = its largest k)."""
+
+    label: str
+    k: int  # num_speculative_tokens
+    table: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def folder(self) -> str:
+        if not self.table:
+            return f"k{self.k}"
+        return "table-" + "_".join(f"{lo}-{hi}x{k}" for lo, hi, k in self.table)
+
+    def policy(self):
+        from policies import make_policy
+
+        if self.table:
+            return make_policy("batch_adaptive", {"schedule": json.dumps(
+                [list(row) for row in self.table])})
+        return make_policy("fixed", {"k": str(self.k)})
+
+    def describe(self) -> str:
+        if self.table:
+            return f"n-gram, k by batch size {json.dumps([list(r) for r in self.table])}"
+        return "no speculation" if self.k == 0 else f"n-gram k={self.k}"
+
+
+def configs_of(policy_specs: list[tuple[str, str, dict[str, str]]]) -> tuple[VllmConfig, ...]:
+    """What a vLLM server runs (k fixed when it starts): fixed:k=K, or batch_adaptive with
+    only a `schedule` (vLLM's num_speculative_tokens_per_batch_size)."""
+    out = []
+    for label, name, params in policy_specs:
+        if name == "fixed" and not set(params) - {"k"}:
+            out.append(VllmConfig(label, int(params.get("k", "4"))))
+        elif name == "batch_adaptive" and set(params) == {"schedule"}:
+            table = tuple(tuple(int(x) for x in row) for row in json.loads(params["schedule"]))
+            if max(k for _, _, k in table) == 0:
+                raise ConfigError(f"{label!r}: a table of k = 0 only is fixed:k=0")
+            out.append(VllmConfig(label, max(k for _, _, k in table), table))
+        else:
+            raise ConfigError(f"--engine vllm serves fixed:k=K or batch_adaptive:schedule="
+                              f"[[LO,HI,K],...] (one server each), not {label!r}")
+    return tuple(out)
 
 
 def ks_of(policy_specs: list[tuple[str, str, dict[str, str]]]) -> tuple[int, ...]:
-    """fixed:k=K policies are what a vLLM server runs (k fixed when it starts)."""
-    ks = []
-    for label, name, params in policy_specs:
-        if name != "fixed" or set(params) - {"k"}:
-            raise ConfigError(f"--engine vllm serves fixed:k=K policies (one server each), not "
-                              f"{label!r}")
-        ks.append(int(params.get("k", "0")))
-    return tuple(ks)
+    """The K each configuration's server is started with."""
+    return tuple(c.k for c in configs_of(policy_specs))
 
 
 def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int):
@@ -68,6 +111,32 @@ def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int):
                   output_tokens=np.full(n, output_tokens), request_ids=np.arange(n),
                   source=f"Spec-Bench eval questions x{n}, Poisson {rate:g}/s")
     return wl, ids
+
+
+def trace_workload(name: str, n: int, rate: float, seed: int, max_model_len: int):
+    """(workload, prompt token ids): a trace's first n requests rescaled to `rate`, each prompt
+    real text of its length (a window of the held-out Spec-Bench questions, run together), as
+    an n-gram drafter meets in use. Lengths are cut so prompt + output fits max_model_len: an
+    output to max_model_len // 2, then the prompt to the rest."""
+    from models.gguf import load_smollm2_tokenizer
+    from spectune.simulate import load_trace, trace_window
+    from traces import Workload
+    from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts
+
+    tok = load_smollm2_tokenizer()
+    wl = trace_window(load_trace(name), n, rate)
+    texts = [p.text for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, "eval")]
+    stream = [t for text in texts for t in tok.encode(text + "\n\n")]
+    output = np.minimum(wl.output_tokens, max_model_len // 2)
+    prompt = np.minimum(wl.prompt_tokens, max_model_len - 1 - output)
+    starts = np.random.default_rng([seed, n]).integers(0, len(stream) - int(prompt.max()), n)
+    ids = [stream[s:s + int(p)] for s, p in zip(starts, prompt)]
+    cut = int((prompt < wl.prompt_tokens).sum() + (output < wl.output_tokens).sum())
+    out = Workload(arrival_s=wl.arrival_s, prompt_tokens=prompt.astype(np.int64),
+                   output_tokens=output.astype(np.int64), request_ids=wl.request_ids,
+                   source=f"{wl.source}; prompts: held-out Spec-Bench text of each length "
+                          f"({cut} lengths cut to max_model_len {max_model_len})")
+    return out, ids
 
 
 def measured_metrics(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, float]:
@@ -102,7 +171,9 @@ def kv_tokens(log: Path) -> int:
 
 def speed_scale(latency, probe_rows: list[dict]) -> float:
     """How much slower the machine ran the speed probes around a run than the profile predicts
-    for the same shapes (median ratio; 1.0 without probes): the drift of a shared CPU."""
+    for the same shapes (median ratio; nan without probes). Reported, not applied: on a shared
+    CPU whose speed drifts within a minute, short probes misjudged the run they surround by up to
+    ±20% (docs/vllm.md), more than the profile's own error."""
     from simulator.latency import attention_pairs
 
     ratios = []
@@ -110,14 +181,37 @@ def speed_scale(latency, probe_rows: list[dict]) -> float:
         b, q, c = row["num_seqs"], row["query_tokens_per_seq"], row["cached_tokens_per_seq"]
         predicted = latency.forward_s("target", b, b * q, b * c, b * attention_pairs(q, c))
         ratios.append(row["seconds"] / predicted)
-    return float(np.median(ratios)) if ratios else 1.0
+    return float(np.median(ratios)) if ratios else float("nan")
 
 
-def simulate_run(v: VllmValidation, k: int, workload, trace, kv_capacity: int,
-                 probe_rows: list[dict]):
-    """The simulator's run of one measured one: vLLM's profile (scaled to the machine's speed
-    around the run), scheduler, capacity and the acceptance vLLM saw; and the scale."""
-    from policies import make_policy
+def busy_ratio(iterations: pd.DataFrame, steps: pd.DataFrame, gap_s: float) -> float:
+    """vLLM's logged time in iterations over the simulator's time in passes, for the whole run:
+    above 1, vLLM ran slower than its profile (the machine's speed, or the profile's shapes)."""
+    simulated = float((steps.duration_s - gap_s).clip(lower=0).sum())
+    return float(iterations.elapsed_ms.sum()) / 1000 / simulated if simulated else float("nan")
+
+
+def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, gap_s: float) -> dict:
+    """Simulated against logged time per iteration, where the two runs' i-th steps have the same
+    shape (prompt tokens, decode requests and tokens): how many matched, and the median |error|
+    of the simulated pass time against vLLM's iteration time, in percent."""
+    steps = steps[(steps.decode_seqs + steps.prefill_seqs) > 0].reset_index(drop=True)
+    n = min(len(steps), len(iterations))
+    logged, sim = iterations.iloc[:n], steps.iloc[:n]
+    same = ((logged.context_tokens.to_numpy() == sim.prefill_tokens.to_numpy())
+            & (logged.generation_requests.to_numpy() == sim.decode_seqs.to_numpy())
+            & (logged.generation_tokens.to_numpy()
+               == (sim.decode_seqs + sim.drafted).to_numpy()))
+    errors = ((sim.duration_s.to_numpy() - gap_s) / (logged.elapsed_ms.to_numpy() / 1000) - 1)[same]
+    return {"matched": int(same.sum()), "of": len(iterations),
+            "median_abs_error_pct": float(np.median(np.abs(errors)) * 100) if same.any()
+            else float("nan")}
+
+
+def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
+                 pass_scale: float = 1.0):
+    """The simulator's run of one measured one: vLLM's profile (passes times `pass_scale`), its
+    scheduler and capacity, and the acceptance vLLM saw; and the step gap it charged."""
     from simulator import SchedulerConfig, simulate
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
@@ -125,46 +219,92 @@ def simulate_run(v: VllmValidation, k: int, workload, trace, kv_capacity: int,
 
     table = LatencyTable.load(resolve_profile(v.profile))
     gap = float(table.meta.get("iteration_gap_s", 0))
-    scale = speed_scale(ProfiledLatency(table), probe_rows)
-    latency = ProfiledLatency(table, step_overhead_s=gap, pass_scale=scale)
-    config = SchedulerConfig(max_num_seqs=128, max_batched_tokens=2048, k_max=max(k, 1),
-                             chunked_prefill=True, scheduler=v.scheduler,
-                             kv_capacity_tokens=kv_capacity)
-    result = simulate(workload, latency, trace, make_policy("fixed", {"k": str(k)}), kv_capacity,
-                      config)
-    return result, scale
+    latency = ProfiledLatency(table, step_overhead_s=gap, pass_scale=pass_scale)
+    settings = SchedulerConfig(max_num_seqs=128, max_batched_tokens=2048,
+                               k_max=max(config.k, 1), chunked_prefill=True,
+                               scheduler=v.scheduler, kv_capacity_tokens=kv_capacity)
+    result = simulate(workload, latency, trace, config.policy(), kv_capacity, settings)
+    return result, latency, gap
 
 
-def run_vllm_validation(v: VllmValidation, out: Path, say=print) -> list[dict]:
-    """Every k and rate: measured, simulated, compared (rows of validate_report.ROW_KEYS)."""
+def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder: Path,
+                  measured: Path | None, say):
+    """Serve the workloads on a fresh vLLM with this configuration, or, given `measured` (an
+    earlier validation's folder), read its runs back after checking they served the same
+    workloads."""
+    from live.vllm_run import load_run, run_vllm
+    from live.vllm_server import VllmSettings
+
+    if measured is None:
+        say(f"vLLM with {config.describe()}: serving {len(workloads)} rate(s)")
+        settings = VllmSettings(v.model_dir, speculative_tokens=config.k,
+                                k_by_batch=config.table, seed=v.seed)
+        return run_vllm(settings, v.venv, workloads, folder), folder / "server.log"
+    source = measured / config.folder
+    runs = {}
+    for label, (wl, _) in workloads.items():
+        try:
+            run = load_run(source / label)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"--measured: {exc}; measure it with the same --policies and "
+                              "--rates") from None
+        served = run.requests.prompt_tokens.to_numpy()
+        if len(served) != len(wl) or (served != wl.prompt_tokens).any():
+            raise ConfigError(f"--measured: {source / label} served another workload than "
+                              "this one: give the --requests, --output-tokens, --workload and "
+                              "--seed it was measured with")
+        runs[label] = run
+    say(f"vLLM with {config.describe()}: read back from {source}")
+    return runs, source / "server.log"
+
+
+def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path | None = None
+                        ) -> tuple[list[dict], list[dict]]:
+    """Every configuration and rate: measured, simulated, compared (validate_report rows); and
+    the same rows for the speed-matched simulation, whose passes are scaled by the run's
+    `busy_ratio`: a diagnostic that takes the machine's drift out (it reads the measured run's
+    iteration times, so it is not a prediction)."""
     from live.vllm_acceptance import ngram_trace, per_step_check
-    from live.vllm_run import run_vllm
-    from live.vllm_server import VllmSettings, vllm_python
+    from live.vllm_server import vllm_python
     from spectune.validate_report import compare, metrics
 
-    vllm_python(v.venv)  # a missing environment says what to run before any work
+    if measured is None:
+        vllm_python(v.venv)  # a missing environment says what to run before any work
     workloads = {f"rate{r:g}": spec_bench_workload(v.requests, r, v.output_tokens, v.seed)
+                 if v.workload is None else
+                 trace_workload(v.workload, v.requests, r, v.seed, v.max_model_len)
                  for r in v.rates}
-    rows = []
-    for k in v.ks:
-        folder = out / f"k{k}"
-        say(f"vLLM with {'no speculation' if k == 0 else f'n-gram k={k}'}: serving "
-            f"{len(workloads)} rate(s)")
-        runs = run_vllm(VllmSettings(v.model_dir, speculative_tokens=k, seed=v.seed), v.venv,
-                        workloads, folder)
-        capacity = kv_tokens(folder / "server.log")
+    rows, matched_rows = [], []
+    for config in v.configs:
+        folder = out / config.folder
+        runs, log = measured_runs(v, config, workloads, folder, measured, say)
+        capacity = kv_tokens(log)
         for rate, (label, run) in zip(v.rates, runs.items()):
             wl, ids = workloads[label]
-            trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, k={k}"})
-            check = per_step_check(trace, k, run.per_step) if k else None
-            sim, scale = simulate_run(v, k, wl, trace, capacity, run.meta["probe_rows"])
-            say(f"  rate {rate:g}: pass scale {scale:.3f} (speed probes around the run)")
-            measured = measured_metrics(run.requests, run.iterations)
+            trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
+            # the replay of vLLM's proposals assumes one k: a table's k moves with the batch
+            check = per_step_check(trace, config.k, run.per_step) if config.k and not \
+                config.table else None
+            sim, latency, gap = simulate_run(v, config, wl, trace, capacity)
+            probes = speed_scale(latency, run.meta["probe_rows"])
+            busy = busy_ratio(run.iterations, sim.steps, gap)
+            agree = iteration_agreement(run.iterations, sim.steps, gap)
+            say(f"  rate {rate:g}: vLLM's iterations took {busy:.3f}x the simulated passes "
+                f"(speed probes around the run: {probes:.3f}x the profile); "
+                f"{agree['matched']} of {agree['of']} iterations step for step, their time "
+                f"off by {agree['median_abs_error_pct']:.1f}% (median)")
+            observed = measured_metrics(run.requests, run.iterations)
             simulated = metrics(sim.requests, sim.steps)
-            rows += compare(f"fixed:k={k}", rate, simulated, measured, simulated)
+            rows += compare(config.label, rate, simulated, observed, simulated)
+            matched, _, _ = simulate_run(v, config, wl, trace, capacity, busy)
+            matched_rows += compare(config.label, rate, metrics(matched.requests, matched.steps),
+                                    observed, simulated)
+            (folder / label).mkdir(parents=True, exist_ok=True)
             (folder / label / "check.json").write_text(json.dumps(
-                {"per_step": None if check is None else check.__dict__, "pass_scale": scale,
-                 "iterations": {"vllm": len(run.iterations), "simulated": len(sim.steps)}}))
+                {"per_step": None if check is None else check.__dict__,
+                 "probe_scale": probes, "busy_ratio": busy, "iteration_agreement": agree,
+                 "iterations": {"vllm": len(run.iterations), "simulated": int(
+                     ((sim.steps.decode_seqs + sim.steps.prefill_seqs) > 0).sum())}}))
             sim.requests.to_csv(folder / label / "sim_requests.csv", index=False)
             sim.steps.to_csv(folder / label / "sim_steps.csv", index=False)
-    return rows
+    return rows, matched_rows

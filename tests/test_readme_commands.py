@@ -28,7 +28,11 @@ where to add one: it is never skipped. The exceptions are explicit:
 - any other `pip install` line is not rerun (CI's own install covers it, and re-resolving torch
   would download it again): what it installs must be installed here, at the pinned versions;
 - a `--device cuda` command on a machine without CUDA must end with exit code 2 and one line
-  that names cuda (no traceback); with a GPU it runs, reduced, like the others.
+  that names cuda (no traceback); with a GPU it runs, reduced, like the others;
+- a command that serves on a real vLLM (`--engine vllm`, `benchmarks/vllm_loop.py`) is run by
+  tests/live/test_vllm_real.py, reduced by VLLM_REDUCE, in README order, after that test has
+  built vLLM's environment, and with checks of what vLLM served; here, only that VLLM_REDUCE
+  covers it.
 
 Each run must exit 0 with no traceback; `--format json` output must parse; an `--out` folder
 must hold files; tune, plan, validate and report must write their file.
@@ -82,6 +86,17 @@ REDUCE: dict[str, tuple[str, ...]] = {
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000"),  # 100k requests: ~1 min
+}
+#: Commands that serve on a real vLLM (each server start costs ~1 min of compiling): run by
+#: tests/live/test_vllm_real.py with these flags appended.
+VLLM_REDUCE: dict[str, tuple[str, ...]] = {
+    "spectune record": ("--categories", "extraction", "--limit", "3", "--max-tokens", "24"),
+    # two servers: a fixed k and a per-batch-size table (the loop below serves k = 0)
+    "spectune validate": ("--rates", "2", "--requests", "3", "--output-tokens", "16",
+                          "--policies", "fixed:k=2,batch_adaptive:schedule=[[1,1,3],[2,128,1]]"),
+    # k = 0, the recommended k and the tune's table: one to three servers
+    "python benchmarks/vllm_loop.py": ("--rates", "2", "--requests", "3", "--output-tokens",
+                                       "16", "--seeds", "2", "--ks", "0"),
 }
 #: the README's test-suite line: CI itself, so it is not run here; `.ci/run` must run exactly it
 CI_COMMAND = "python -m pytest"
@@ -158,11 +173,17 @@ def subcommands_named_in_prose(text: str) -> dict[str, int]:
     return named
 
 
-def reduce_key(tokens: list[str]) -> str | None:
-    """The REDUCE key the command starts with (the longest), or None."""
+def reduce_key(tokens: list[str], table: dict | None = None) -> str | None:
+    """The REDUCE (or `table`) key the command starts with (the longest), or None."""
     words = ["python" if t == "python3" else t for t in tokens]
-    keys = [k for k in REDUCE if words[:len(k.split())] == k.split()]
+    keys = [k for k in (REDUCE if table is None else table) if words[:len(k.split())] == k.split()]
     return max(keys, key=len, default=None)
+
+
+def needs_vllm(tokens: list[str]) -> bool:
+    """The command serves on a real vLLM."""
+    return option(tokens, "--engine") == "vllm" or any(
+        t.endswith("benchmarks/vllm_loop.py") for t in tokens[:2])
 
 
 def option(tokens: list[str], name: str, default: str | None = None) -> str | None:
@@ -444,6 +465,10 @@ def test_readme_command_runs(command: Command, workdir: Path) -> None:
         tokens = shlex.split(command.text)
         if tokens[:2] == ["pip", "install"]:
             run_installed(command, tokens)
+        elif needs_vllm(tokens):
+            assert reduce_key(tokens, VLLM_REDUCE) is not None, (
+                f"{command}\nserves on vLLM: add its prefix to VLLM_REDUCE (tests/live/"
+                "test_vllm_real.py runs it)")
         else:
             run_one(command, tokens, workdir)
     OUTCOMES[command.line] = "passed"

@@ -8,7 +8,14 @@ import pytest
 
 from live.vllm_profile import batch_rows, cyclic_prompt, table_rows
 from simulator import ConfigError
-from spectune.validate_vllm import ks_of, measured_metrics
+from spectune.flags import parse_policy_list
+from spectune.validate_vllm import (
+    busy_ratio,
+    configs_of,
+    iteration_agreement,
+    ks_of,
+    measured_metrics,
+)
 
 
 def lines(*rows):
@@ -83,7 +90,37 @@ def test_measured_metrics_of_a_run():
     assert m["throughput_tokens_per_s"] == pytest.approx(8 / 4.0)
 
 
-def test_a_vllm_server_runs_fixed_k_policies_only():
+def test_a_vllm_server_runs_fixed_k_or_a_batch_size_table():
     assert ks_of([("fixed:k=0", "fixed", {"k": "0"}), ("fixed:k=4", "fixed", {"k": "4"})]) == (0, 4)
-    with pytest.raises(ConfigError, match="fixed:k=K policies"):
+    fixed, table = configs_of(parse_policy_list(
+        "fixed:k=2,batch_adaptive:schedule=[[1,4,4],[5,128,0]]"))
+    assert (fixed.k, fixed.table, fixed.folder) == (2, (), "k2")
+    assert fixed.policy().k == 2
+    assert table.k == 4  # the server's num_speculative_tokens: the table's largest k
+    assert table.table == ((1, 4, 4), (5, 128, 0))
+    assert table.folder == "table-1-4x4_5-128x0"
+    assert table.policy().schedule == [[1, 4, 4], [5, 128, 0]]
+    with pytest.raises(ConfigError, match="fixed:k=K or batch_adaptive:schedule"):
         ks_of([("goodput", "goodput", {})])
+    with pytest.raises(ConfigError, match="fixed:k=K or batch_adaptive:schedule"):
+        configs_of(parse_policy_list("batch_adaptive:schedule=[[1,4,4]]:alpha=0.5"))
+    with pytest.raises(ConfigError, match="k = 0 only is fixed:k=0"):
+        configs_of(parse_policy_list("batch_adaptive:schedule=[[1,128,0]]"))
+
+
+def sim_steps(*rows):
+    return pd.DataFrame(rows, columns=["duration_s", "decode_seqs", "prefill_seqs",
+                                       "prefill_tokens", "drafted"])
+
+
+def test_iteration_agreement_compares_only_steps_of_the_same_shape():
+    logged = lines((0, 1, 100, 0, 0, 100.0, False), (1, 0, 0, 1, 5, 20.0, False),
+                   (2, 0, 0, 1, 3, 40.0, False))
+    # the simulator's steps carry the 5 ms gap; its third step drafted 1, vLLM's drafted 2
+    steps = sim_steps((0.0, 0, 0, 0, 0), (0.115, 0, 1, 100, 0), (0.027, 1, 0, 0, 4),
+                      (0.045, 1, 0, 0, 1))
+    got = iteration_agreement(logged, steps, 0.005)
+    assert (got["matched"], got["of"]) == (2, 3)  # the idle step is skipped, the third differs
+    assert got["median_abs_error_pct"] == pytest.approx((10 + 10) / 2)  # +10% and +10%
+    # vLLM's 160 ms against the simulated passes' 110 + 22 + 40 ms (gaps out)
+    assert busy_ratio(logged, steps, 0.005) == pytest.approx(0.160 / 0.172)

@@ -1,22 +1,25 @@
-"""A real vLLM, end to end, as docs/vllm.md shows it: build its environment
-(scripts/vllm_env.sh, cached in the checkout's .venv-vllm), then `spectune validate --engine
-vllm` on a tiny workload (3 requests, one rate, no speculation and n-gram k=2: two server
-starts, ~6 min on 2 cores). The simulator must replay vLLM's tokens per step exactly and every
-server must be gone afterwards."""
+"""A real vLLM, end to end, as the README shows it: build its environment (scripts/vllm_env.sh,
+cached in the checkout's .venv-vllm), then run the README's vLLM commands in its order, reduced
+(tests/test_readme_commands.py VLLM_REDUCE): a recording made on vLLM, `spectune validate
+--engine vllm` with a fixed k and a per-batch-size table, and the tune-then-measure loop
+(benchmarks/vllm_loop.py). The simulator must replay vLLM's tokens per step exactly, and no
+server may be left behind. About five server starts, ~10 min on 2 cores."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_readme_commands import COMMANDS, VLLM_REDUCE, as_argv, needs_vllm, option, reduce_key
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
+README_VLLM = [c for c in COMMANDS if needs_vllm(shlex.split(c.text))]
 
 
 @pytest.fixture(scope="module")
@@ -31,28 +34,72 @@ def vllm_venv() -> Path:
     return ROOT / ".venv-vllm"
 
 
-def test_validate_against_a_real_vllm(vllm_venv, tmp_path):
-    out = tmp_path / "v"
-    cmd = [sys.executable, "-m", "spectune", "validate", "--engine", "vllm",
-           "--vllm-venv", str(vllm_venv), "--profile", "vllm-cpu-smollm2", "--rates", "2",
-           "--requests", "3", "--output-tokens", "16", "--policies", "fixed:k=0,fixed:k=2",
-           "--format", "json", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
-    rows = pd.DataFrame(json.loads(done.stdout))
-    assert set(rows.policy) == {"fixed:k=0", "fixed:k=2"}
+def test_the_readme_shows_each_vllm_command():
+    assert {reduce_key(shlex.split(c.text), VLLM_REDUCE) for c in README_VLLM} == set(VLLM_REDUCE)
+
+
+def check_record(out: Path) -> None:
+    """vLLM's greedy outputs and their n-gram trace, keyed by question, of the outputs' length."""
+    from traces import SpeculationTrace
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "vllm" and summary["prompts"] == 3
+    trace = SpeculationTrace.load(out / "trace.npz")
+    outputs = json.loads((out / "outputs.json").read_text())
+    assert [r.key for r in trace.requests] == list(outputs)
+    assert all(len(r.run) == len(outputs[r.key]) == 24 for r in trace.requests)
+    assert trace.meta["engine"] == "vllm" and trace.meta["split"] == "train"
+
+
+def check_validate(out: Path) -> None:
+    """Exact replay of tokens per step, for a fixed k (also step by step against vLLM's own
+    per-request arrays) and for a table (vLLM's k follows the batch size, the simulator's too)."""
+    rows = pd.read_csv(out / "validate.csv")
+    table = "batch_adaptive:schedule=[[1,1,3],[2,128,1]]"
+    assert set(rows.policy) == {"fixed:k=2", table}
     per_step = rows[rows.metric == "emitted_per_step"].set_index("policy")
     assert (per_step.error_pct.abs() < 1e-9).all()  # the replay is exact
     assert per_step.loc["fixed:k=2", "measured"] >= 1.0
+    drafted = rows[rows.metric == "drafted_per_step"].set_index("policy")
+    assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"])
     for metric in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
         got = rows[rows.metric == metric]
         assert (got.measured > 0).all() and (got.simulated > 0).all()
     check = json.loads((out / "k2" / "rate2" / "check.json").read_text())
     assert check["per_step"]["different"] == 0
+    assert check["iteration_agreement"]["of"] > 0 and check["busy_ratio"] > 0
     served = pd.read_csv(out / "k2" / "rate2" / "requests.csv")
-    assert (served.output_tokens == 16).all() and served.error.isna().all()  # "" in the csv
-    assert (out / "validate.csv").is_file() and (out / "k0" / "server.log").is_file()
-    leftover = subprocess.run(["pgrep", "-f", str(vllm_venv / "bin" / "python")],
-                              capture_output=True)
-    assert leftover.returncode == 1, f"vLLM processes left: {leftover.stdout!r}"
+    assert (served.output_tokens == served.asked_tokens).all()  # ignore_eos: every token asked
+    assert served.error.isna().all()  # "" in the csv
+    assert (out / "table-1-1x3_2-128x1" / "rate2" / "iterations.csv").is_file()
+    assert (out / "speed-matched" / "validate.csv").is_file()
+
+
+def check_loop(out: Path) -> None:
+    """The tune's recommendation and its measurement beside k = 0, with the verdicts."""
+    loop = json.loads((out / "loop.json").read_text())
+    (verdict,) = loop["verdicts"]
+    assert verdict["rate"] == 2 and verdict["recommended"].startswith("fixed:k=")
+    configs = {row["config"] for row in loop["table"]}
+    assert {"fixed:k=0", verdict["recommended"]} <= configs
+    assert all(row["measured_e2e_s"] > 0 and row["predicted_e2e_s"] > 0 for row in loop["table"])
+
+
+CHECKS = {"spectune record": check_record, "spectune validate": check_validate,
+          "python benchmarks/vllm_loop.py": check_loop}
+
+
+def test_the_readme_vllm_commands(vllm_venv, tmp_path):
+    for command in README_VLLM:  # README order: the loop reads the recording
+        tokens = shlex.split(command.text)
+        key = reduce_key(tokens, VLLM_REDUCE)
+        full = tokens + list(VLLM_REDUCE[key])
+        done = subprocess.run(as_argv(full), cwd=tmp_path, capture_output=True, text=True,
+                              timeout=1500)
+        where = f"README.md:{command.line}: {shlex.join(full)}\n"
+        assert done.returncode == 0, where + done.stderr[-3000:]
+        assert "Traceback" not in done.stderr + done.stdout, where + done.stderr[-3000:]
+        CHECKS[key](tmp_path / option(full, "--out"))
+        leftover = subprocess.run(["pgrep", "-f", str(vllm_venv / "bin" / "python")],
+                                  capture_output=True)
+        assert leftover.returncode == 1, f"{where}vLLM processes left: {leftover.stdout!r}"

@@ -384,3 +384,34 @@ def test_the_shipped_cpu_profile_meets_its_error_targets():
     assert heldout["n"] >= 5 and on_ragged["n"] >= 30
     assert heldout["median_abs_pct"] <= 5 and heldout["p90_abs_pct"] <= 10
     assert on_ragged["median_abs_pct"] <= 5 and on_ragged["p90_abs_pct"] <= 10
+
+
+def test_a_profile_can_price_a_mixed_step_as_its_parts():
+    """meta mixed_steps = "parts": prompt chunks + decodes cost the prefill pass (read from the
+    prefill grid, a continuing chunk too) plus the decode pass, less one fixed cost; without
+    it the step is one pass, as before."""
+    table = make_table(draft=False)
+    one = ProfiledLatency(table)
+    parted = LatencyTable(table.rows, {**table.meta, "mixed_steps": "parts"})
+    parts = ProfiledLatency(parted)
+    assert not one.mixed_parts and parts.mixed_parts
+    assert parts.fixed_pass_s == pytest.approx(one._scalar_coef["target"][0])
+    ks, cached = [0, 0, 0], [300, 500, 700]
+    prompt, chunk_cached = 256, 128  # a continuing chunk: 256 new tokens over 128 cached
+    pairs = int(attention_pairs(prompt, chunk_cached))
+    decode = sum(int(attention_pairs(1, c)) for c in cached)
+    expected = (parts.forward_s("target", 1, prompt, chunk_cached, pairs, phase="prefill")
+                + parts.forward_s("target", 3, 3, sum(cached), decode) - parts.fixed_pass_s)
+    got = StepCostModel(parts).iteration_s(ks, cached, 1, prompt, chunk_cached, pairs)
+    assert got == pytest.approx(expected, rel=1e-12)
+    # the prefill grid read at no cached context: the same pass as a fresh prompt's ratio
+    fresh_ratio = (parts.forward_s("target", 1, prompt, 0, pairs)
+                   / linear_form(parts._roles["target"].coef, 1, prompt, 0, pairs))
+    chunk_ratio = (parts.forward_s("target", 1, prompt, chunk_cached, pairs, phase="prefill")
+                   / linear_form(parts._roles["target"].coef, 1, prompt, chunk_cached, pairs))
+    assert chunk_ratio == pytest.approx(fresh_ratio, rel=1e-9)
+    whole = one.forward_s("target", 4, prompt + 3, chunk_cached + sum(cached), pairs + decode)
+    assert StepCostModel(one).iteration_s(ks, cached, 1, prompt, chunk_cached, pairs) == \
+        pytest.approx(whole, rel=1e-12)
+    with pytest.raises(ConfigError, match="'one pass' or 'parts'"):
+        ProfiledLatency(LatencyTable(table.rows, {**table.meta, "mixed_steps": "halves"}))

@@ -81,7 +81,18 @@ def test_vllm_engine_flags_are_checked_before_anything_runs(tmp_path, capsys):
     err = _err(capsys, ["validate", "--engine", "vllm", "--profile", "vllm-cpu-smollm2",
                         "--policies", "goodput", "--vllm-venv", str(tmp_path / "none"),
                         "--out", str(tmp_path / "v")], 2)
-    assert "fixed:k=K policies" in err
+    assert "fixed:k=K or batch_adaptive:schedule=" in err
     err = _err(capsys, ["profile", "--engine", "vllm", "--vllm-venv", str(tmp_path / "none"),
                         "--out", str(tmp_path / "p")], 2)
     assert "scripts/vllm_env.sh" in err
+    err = _err(capsys, ["record", "--engine", "vllm", "--drafter", "eagle",
+                        "--out", str(tmp_path / "r")], 2)
+    assert "--engine vllm records the n-gram drafter" in err
+    err = _err(capsys, ["record", "--engine", "vllm", "--vllm-venv", str(tmp_path / "none"),
+                        "--out", str(tmp_path / "r")], 2)
+    assert "scripts/vllm_env.sh" in err
+    err = _err(capsys, ["validate", "--measured", str(tmp_path), "--out", str(tmp_path / "v")], 2)
+    assert "--measured reads back runs of --engine vllm" in err
+    err = _err(capsys, ["validate", "--engine", "vllm", "--profile", "vllm-cpu-smollm2",
+                        "--measured", str(tmp_path / "none"), "--out", str(tmp_path / "v")], 2)
+    assert "no such folder" in err

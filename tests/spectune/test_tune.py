@@ -321,3 +321,20 @@ def test_plan_from_a_tune_that_went_past_k_max_plans_its_k(tmp_path, capsys):
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert {p["params"].get("k") for p in plans} >= {0, saved["recommendations"][0]["params"]["k"]}
     assert main([*plan[:-2], "--k-max", "10", "--out", str(tmp_path / "q")]) == 2
+
+
+def test_a_pinned_table_is_tuned_as_given_and_its_derivation_is_not_searched():
+    """batch_adaptive with vLLM's table pinned: alpha and the other derivation parameters do
+    nothing, so they are not searched (one candidate), and the table, a list, stays hashable."""
+    table = "[[1,4,2],[5,128,0]]"
+    assert candidates("batch_adaptive", {"schedule": table}) == [
+        Candidate("batch_adaptive", (("schedule", table),))]
+    assert len(candidates("batch_adaptive", continuous_points=4)) == 4  # alpha searched
+    scenario = SimulationSpec(workload="poisson", requests=30, lengths="fixed:100,40",
+                              acceptance="iid:0.6", draft="none")
+    spec = TuneSpec(rates=(2.0,), policies=f"batch_adaptive:schedule={table}", seeds=2,
+                    points=2, jobs=1, samples=False)
+    result = run_tune(spec, scenario, SchedulerConfig(), None)
+    (rec,) = result["recommendations"]
+    assert rec["params"] == {"schedule": table}
+    assert rec["label"] == f"batch_adaptive(schedule={table})"
