@@ -53,15 +53,20 @@ def check_record(out: Path) -> None:
 
 def check_validate(out: Path) -> None:
     """Exact replay of tokens per step, for a fixed k (also step by step against vLLM's own
-    per-request arrays) and for a table (vLLM's k follows the batch size, the simulator's too)."""
+    per-request arrays) and for a table (vLLM's k follows the batch size, the simulator's too:
+    emitted per step exact, drafted close)."""
     rows = pd.read_csv(out / "validate.csv")
     table = "batch_adaptive:schedule=[[1,1,3],[2,128,1]]"
     assert set(rows.policy) == {"fixed:k=2", table}
     per_step = rows[rows.metric == "emitted_per_step"].set_index("policy")
     assert (per_step.error_pct.abs() < 1e-9).all()  # the replay is exact
     assert per_step.loc["fixed:k=2", "measured"] >= 1.0
+    # a table's k follows the batch size of each step, which timing decides: close, not exact
     drafted = rows[rows.metric == "drafted_per_step"].set_index("policy")
-    assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"])
+    assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"],
+                                                            rel=0.03)
+    assert drafted.loc["fixed:k=2", "simulated"] == pytest.approx(
+        drafted.loc["fixed:k=2", "measured"], rel=1e-9)
     for metric in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
         got = rows[rows.metric == metric]
         assert (got.measured > 0).all() and (got.simulated > 0).all()
