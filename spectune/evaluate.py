@@ -204,6 +204,10 @@ class Runner:
         manager = getattr(pool, "_executor_manager_thread", None)
         if manager is not None:
             manager.join(2.0)
+            if manager.is_alive():  # its workers are dead: never let the exit hook wait on it
+                from concurrent.futures import process as futures_process
+
+                getattr(futures_process, "_threads_wakeups", {}).pop(manager, None)
 
     def _interrupted(self) -> Interrupted:
         return Interrupted(self.done, self.total, self.cache_dir)

@@ -59,9 +59,10 @@ def check_validate(out: Path) -> None:
     table = "batch_adaptive:schedule=[[1,1,3],[2,128,1]]"
     assert set(rows.policy) == {"fixed:k=2", table}
     per_step = rows[rows.metric == "emitted_per_step"].set_index("policy")
-    assert (per_step.error_pct.abs() < 1e-9).all()  # the replay is exact
+    assert abs(per_step.loc["fixed:k=2", "error_pct"]) < 1e-9  # the replay is exact
     assert per_step.loc["fixed:k=2", "measured"] >= 1.0
     # a table's k follows the batch size of each step, which timing decides: close, not exact
+    assert abs(per_step.loc[table, "error_pct"]) < 3
     drafted = rows[rows.metric == "drafted_per_step"].set_index("policy")
     assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"],
                                                             rel=0.03)
@@ -95,16 +96,19 @@ CHECKS = {"spectune record": check_record, "spectune validate": check_validate,
 
 
 def test_the_readme_vllm_commands(vllm_venv, tmp_path):
-    for command in README_VLLM:  # README order: the loop reads the recording
-        tokens = shlex.split(command.text)
-        key = reduce_key(tokens, VLLM_REDUCE)
-        full = tokens + list(VLLM_REDUCE[key])
-        done = subprocess.run(as_argv(full), cwd=tmp_path, capture_output=True, text=True,
-                              timeout=1500)
-        where = f"README.md:{command.line}: {shlex.join(full)}\n"
-        assert done.returncode == 0, where + done.stderr[-3000:]
-        assert "Traceback" not in done.stderr + done.stdout, where + done.stderr[-3000:]
-        CHECKS[key](tmp_path / option(full, "--out"))
-        leftover = subprocess.run(["pgrep", "-f", str(vllm_venv / "bin" / "python")],
-                                  capture_output=True)
-        assert leftover.returncode == 1, f"{where}vLLM processes left: {leftover.stdout!r}"
+    server = str(vllm_venv / "bin" / "python")
+    try:
+        for command in README_VLLM:  # README order: the loop reads the recording
+            tokens = shlex.split(command.text)
+            key = reduce_key(tokens, VLLM_REDUCE)
+            full = tokens + list(VLLM_REDUCE[key])
+            done = subprocess.run(as_argv(full), cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=1500)
+            where = f"README.md:{command.line}: {shlex.join(full)}\n"
+            assert done.returncode == 0, where + done.stderr[-3000:]
+            assert "Traceback" not in done.stderr + done.stdout, where + done.stderr[-3000:]
+            leftover = subprocess.run(["pgrep", "-f", server], capture_output=True)
+            assert leftover.returncode == 1, f"{where}vLLM processes left: {leftover.stdout!r}"
+            CHECKS[key](tmp_path / option(full, "--out"))
+    finally:  # whatever failed, no server may outlive the test and slow the ones after it
+        subprocess.run(["pkill", "-9", "-f", server], capture_output=True)
