@@ -208,16 +208,22 @@ def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, gap_s: fl
             else float("nan")}
 
 
-def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
-                 pass_scale: float = 1.0):
-    """The simulator's run of one measured one: vLLM's profile (passes times `pass_scale`), its
-    scheduler and capacity, and the acceptance vLLM saw; and the step gap it charged."""
-    from simulator import SchedulerConfig, simulate
+def load_profile(v: VllmValidation):
+    """vLLM's latency table, read once per validation."""
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
+
+    return LatencyTable.load(resolve_profile(v.profile))
+
+
+def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
+                 table, pass_scale: float = 1.0):
+    """The simulator's run of one measured one: vLLM's profile `table` (passes times
+    `pass_scale`), its scheduler and capacity, and the acceptance vLLM saw; and the step gap it
+    charged."""
+    from simulator import SchedulerConfig, simulate
     from simulator.profiled import ProfiledLatency
 
-    table = LatencyTable.load(resolve_profile(v.profile))
     gap = float(table.meta.get("iteration_gap_s", 0))
     latency = ProfiledLatency(table, step_overhead_s=gap, pass_scale=pass_scale)
     settings = SchedulerConfig(max_num_seqs=128, max_batched_tokens=2048,
@@ -274,6 +280,7 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
                  if v.workload is None else
                  trace_workload(v.workload, v.requests, r, v.seed, v.max_model_len)
                  for r in v.rates}
+    table = load_profile(v)
     rows, matched_rows = [], []
     for config in v.configs:
         folder = out / config.folder
@@ -285,7 +292,7 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             # the replay of vLLM's proposals assumes one k: a table's k moves with the batch
             check = per_step_check(trace, config.k, run.per_step) if config.k and not \
                 config.table else None
-            sim, latency, gap = simulate_run(v, config, wl, trace, capacity)
+            sim, latency, gap = simulate_run(v, config, wl, trace, capacity, table)
             probes = speed_scale(latency, run.meta["probe_rows"])
             busy = busy_ratio(run.iterations, sim.steps, gap)
             agree = iteration_agreement(run.iterations, sim.steps, gap)
@@ -296,7 +303,7 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             observed = measured_metrics(run.requests, run.iterations)
             simulated = metrics(sim.requests, sim.steps)
             rows += compare(config.label, rate, simulated, observed, simulated)
-            matched, _, _ = simulate_run(v, config, wl, trace, capacity, busy)
+            matched, _, _ = simulate_run(v, config, wl, trace, capacity, table, busy)
             matched_rows += compare(config.label, rate, metrics(matched.requests, matched.steps),
                                     observed, simulated)
             (folder / label).mkdir(parents=True, exist_ok=True)
