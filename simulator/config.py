@@ -83,6 +83,20 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ServedSchedulerConfig(SchedulerConfig):
+    """`SchedulerConfig` plus a vLLM server's max_model_len, which the vllm-v1 scheduler reads:
+    the cap on lengths and drafts, and vLLM's zero drafts near it (docs/vllm-v1-scheduler.md
+    5.3). A subclass, not a field of SchedulerConfig: that would change every golden summary."""
+
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """Replicas behind one router."""
 

@@ -257,7 +257,8 @@ class Replica:
         yield env.timeout(duration)
         scheduler.step_index += 1
         before = [entry.request.generated for entry in plan.scheduled]
-        accepted = [min(entry.drafts, int(entry.request.run[g])) if entry.drafts else 0
+        accepted = [min(entry.drafts, int(entry.request.run[g]))
+                    if entry.drafts and not entry.placeholder else 0
                     for entry, g in zip(plan.scheduled, before)]
         emitted = scheduler.update_from_output(plan, accepted, env.now)
         decode_emit = [(entry, g, emit) for entry, g, emit in zip(plan.scheduled, before, emitted)
@@ -286,6 +287,10 @@ class Replica:
             if emit and not self.scheduler.finished(entry.request):
                 batch.append(entry.request)
                 chosen.append(k)
+        if not self.scheduler.drafter_runs(plan):  # vLLM's zero drafts, K of them (doc 5.3)
+            for request in batch:
+                self.scheduler.propose(request, self.scheduler.config.k_max, placeholder=True)
+            return
         if type(self.policy).uses_draft_stop:
             chosen = self._draft_stop(batch, chosen)
         if self.acceptance.limits_proposals:

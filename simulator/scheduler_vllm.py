@@ -58,6 +58,7 @@ class Scheduled:
     drafts: int  # drafts verified this step (after trimming); 0 for a chunk
     prefill: bool  # a (re-)prefill chunk, not a verify step
     resumed: bool  # a re-prefill of a preempted request with outputs: vLLM logs it "generation"
+    placeholder: bool = False  # the drafts are vLLM's zeros (doc 5.3): all of them rejected
 
 
 @dataclass
@@ -75,11 +76,12 @@ class StepPlan:
 class _Seq:
     """vLLM's per-request scheduler state beside the request object (doc 1)."""
 
-    __slots__ = ("blocks", "computed", "prefilling", "spec")
+    __slots__ = ("blocks", "computed", "placeholder", "prefilling", "spec")
 
     def __init__(self) -> None:
         self.computed = 0  # C
         self.spec = 0  # |S|: drafts waiting to be verified
+        self.placeholder = False  # S holds zeros, not proposals (doc 5.3)
         self.blocks = 0  # blocks held; only grows while running
         self.prefilling = True  # its (re-)prefill has not sampled yet
 
@@ -157,7 +159,8 @@ class VllmV1Scheduler:
             drafts = max(n - (total - seq.computed), 0) if seq.spec else 0
             seq.spec = 0  # trimmed drafts are dropped; new ones come at the end of the step
             plan.scheduled.append(Scheduled(request, n, seq.computed, drafts, seq.prefilling,
-                                            seq.prefilling and request.generated > 0))
+                                            seq.prefilling and request.generated > 0,
+                                            seq.placeholder and drafts > 0))
             i += 1
         while (not plan.preempted and budget > 0 and self.waiting
                and len(self.running) < self.config.max_num_seqs):
@@ -188,7 +191,7 @@ class VllmV1Scheduler:
             seq = self._seq[victim.index]
             self.free_blocks += seq.blocks
             seq.blocks = seq.computed = seq.spec = 0
-            seq.prefilling = True
+            seq.prefilling, seq.placeholder = True, False
             victim.prefilled = 0
             self.waiting.appendleft(victim)
             self.preemptions += 1
@@ -268,12 +271,25 @@ class VllmV1Scheduler:
         limit = self.max_model_len
         return limit is not None and request.prompt_tokens + request.generated >= limit
 
-    def propose(self, request, drafts: int) -> None:
+    def drafter_runs(self, plan: StepPlan) -> bool:
+        """vLLM's `_input_fits_in_drafter` (doc 5.3): the proposer runs only if every request
+        of the step stays K tokens clear of max_model_len (C before the step + n + K <=
+        max_model_len). If one does not, every request that goes on gets K drafts of token id
+        0 instead, `propose(..., placeholder=True)`: verified like drafts, all rejected."""
+        if self.max_model_len is None or not self.config.k_max:
+            return True
+        longest = max(entry.computed + entry.tokens for entry in plan.scheduled)
+        return longest + self.config.k_max <= self.max_model_len
+
+    def propose(self, request, drafts: int, placeholder: bool = False) -> None:
         """The drafts `request` proposed at the end of this step (at most max_model_len - N),
-        verified when it is next scheduled; a request not scheduled keeps its older ones."""
+        verified when it is next scheduled; a request not scheduled keeps its older ones.
+        `placeholder`: they are vLLM's zeros (`drafter_runs`), and every one will be rejected."""
         if self.max_model_len is not None:
             drafts = min(drafts, self.max_model_len - request.prompt_tokens - request.generated)
-        self._seq[request.index].spec = max(drafts, 0)
+        seq = self._seq[request.index]
+        seq.spec = max(drafts, 0)
+        seq.placeholder = placeholder
 
     def finish_done(self, now: float) -> list:
         """Retire finished requests: records, blocks (free for the next step), policy state."""

@@ -221,14 +221,16 @@ def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capa
     """The simulator's run of one measured one: vLLM's profile `table` (passes times
     `pass_scale`), its scheduler and capacity, and the acceptance vLLM saw; and the step gap it
     charged."""
-    from simulator import SchedulerConfig, simulate
+    from simulator import simulate
+    from simulator.config import ServedSchedulerConfig
     from simulator.profiled import ProfiledLatency
 
     gap = float(table.meta.get("iteration_gap_s", 0))
     latency = ProfiledLatency(table, step_overhead_s=gap, pass_scale=pass_scale)
-    settings = SchedulerConfig(max_num_seqs=128, max_batched_tokens=2048,
-                               k_max=max(config.k, 1), chunked_prefill=True,
-                               scheduler=v.scheduler, kv_capacity_tokens=kv_capacity)
+    settings = ServedSchedulerConfig(max_num_seqs=128, max_batched_tokens=2048, k_max=config.k,
+                                     chunked_prefill=True, scheduler=v.scheduler,
+                                     kv_capacity_tokens=kv_capacity,
+                                     max_model_len=v.max_model_len)
     result = simulate(workload, latency, trace, config.policy(), kv_capacity, settings)
     return result, latency, gap
 
@@ -244,7 +246,8 @@ def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder
     if measured is None:
         say(f"vLLM with {config.describe()}: serving {len(workloads)} rate(s)")
         settings = VllmSettings(v.model_dir, speculative_tokens=config.k,
-                                k_by_batch=config.table, seed=v.seed)
+                                k_by_batch=config.table, seed=v.seed,
+                                max_model_len=v.max_model_len)
         return run_vllm(settings, v.venv, workloads, folder), folder / "server.log"
     source = measured / config.folder
     runs = {}
@@ -290,8 +293,8 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             wl, ids = workloads[label]
             trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
             # the replay of vLLM's proposals assumes one k: a table's k moves with the batch
-            check = per_step_check(trace, config.k, run.per_step) if config.k and not \
-                config.table else None
+            check = per_step_check(trace, config.k, run.per_step, wl.prompt_tokens,
+                                   v.max_model_len) if config.k and not config.table else None
             sim, latency, gap = simulate_run(v, config, wl, trace, capacity, table)
             probes = speed_scale(latency, run.meta["probe_rows"])
             busy = busy_ratio(run.iterations, sim.steps, gap)

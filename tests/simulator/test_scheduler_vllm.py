@@ -20,6 +20,7 @@ from support.engine import LinearLatency, trace_from_runs, workload
 
 from policies import Policy, make_policy, policy_names
 from simulator import ConfigError, SchedulerConfig, simulate
+from simulator.config import ServedSchedulerConfig
 from simulator.logs import RequestLog
 from simulator.replica import check_fits
 from simulator.request import RequestState
@@ -205,6 +206,22 @@ def test_max_model_len_caps_drafts_and_stops_the_request():
     assert r.generated == 10 and s.finished(r) and not s.running
 
 
+def test_the_drafter_runs_only_while_every_request_of_the_step_stays_k_clear_of_max_model_len():
+    s = make(settings_=WithMaxModelLen(k_max=4))  # max_model_len 20
+    arrive(s, 0, prompt=16)
+    assert s.drafter_runs(s.schedule(0.0))  # C + n = 16, + K = 20: fits
+    s = make(settings_=WithMaxModelLen(k_max=4))
+    arrive(s, 0, prompt=3)
+    arrive(s, 1, prompt=17)
+    assert not s.drafter_runs(s.schedule(0.0))  # 17 + 4 > 20: for the whole step
+    s = make(settings_=WithMaxModelLen(k_max=0))
+    arrive(s, 0, prompt=19)
+    assert s.drafter_runs(s.schedule(0.0))  # no speculation, no drafter to stop
+    s = make(k_max=4)
+    arrive(s, 0, prompt=10**6)
+    assert s.drafter_runs(s.schedule(0.0))  # no max_model_len: no limit
+
+
 # -- whole simulations --------------------------------------------------------------------------
 
 
@@ -249,6 +266,28 @@ def test_drafts_proposed_at_the_end_of_a_step_are_verified_in_the_next():
     assert steps["drafted"].tolist() == [0, 2, 1, 3, 0, 4]
     assert steps["emitted"].tolist() == [0, 3, 2, 4, 1, 1]  # the last cut at 12 tokens
     assert res.requests.loc[0, ["steps", "drafted", "accepted"]].tolist() == [5, 10, 6]
+
+
+def test_a_request_near_max_model_len_gives_everyone_zero_drafts_for_a_step():
+    """Doc 5.3, by hand (K = k = 2, every real draft accepted): A (10 + 12) and B (44 +
+    10, stopped by max_model_len 50) prefill in step 0. Step 1 verifies 2 drafts each; B
+    reaches N = 48. Step 2: B is cut to 1 draft (n <= 50 - C - 1) and reaches C + n = 49,
+    49 + K > 50, so the proposer does not run: A, going on, gets 2 zero drafts, which step 3
+    verifies and rejects (emit 1). Then A drafts for real again."""
+    wl = workload([0.0, 0.0], [10, 44], [12, 10])
+    trace = trace_from_runs([[9] * 12, [9] * 10])
+    res = simulate(wl, LinearLatency(), trace, make_policy("fixed", {"k": 2}), HUGE,
+                   ServedSchedulerConfig(scheduler="vllm-v1", max_batched_tokens=HUGE, k_max=2,
+                                         max_model_len=50))
+    assert res.steps["drafted"].tolist() == [0, 4, 3, 2, 2, 2]
+    assert res.steps["accepted"].tolist() == [0, 4, 3, 0, 2, 0]
+    assert res.steps["emitted"].tolist() == [0, 6, 5, 1, 3, 1]
+    assert res.requests[["steps", "drafted", "accepted"]].values.tolist() == [[5, 10, 6],
+                                                                              [2, 3, 3]]
+    roomy = simulate(wl, LinearLatency(), trace, make_policy("fixed", {"k": 2}), HUGE,
+                     ServedSchedulerConfig(scheduler="vllm-v1", max_batched_tokens=HUGE,
+                                           k_max=2, max_model_len=60))
+    assert roomy.requests.loc[0, ["steps", "accepted"]].tolist() == [4, 7]  # no zero drafts
 
 
 def test_the_ngram_lookup_caps_the_drafts_at_the_position_they_start_from():

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 def _start_tune(out: Path) -> subprocess.Popen:
     """The tune in a session of its own, as a terminal runs a foreground job."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "spectune", *LONG_TUNE, "--out", str(out)],
-                            cwd=out.parent, env=env, stdout=subprocess.PIPE,
+    command = [sys.executable, "-X", "faulthandler", "-m", "spectune", *LONG_TUNE,
+               "--out", str(out)]
+    return subprocess.Popen(command, cwd=out.parent, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -65,6 +66,19 @@ def _wait_for_workers(proc: subprocess.Popen, out: Path, timeout_s: float = 30) 
                          f"(exit code {proc.poll()})")
 
 
+def _stacks(proc: subprocess.Popen) -> str:
+    """Every thread's Python stack of a hung `proc` (faulthandler prints them on SIGABRT) and
+    the processes of its session: what a failure needs to be debugged after the fact."""
+    tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "--sid", str(proc.pid)],
+                          capture_output=True, text=True).stdout
+    os.kill(proc.pid, signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        err = "(no stacks: it did not die of SIGABRT within 10 s either)"
+    return f"its session:\n{tree}\nstderr:\n{err[-6000:]}"
+
+
 @contextlib.contextmanager
 def _tune_process(out: Path):
     """A running long tune; whatever the test's outcome, it and its workers are gone after."""
@@ -90,7 +104,8 @@ def test_ctrl_c_in_a_tune_prints_one_line_and_leaves_no_worker(tmp_path):
         try:
             _, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
-            pytest.fail("the tune did not stop within 20 s of Ctrl-C")
+            pytest.fail("the tune did not stop within 20 s of Ctrl-C; where it hung:\n"
+                        + _stacks(proc))
         assert proc.returncode == 130, err
         assert "Traceback" not in err
         lines = err.splitlines()
