@@ -33,22 +33,6 @@ CONFIGS = ("fixed:k=0,fixed:k=1,fixed:k=2,fixed:k=4,fixed:k=6,"
            "batch_adaptive:schedule=[[1,4,2],[5,128,1]]")
 
 
-def measured(v, config, windows: dict, out: Path) -> dict:
-    """Each window's run of `config`: read back if kept, else served on one new server."""
-    from live.vllm_run import load_run, run_vllm
-    from live.vllm_server import VllmSettings
-
-    folder = out / config.folder
-    try:
-        return {label: load_run(folder / label) for label in windows}
-    except FileNotFoundError:
-        pass
-    print(f"serving {config.describe()}: {len(windows)} windows", flush=True)
-    settings = VllmSettings(v.model_dir, speculative_tokens=config.k, k_by_batch=config.table,
-                            seed=v.seed, max_model_len=v.max_model_len)
-    return run_vllm(settings, v.venv, windows, folder)
-
-
 def pair_tau(sim: list[float], real: list[float], noise_pct: float) -> tuple[float, int]:
     """Kendall's tau over the pairs whose measured values differ by more than noise_pct
     (concordant minus discordant over their number), and how many pairs that is."""
@@ -74,6 +58,7 @@ def main() -> int:
         configs_of,
         kv_tokens,
         load_profile,
+        measured_runs,
         simulate_run,
         spec_bench_workload,
     )
@@ -99,8 +84,10 @@ def main() -> int:
     table = load_profile(v)
     rows = []
     for config in configs:
-        runs = measured(v, config, windows, args.out)
-        capacity = kv_tokens(args.out / config.folder / "server.log")
+        folder = args.out / config.folder
+        kept = args.out if (folder / "server.log").is_file() else None  # read back, checked
+        runs, log = measured_runs(v, config, windows, folder, kept, print)
+        capacity = kv_tokens(log)
         for label, run in runs.items():
             wl, ids = windows[label]
             trace = ngram_trace(ids, run.outputs, 16, {})
@@ -109,13 +96,14 @@ def main() -> int:
                          "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
                          "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())})
     labels = [c.label for c in configs]
+    cell = {(r["config"], r["window"]): r for r in rows}
     mean = {name: {c: float(np.mean([r[name] for r in rows if r["config"] == c]))
                    for c in labels} for name in ("measured_e2e_s", "simulated_e2e_s")}
     print(f"\nmean E2E at {args.rate:g} req/s, s (windows: {', '.join(windows)})")
     print(f"{'configuration':46s} " + " ".join(f"{w:>15s}" for w in windows)
           + "   mean measured  mean simulated")
     for c in labels:
-        cells = [next(r for r in rows if r["config"] == c and r["window"] == w) for w in windows]
+        cells = [cell[c, w] for w in windows]
         print(f"{c:46s} " + " ".join(f"{x['measured_e2e_s']:6.2f} / {x['simulated_e2e_s']:6.2f}"
                                      for x in cells)
               + f"   {mean['measured_e2e_s'][c]:13.3f}  {mean['simulated_e2e_s'][c]:14.3f}")
@@ -123,11 +111,9 @@ def main() -> int:
     sim = [mean["simulated_e2e_s"][c] for c in labels]
     tau_all = float(kendalltau(sim, real).statistic)
     tau_clear, pairs = pair_tau(sim, real, args.noise)
-    per_window = {w: float(kendalltau(
-        [next(r["simulated_e2e_s"] for r in rows if r["config"] == c and r["window"] == w)
-         for c in labels],
-        [next(r["measured_e2e_s"] for r in rows if r["config"] == c and r["window"] == w)
-         for c in labels]).statistic) for w in windows}
+    per_window = {w: float(kendalltau([cell[c, w]["simulated_e2e_s"] for c in labels],
+                                      [cell[c, w]["measured_e2e_s"] for c in labels]).statistic)
+                  for w in windows}
     print(f"\nKendall tau over the windows' means: {tau_all:.2f} (all "
           f"{len(labels) * (len(labels) - 1) // 2} pairs); "
           f"{tau_clear:.2f} over the {pairs} pairs measured more than {args.noise:g}% apart")
