@@ -64,8 +64,11 @@ def check_validate(out: Path) -> None:
     # a table's k follows the batch size of each step, which timing decides: close, not exact
     assert abs(per_step.loc[table, "error_pct"]) < 3
     drafted = rows[rows.metric == "drafted_per_step"].set_index("policy")
+    # drafts per step follow the share of steps run at batch 1 (k = 3 there, 1 elsewhere), which
+    # the two clocks decide: 0.3-3.9% apart over the CI runs on record, so 8% leaves room, while a
+    # table applied to the wrong batch sizes (k = 3 or 1 throughout) would be 30% or more off
     assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"],
-                                                            rel=0.03)
+                                                            rel=0.08)
     assert drafted.loc["fixed:k=2", "simulated"] == pytest.approx(
         drafted.loc["fixed:k=2", "measured"], rel=1e-9)
     for metric in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
