@@ -26,7 +26,8 @@ from live.loop import LiveLoop
 from live.mixed import ChunkedLoop
 from live.replay import ReplayDrafter, ReplayScript
 from live.requests import EngineClock, LiveRequest, VirtualClock
-from models.llama import LlamaModel
+from models.llama import KVPoolTooSmall, LlamaModel
+from models.paged_kv import BLOCK_SIZE
 from policies import Policy, StepCost
 from simulator.config import SchedulerConfig
 from simulator.errors import ConfigError
@@ -118,9 +119,25 @@ class LiveEngine:
         self.target, self.drafter, self.policy = target, drafter, policy
         self.scheduler = scheduler
         self.kv_capacity_tokens = int(capacity)
+        self._plan_memory(draft_model)
         self.cost: StepCost = cost if cost is not None else MissingCost()
         self.temperature, self.seed = float(temperature), int(seed)
         self.replay = replay
+
+    def _plan_memory(self, draft_model) -> None:
+        """Size the paged KV pools (CUDA) for what the scheduler may hold before serving: the
+        KV capacity, plus a block of rounding and k_max + 1 verify rows per sequence (a model
+        drafter's caches hold twice a prompt: twice that). A pool that cannot fit beside the
+        weights is one clear line here, never an out-of-memory error mid-run."""
+        seqs, k = self.scheduler.max_num_seqs, self.scheduler.k_max
+        each = -(-self.kv_capacity_tokens // seqs) + BLOCK_SIZE + k + 1
+        try:
+            self.target.reserve_pool(seqs, each)
+            if draft_model is not None and hasattr(draft_model, "reserve_pool"):
+                draft_model.reserve_pool(seqs, 2 * each)
+        except KVPoolTooSmall as error:
+            raise ConfigError(f"{error} (--kv-capacity-tokens {self.kv_capacity_tokens}, "
+                              f"--max-num-seqs {seqs})") from None
 
     def run(
         self,

@@ -24,8 +24,17 @@ import torch
 from torch import nn
 
 from models.int8_weight import Int8Weight
-from models.kv_cache import BatchAttention, KVCache, RowLayout
-from models.llama import DecoderLayer, LlamaModel, decoder_layer, rms_norm
+from models.kv_cache import KVCache, RowLayout
+from models.llama import (
+    DecoderLayer,
+    LlamaModel,
+    batch_attention,
+    decoder_layer,
+    exact_pool,
+    make_pool,
+    rms_norm,
+)
+from models.paged_kv import KVPool, PagedSeq
 from traces import atomic_write
 
 #: The shipped head for SmolLM2-135M-Instruct (how it was trained: eagle/data/README.md).
@@ -66,6 +75,7 @@ class EagleHead(nn.Module):
         self.fc_bias = nn.Parameter(torch.zeros(shape.hidden, dtype=dtype, device=device),
                                     requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(self.config) for _ in range(layers))
+        self.kv_pool: KVPool | None = None  # the head's own paged pool (config.paged)
         self.fuse_layers = tuple(int(i) for i in fuse_layers)
         self.fuse: nn.Parameter | None = None
         if self.fuse_layers:
@@ -94,7 +104,17 @@ class EagleHead(nn.Module):
     def draft_vocab(self) -> int:
         return int(self.vocab_ids.numel())
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
+    def reserve_pool(self, sequences: int, tokens_each: int) -> None:
+        """As LlamaModel.reserve_pool, for the head's own pool."""
+        if self.config.paged:
+            self.kv_pool = None
+            self.kv_pool = exact_pool(self.config, sequences, tokens_each)
+
+    def new_cache(self, capacity: int = 256) -> KVCache | PagedSeq:
+        if self.config.paged:
+            if self.kv_pool is None:
+                self.kv_pool = make_pool(self.config)
+            return self.kv_pool.sequence(capacity)
         s = self.config.shape
         return KVCache(s.layers, s.kv_heads, s.head_dim, capacity, self.config.dtype,
                        self.config.device)
@@ -173,8 +193,7 @@ class EagleHead(nn.Module):
         last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]
         (with `every_row`, those of every new entry, packed request after request). `layouts`:
         a draft tree's nodes (kv_cache.RowLayout), as in the target's forward."""
-        batch = BatchAttention([t.shape[0] for t in tokens], caches,
-                               self.config.batched_attention, layouts)
+        batch = batch_attention([t.shape[0] for t in tokens], caches, self.config, layouts)
         if len({f.shape[-1] for f in features}) == 1:
             x = self.entries(torch.cat(tokens), torch.cat(features))
         else:  # true (fused) features for some requests, predicted ones for others
@@ -205,8 +224,11 @@ class HeadTiming:
     def __init__(self, head: EagleHead) -> None:
         self.head, self.config = head, head.config
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
+    def new_cache(self, capacity: int = 256) -> KVCache | PagedSeq:
         return self.head.new_cache(capacity)
+
+    def reserve_pool(self, sequences: int, tokens_each: int) -> None:
+        self.head.reserve_pool(sequences, tokens_each)
 
     def fed_width(self, tokens: list[torch.Tensor]) -> int:
         """The width of the features the drafter feeds in a pass of these tokens per request."""

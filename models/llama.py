@@ -22,7 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.cuda_graphs import GraphRunner
 from models.kv_cache import BatchAttention, KVCache, RowLayout
+from models.paged_kv import (
+    BLOCK_SIZE,
+    KVPool,
+    PagedBatch,
+    PagedOps,
+    PagedSeq,
+    blocks_for_memory,
+)
 from simulator.catalog import ModelShape
 
 #: (rope_theta, rms_norm_eps) from each model's config.json; other shapes get the defaults.
@@ -51,6 +60,19 @@ class LlamaConfig:
     # One SDPA call for a batch whose requests share (new, cached) lengths: it stacks their caches,
     # which on CPU costs more than a per-request loop (measured), so None means "not on CPU".
     batched_attention: bool | None = None
+    # One paged KV pool for all sequences, one attention call per layer (models/paged_kv.py).
+    # None means "on CUDA only": on the 2-core CPU the per-request caches are as fast
+    # (docs/gpu-engine.md), and the shipped CPU profiles were measured with them.
+    paged: bool | None = None
+    #: "torch" (gather + SDPA, any device) or "triton" (CUDA: reads the blocks in place);
+    #: None: triton on CUDA where it is installed (docs/gpu-engine.md has both measured)
+    paged_backend: str | None = None
+    #: share of the device's memory the engine may fill (weights, KV pool, activations) on CUDA
+    memory_utilisation: float = 0.9
+    # Decode-shaped passes replayed as CUDA graphs (models/cuda_graphs.py); None: on CUDA when
+    # paged. Graphs cover sequences up to `graph_context` tokens; longer ones run eagerly.
+    cuda_graphs: bool | None = None
+    graph_context: int = 8448
 
     def __post_init__(self) -> None:
         if not self.rope_theta > 0:
@@ -62,6 +84,23 @@ class LlamaConfig:
         object.__setattr__(self, "device", torch.device(self.device))
         if self.batched_attention is None:
             object.__setattr__(self, "batched_attention", self.device.type != "cpu")
+        if self.paged is None:
+            object.__setattr__(self, "paged", self.device.type == "cuda")
+        if self.cuda_graphs is None:
+            object.__setattr__(self, "cuda_graphs", self.device.type == "cuda" and self.paged)
+        if self.cuda_graphs and not (self.device.type == "cuda" and self.paged):
+            raise ValueError("CUDA graphs need a CUDA device and the paged KV cache")
+        if self.paged_backend is None:
+            from models.paged_triton import available
+
+            triton = self.device.type == "cuda" and available()
+            object.__setattr__(self, "paged_backend", "triton" if triton else "torch")
+        if self.paged_backend not in ("torch", "triton"):
+            raise ValueError(f"paged_backend must be 'torch' or 'triton', got "
+                             f"{self.paged_backend!r}")
+        if not 0 < self.memory_utilisation <= 1:
+            raise ValueError(f"memory_utilisation must be in (0, 1], got "
+                             f"{self.memory_utilisation}")
 
     @property
     def tie_embeddings(self) -> bool:
@@ -195,6 +234,8 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryTable(s.head_dim, config.rope_theta, config.dtype, config.device)
         self.exit_map: tuple[torch.Tensor, torch.Tensor] | None = None  # see `forward`
         self.feature_layers: tuple[int, ...] = ()  # see `set_feature_layers`
+        self.kv_pool: KVPool | None = None  # made by the first `new_cache` when paged
+        self.graphs: GraphRunner | None = None  # made by the first pass a graph can run
 
     def set_feature_layers(self, layers: Sequence[int]) -> None:
         """Make `forward(logits="hidden")` return, before the last layer's output, the outputs
@@ -229,12 +270,32 @@ class LlamaModel(nn.Module):
                     p.normal_(0.0, 0.02, generator=generator)
         return model
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
-        """An empty KV cache sized for this model (it grows if a sequence outruns it)."""
+    def new_cache(self, capacity: int = 256) -> KVCache | PagedSeq:
+        """An empty KV cache sized for this model (it grows if a sequence outruns it): a
+        sequence of the model's paged pool when the config is paged."""
+        if self.config.paged:
+            return self.pool().sequence(capacity)
         s = self.config.shape
         return KVCache(
             s.layers, s.kv_heads, s.head_dim, capacity, self.config.dtype, self.config.device
         )
+
+    def reserve_pool(self, sequences: int, tokens_each: int) -> None:
+        """Make the paged pool exactly big enough for `sequences` of `tokens_each` tokens (a
+        profile knows what it will cache; the device's other memory stays free), or say in one
+        line why it cannot fit. A no-op for per-request caches."""
+        if self.config.paged:
+            self.kv_pool = None
+            self.graphs = None
+            self.kv_pool = exact_pool(self.config, sequences, tokens_each)
+
+    def pool(self, headroom_bytes: int | None = None) -> KVPool:
+        """The paged KV pool, made on first use: sized once from the device's free memory on
+        CUDA (what `memory_utilisation` leaves after the weights and `headroom_bytes` for
+        activations), growable on other devices."""
+        if self.kv_pool is None:
+            self.kv_pool = make_pool(self.config, headroom_bytes)
+        return self.kv_pool
 
     @torch.inference_mode()
     def forward(
@@ -269,9 +330,13 @@ class LlamaModel(nn.Module):
             raise ValueError('"hidden" cannot be mixed with other logits modes in one pass')
         if any(t.dim() != 1 for t in tokens):
             raise ValueError("each request's tokens must be a 1-D tensor")
+        q = [t.shape[0] for t in tokens]
+        if (self.config.cuda_graphs and not features and len(set(modes)) == 1
+                and modes[0] != "hidden" and layouts is None and self.exit_map is None
+                and self._graph_runner().accepts(q, caches)):
+            return self.graphs.run(tokens, caches, last=modes[0] == "last")
         device = self.config.device
-        batch = BatchAttention([t.shape[0] for t in tokens], caches, self.config.batched_attention,
-                               layouts)
+        batch = batch_attention([t.shape[0] for t in tokens], caches, self.config, layouts)
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         taps = []
@@ -292,6 +357,23 @@ class LlamaModel(nn.Module):
             rows = [r for end, size in zip(batch.bounds[1:], sizes) for r in range(end - size, end)]
             out = list(self.logits_of(x[torch.tensor(rows, device=x.device)]).split(sizes))
         return (out, hidden) if features else out
+
+    def _graph_runner(self) -> GraphRunner:
+        if self.graphs is None:
+            context = self.config.graph_context
+            self.rotary.gather(torch.zeros(1, dtype=torch.int64, device=self.config.device),
+                               context)  # built once for every graph
+            self.graphs = GraphRunner(self._graph_body, self.pool(), self.config.paged_backend,
+                                      context, lambda: (id(self.rotary.cos),))
+        return self.graphs
+
+    def _graph_body(self, tokens: torch.Tensor, batch: PagedOps) -> torch.Tensor:
+        """The pass a graph captures: packed token ids to the logits of every row."""
+        x = self.embed.index_select(1, tokens).t()
+        cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
+        for index, layer in enumerate(self.layers):
+            x = decoder_layer(self.config, index, layer, x, cos, sin, batch)
+        return self.logits_of(x)
 
     def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logits [rows, vocab] of last-layer outputs [rows, hidden] (before the final norm),
@@ -335,6 +417,71 @@ class LlamaModel(nn.Module):
             raise ValueError(f"state dict fills {len(unset)} parameters wrongly, e.g. {unset[:3]}")
 
 
+def batch_attention(q: list[int], caches: Sequence[KVCache | PagedSeq], config: LlamaConfig,
+                    layouts: list[RowLayout | None] | None = None) -> BatchAttention | PagedBatch:
+    """How a pass reads and writes these caches: one paged batch, or per-request caches."""
+    if caches and isinstance(caches[0], PagedSeq):
+        return PagedBatch(q, caches, layouts, config.paged_backend)
+    return BatchAttention(q, list(caches), config.batched_attention, layouts)
+
+
+def make_pool(config: LlamaConfig, headroom_bytes: int | None = None) -> KVPool:
+    """A KV pool for this config's model (see `LlamaModel.pool`)."""
+    s, device = config.shape, torch.device(config.device)
+    block_bytes = (s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim
+                   * torch.empty((), dtype=config.dtype).element_size())
+    if device.type != "cuda":
+        return KVPool(s.layers, s.kv_heads, s.head_dim, 64, config.dtype, device)
+    free, total = torch.cuda.mem_get_info(device)
+    if headroom_bytes is None:
+        headroom_bytes = default_headroom(config)
+    blocks = blocks_for_memory(free, total, block_bytes, config.memory_utilisation,
+                               headroom_bytes)
+    if blocks < 2:
+        raise KVPoolTooSmall(
+            f"no room for a KV cache of {s.name} on {device}: {free / 2**30:.1f} GiB free of "
+            f"{total / 2**30:.1f}, {(1 - config.memory_utilisation) * total / 2**30:.1f} kept "
+            f"back and {headroom_bytes / 2**30:.1f} for activations. Use a larger device, a "
+            f"smaller model or a higher memory utilisation.")
+    return KVPool(s.layers, s.kv_heads, s.head_dim, blocks, config.dtype, device,
+                  growable=False)
+
+
+def exact_pool(config: LlamaConfig, sequences: int, tokens_each: int) -> KVPool:
+    """A pool of `sequences` x `tokens_each` tokens (whole blocks each, plus the null block)."""
+    s, device = config.shape, torch.device(config.device)
+    blocks = sequences * -(-tokens_each // BLOCK_SIZE) + 1
+    block_bytes = (s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim
+                   * torch.empty((), dtype=config.dtype).element_size())
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        room = blocks_for_memory(free, total, block_bytes, config.memory_utilisation,
+                                 default_headroom(config))
+        if blocks > room:
+            raise KVPoolTooSmall(
+                f"{sequences} sequences of {tokens_each} tokens of {s.name} need "
+                f"{blocks * block_bytes / 2**30:.1f} GiB of KV cache, and {device} has room "
+                f"for {room * block_bytes / 2**30:.1f} GiB ({free / 2**30:.1f} free of "
+                f"{total / 2**30:.1f}, less activations and the share kept back). Use fewer "
+                f"or shorter sequences (smaller batch sizes or contexts).")
+    return KVPool(s.layers, s.kv_heads, s.head_dim, max(blocks, 2), config.dtype, device,
+                  growable=device.type != "cuda")
+
+
+class KVPoolTooSmall(RuntimeError):
+    """The device has no room for a KV pool after the weights."""
+
+
+def default_headroom(config: LlamaConfig, max_tokens: int = 8192) -> int:
+    """Bytes kept for one pass's activations: `max_tokens` rows of logits (fp32 and the model
+    dtype), of the MLP's [tokens, 2 * ffn] and of a few hidden-wide tensors, plus 1 GiB for
+    the allocator, CUDA graphs and libraries' workspaces."""
+    s = config.shape
+    item = torch.empty((), dtype=config.dtype).element_size()
+    per_token = s.vocab * (4 + item) + 3 * s.ffn * item + 8 * s.hidden * item
+    return max_tokens * per_token + 2**30
+
+
 def decoder_layer(
     config: LlamaConfig,
     index: int,
@@ -342,7 +489,7 @@ def decoder_layer(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    attention: BatchAttention,
+    attention: BatchAttention | PagedOps,
 ) -> torch.Tensor:
     """One pre-norm layer: x + attention(norm(x)), then + SwiGLU(norm(x)); every matmul covers
     the whole batch. `attention` stores the new K/V (`store`) and attends (`attend`): a

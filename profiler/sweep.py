@@ -62,6 +62,7 @@ class CachePool:
     def __init__(self, model: LlamaModel, size: int, longest: int, room: int,
                  generator: torch.Generator) -> None:
         self.caches: list[KVCache] = []
+        model.reserve_pool(size, longest + room)  # paged (CUDA): just what the sweep caches
         for _ in range(size):
             cache = model.new_cache(longest + room)
             cache.fill_random_(longest + room, generator)

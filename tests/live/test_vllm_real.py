@@ -22,18 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 README_VLLM = [c for c in COMMANDS if needs_vllm(shlex.split(c.text))]
 
 
-@pytest.fixture(scope="module")
-def vllm_venv() -> Path:
-    done = subprocess.run(["bash", "scripts/vllm_env.sh"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "vLLM 0.32.0 ready" in done.stdout
-    again = subprocess.run(["bash", "scripts/vllm_env.sh"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)
-    assert again.returncode == 0 and "up to date" in again.stdout  # idempotent
-    return ROOT / ".venv-vllm"
-
-
 def test_the_readme_shows_each_vllm_command():
     assert {reduce_key(shlex.split(c.text), VLLM_REDUCE) for c in README_VLLM} == set(VLLM_REDUCE)
 

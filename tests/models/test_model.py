@@ -24,6 +24,7 @@ from models.llama import (  # noqa: E402
     greedy_tokens,
     rms_norm,
 )
+from models.paged_kv import PagedSeq  # noqa: E402
 from simulator.catalog import ModelShape, get_model  # noqa: E402
 
 THETA = 10_000.0
@@ -128,9 +129,10 @@ def prefilled(model: LlamaModel, prefix: torch.Tensor, capacity: int = 64) -> KV
     ],
     ids=["gqa", "mha-tied", "mqa-bias"],
 )
-def test_full_pass_matches_naive_reference(shape):
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_full_pass_matches_naive_reference(shape, paged):
     state = hf_state(shape, seed=1)
-    model = LlamaModel(LlamaConfig(shape, rope_theta=THETA, rms_eps=EPS))
+    model = LlamaModel(LlamaConfig(shape, rope_theta=THETA, rms_eps=EPS, paged=paged))
     model.load_hf_state_dict(state)
     seq = tokens(12, seed=2)
     (logits,) = model([seq], [model.new_cache()])
@@ -139,8 +141,9 @@ def test_full_pass_matches_naive_reference(shape):
     torch.testing.assert_close(logits.double(), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_incremental_decoding_equals_one_full_pass():
-    model = build()
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_incremental_decoding_equals_one_full_pass(paged):
+    model = build(paged=paged)
     seq = tokens(12, seed=3)
     (full,) = model([seq], [model.new_cache()])
     cache = model.new_cache()
@@ -191,23 +194,31 @@ def check_ragged(model: LlamaModel, cached: list[int], new: list[int], seed: int
         assert out.shape == (len(feed), TINY.vocab)
         torch.testing.assert_close(out, alone, **TIGHT)
         assert cache.length == alone_cache.length == len(prefix) + len(feed)
-        n = cache.length
-        torch.testing.assert_close(cache.keys[1][:, :n], alone_cache.keys[1][:, :n], **TIGHT)
+        torch.testing.assert_close(cached_keys(cache, 1), cached_keys(alone_cache, 1), **TIGHT)
 
 
-def test_ragged_batch_equals_per_request_calls():
+def cached_keys(cache: KVCache | PagedSeq, layer: int) -> torch.Tensor:
+    """The keys [kv_heads, length, head_dim] of the cached positions, in position order."""
+    if isinstance(cache, PagedSeq):
+        return cache.pool.keys[layer][cache.slots(0, cache.length)].transpose(0, 1)
+    return cache.keys[layer][:, : cache.length]
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_ragged_batch_equals_per_request_calls(paged):
     # cached 0 (a prefill inside the batch), 7 and 3; new 4, 1 and 3 (a verify with a cache)
-    check_ragged(build(), cached=[0, 7, 3], new=[4, 1, 3], seed=10)
+    check_ragged(build(paged=paged), cached=[0, 7, 3], new=[4, 1, 3], seed=10)
 
 
 @settings(max_examples=15, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5)), min_size=1, max_size=4),
     st.integers(0, 1000),
+    st.booleans(),
 )
-def test_ragged_batch_property(requests, seed):
+def test_ragged_batch_property(requests, seed, paged):
     cached, new = zip(*requests)
-    check_ragged(build(), list(cached), list(new), seed)
+    check_ragged(build(paged=paged), list(cached), list(new), seed)
 
 
 @pytest.mark.parametrize(("cached", "new"), [(5, 1), (5, 3), (0, 4)])
@@ -226,8 +237,9 @@ def test_uniform_fast_path_equals_per_request_path(cached, new):
         torch.testing.assert_close(out, alone, **TIGHT)
 
 
-def test_truncate_then_refeed_equals_never_feeding_the_rejected_tokens():
-    model = build()
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_truncate_then_refeed_equals_never_feeding_the_rejected_tokens(paged):
+    model = build(paged=paged)
     prefix, drafts, fresh = tokens(6, seed=40), tokens(4, seed=41), tokens(3, seed=42)
     cache = prefilled(model, prefix)
     model([drafts], [cache])  # verify 4 drafts, then accept only the first one
@@ -290,11 +302,13 @@ def test_rms_norm_matches_the_hugging_face_formula(dtype):
     torch.testing.assert_close(rms_norm(x, weight, EPS), expected, atol=1e-6, rtol=1e-6)
 
 
-def test_float64_model_matches_the_reference_to_rounding():
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_float64_model_matches_the_reference_to_rounding(paged):
     # Another dtype end to end (bf16 matmuls can crash CPUs whose AMX the OS has not enabled)
     state = hf_state(TINY, seed=13)
     seq = tokens(10, seed=14)
-    model = LlamaModel(LlamaConfig(TINY, rope_theta=THETA, rms_eps=EPS, dtype=torch.float64))
+    model = LlamaModel(LlamaConfig(TINY, rope_theta=THETA, rms_eps=EPS, dtype=torch.float64,
+                                   paged=paged))
     model.load_hf_state_dict(state)
     cache = model.new_cache()
     logits = torch.cat([model([seq[:6]], [cache])[0], model([seq[6:]], [cache])[0]])
@@ -303,19 +317,22 @@ def test_float64_model_matches_the_reference_to_rounding():
     torch.testing.assert_close(logits, naive_logits(TINY, state, seq), atol=1e-5, rtol=1e-5)
 
 
-def test_cache_grows_past_its_capacity_without_changing_logits():
-    model = build()
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_cache_grows_past_its_capacity_without_changing_logits(paged):
+    model = build(paged=paged)
     seq = tokens(10, seed=8)
     (full,) = model([seq], [model.new_cache(64)])
     small = model.new_cache(capacity=2)
     parts = [model([chunk], [small])[0] for chunk in seq.split(3)]
     assert small.capacity >= 10
-    assert not small.keys[0].is_inference()  # grown inside a forward pass, still writable outside
+    grown = small.pool.kv if paged else small.keys[0]
+    assert not grown.is_inference()  # grown inside a forward pass, still writable outside
     torch.testing.assert_close(torch.cat(parts), full, **TIGHT)
 
 
-def test_clone_is_independent():
-    model = build()
+@pytest.mark.parametrize("paged", [False, True], ids=["per-request", "paged"])
+def test_clone_is_independent(paged):
+    model = build(paged=paged)
     cache = prefilled(model, tokens(5, seed=9))
     fork = cache.clone()
     model([tokens(2, seed=10)], [cache])
@@ -405,3 +422,93 @@ def test_greedy_tokens_breaks_ties_as_argmax_does(dtype):
         assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
         view = logits[:, 5:]  # a strided view, as the per-request splits of a pass are
         assert torch.equal(greedy_tokens(view), view.argmax(dim=-1))
+
+
+# -- the paged pool (models/paged_kv.py) ---------------------------------------------------------
+
+
+def test_paged_tree_pass_and_keep_equal_the_per_request_caches():
+    """A batch with a draft tree (siblings share positions, each node sees its ancestors) beside
+    a plain verify: the paged pass gives the per-request path's logits, and keeping the accepted
+    path then feeding on gives the same logits as the per-request cache."""
+    from drafters.tree_layout import tree_layout
+
+    parents = [-1, -1, 0, 0, 2]  # two roots' children, a branch under node 0, a leaf under 2
+    outputs = []
+    for paged in (False, True):
+        model = build(paged=paged)
+        caches = [prefilled(model, tokens(6, seed=50)), prefilled(model, tokens(4, seed=51))]
+        feeds = [tokens(len(parents) + 1, seed=52), tokens(3, seed=53)]
+        layouts = [tree_layout(parents, 6), None]
+        logits = model(feeds, caches, layouts=layouts)
+        caches[0].keep(6, [0, 1, 3, 5])  # the root, node 0, node 2, node 4
+        after = model([tokens(2, seed=54)], [caches[0]])[0]
+        outputs.append((logits, after, caches[0].length))
+    (per_request, after_a, len_a), (paged_out, after_b, len_b) = outputs
+    for a, b in zip(per_request, paged_out):
+        torch.testing.assert_close(b, a, **TIGHT)
+    assert len_a == len_b == 12
+    torch.testing.assert_close(after_b, after_a, **TIGHT)
+
+
+def test_paged_pool_accounting():
+    from models.paged_kv import KVPool, KVPoolFull
+
+    pool = KVPool(layers=1, kv_heads=1, head_dim=4, blocks=4, block_size=2, growable=False)
+    assert pool.free_blocks == 3  # block 0 is the null block
+    a = pool.sequence(3)  # 2 blocks
+    assert len(a.blocks) == 2 and 0 not in a.blocks and a.capacity == 4
+    with pytest.raises(KVPoolFull, match="1 of 3 free"):
+        pool.sequence(4)
+    a.release()
+    assert pool.free_blocks == 3 and a.blocks == []
+    b = pool.sequence(6)
+    assert sorted(b.blocks) == [1, 2, 3]
+    del b  # garbage-collected: its blocks come back
+    assert pool.free_blocks == 3
+    growable = KVPool(layers=1, kv_heads=1, head_dim=4, blocks=2, block_size=2)
+    c = growable.sequence(1)
+    growable.kv[:, :, c.slots(0, 1)] = 7.0
+    d = growable.sequence(9)  # 5 more blocks: the storage doubles, what it held is kept
+    assert growable.generation == 1 and growable.free_blocks >= 0
+    assert (growable.kv[:, :, c.slots(0, 1)] == 7.0).all()
+    assert len(set(c.blocks) | set(d.blocks)) == 6 and 0 not in d.blocks
+
+
+def test_blocks_for_memory_literal_cases():
+    from models.paged_kv import blocks_for_memory
+
+    gib = 2**30
+    # 60 GiB free of 80: 8 kept back (0.9 utilisation), 2 for activations: 50 GiB of 1 MiB blocks
+    assert blocks_for_memory(60 * gib, 80 * gib, 2**20, 0.9, 2 * gib) == 50 * 1024
+    assert blocks_for_memory(5 * gib, 80 * gib, 2**20, 0.9) == 0  # less free than kept back
+    with pytest.raises(ValueError, match="utilisation"):
+        blocks_for_memory(gib, gib, 1, 1.5)
+
+
+@pytest.mark.parametrize("backend_width", [None, 64], ids=["pow2-width", "fixed-width"])
+def test_graph_buffers_give_the_eager_logits(backend_width):
+    """What a CUDA graph replays, run on the CPU: 3 requests padded to a batch of 4, their
+    tokens and indices copied into static buffers: decode, verify of 3 tokens, a ragged batch
+    in the padded [batch, 3] layout, and "last" logits of one. Logits and caches equal the
+    eager paged pass's."""
+    from models.cuda_graphs import GraphRunner
+
+    model, eager = build(paged=True), build(paged=True)
+    runner = GraphRunner(model._graph_body, model.pool(), "torch", max_context=256)
+    if backend_width:
+        runner.width_blocks = lambda longest: backend_width // model.pool().block_size
+    prefixes = [tokens(n, seed=60 + n) for n in (5, 17, 1)]
+    caches = [prefilled(model, p) for p in prefixes]
+    references = [prefilled(eager, p) for p in prefixes]
+    for q, seed, last in (((1, 1, 1), 70, False), ((3, 3, 3), 71, False), ((2, 3, 1), 72, False),
+                          ((1, 3, 2), 73, True)):
+        feeds = [tokens(n, seed=seed + r) for r, n in enumerate(q)]
+        got = runner.run(feeds, caches, last=last)
+        want = eager(feeds, references, logits="last" if last else "all")
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **TIGHT)
+    assert {key[0] for key in runner.graphs} == {4} and {key[1] for key in runner.graphs} == {1, 3}
+    for cache, reference in zip(caches, references):
+        assert cache.length == reference.length
+        torch.testing.assert_close(cached_keys(cache, 0), cached_keys(reference, 0), **TIGHT)

@@ -1,0 +1,137 @@
+"""Paged attention for passes of a few tokens per request, reading K/V in place (Triton).
+
+The torch backend (paged_kv.attend_gathered) copies every request's blocks into a padded
+tensor before SDPA: that reads the cache twice and writes it once, so a decode pass at a large
+batch moves ~3x the KV bytes it must. This kernel walks each request's block table instead.
+
+One program per (request, KV head, split of the context): its rows are the G query heads of
+that KV head times the q new tokens (row = g * q + i), so grouped-query attention reads each
+K/V row once for all G heads. Each split keeps a running max and sum (online softmax, Milakov &
+Gimelshein 2018); `combine` merges the splits, as flash-decoding does (Dao et al. 2023). Key j
+is visible to new token i of request r iff j <= c_r + i (causal over cache and new tokens).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the CPU install has no triton; the torch backend runs
+    triton = None
+
+#: programs to aim for: two waves over a 132-SM H100/H200 keep every SM busy
+TARGET_PROGRAMS = 264
+#: keys per loop iteration (4 blocks of 16)
+KEYS_PER_STEP = 64
+
+
+def available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _split_kernel(Q, K, V, TABLE, CACHED, ACC, M_OUT, L_OUT,
+                      stride_qb, stride_qi, stride_qh,
+                      stride_ks, stride_kh,
+                      stride_tb,
+                      stride_ab, stride_ah, stride_as, stride_am,
+                      stride_mb, stride_mh, stride_ms,
+                      scale, splits, width,
+                      QMAX: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                      D: tl.constexpr, BS: tl.constexpr, KB: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        rows = tl.arange(0, ROWS)
+        g = rows // QMAX
+        i = rows % QMAX
+        real = rows < GROUP * QMAX
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * stride_qb + i[:, None] * stride_qi + (h * GROUP + g)[:, None]
+                    * stride_qh + d[None, :], mask=real[:, None], other=0.0)
+        c = tl.load(CACHED + b)
+        limit = c + i  # the last key each row sees
+        keys_here = c + QMAX  # split this request's keys evenly, in whole loop steps
+        per_split = tl.cdiv(tl.cdiv(keys_here, splits), KB) * KB
+        start = s * per_split
+        end = tl.minimum(tl.minimum(start + per_split, keys_here), width)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, D], tl.float32)
+        for k0 in range(start, end, KB):
+            keys = k0 + tl.arange(0, KB)
+            inside = keys < end
+            block = tl.load(TABLE + b * stride_tb + keys // BS, mask=inside, other=0)
+            slot = block * BS + keys % BS
+            offsets = slot[:, None] * stride_ks + h * stride_kh + d[None, :]
+            k = tl.load(K + offsets, mask=inside[:, None], other=0.0)
+            v = tl.load(V + offsets, mask=inside[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * scale  # [ROWS, KB] in fp32
+            seen = (keys[None, :] <= limit[:, None]) & inside[None, :]
+            scores = tl.where(seen, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: no NaN
+            p = tl.exp(scores - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = b * stride_ab + h * stride_ah + s * stride_as
+        tl.store(ACC + out + rows[:, None] * stride_am + d[None, :], acc)
+        stats = b * stride_mb + h * stride_mh + s * stride_ms + rows
+        tl.store(M_OUT + stats, m_i)
+        tl.store(L_OUT + stats, l_i)
+
+
+def splits_for(batch: int, kv_heads: int, width: int) -> int:
+    """Context splits per (request, KV head): enough programs to fill the GPU, at most one per
+    loop step of the widest context. Fixed by the shapes alone, so a CUDA graph captures it;
+    each request's keys are shared out among the splits at run time, whatever its context."""
+    steps = max(1, -(-width // KEYS_PER_STEP))
+    return max(1, min(steps, -(-TARGET_PROGRAMS // (batch * kv_heads))))
+
+
+def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    t: dict[str, torch.Tensor], qmax: int, block_size: int) -> torch.Tensor:
+    """Packed queries [tokens, heads, d] -> packed output [tokens, heads * d] (see module)."""
+    from models.paged_kv import pad_queries, unpad_output
+
+    table, cached = t["table"], t["cached"]
+    batch, width = table.shape[0], table.shape[1] * block_size
+    heads, d = queries.shape[1:]
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    rows = max(16, triton.next_power_of_2(group * qmax))  # tl.dot needs >= 16 rows
+    q = pad_queries(queries, t["padded_rows"], batch, qmax)
+    splits = splits_for(batch, kv_heads, width)
+    acc = torch.empty(batch, kv_heads, splits, rows, d, dtype=torch.float32, device=q.device)
+    m = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
+    lse = torch.empty_like(m)
+    _split_kernel[(batch, kv_heads, splits)](
+        q, keys, values, table, cached, acc, m, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        keys.stride(0), keys.stride(1),
+        table.stride(0),
+        acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
+        m.stride(0), m.stride(1), m.stride(2),
+        1 / math.sqrt(d), splits, width,
+        QMAX=qmax, GROUP=group, ROWS=rows, D=d, BS=block_size, KB=KEYS_PER_STEP,
+    )
+    out = combine(acc, m, lse)[:, :, : group * qmax]  # [B, kvh, G*qmax, d]
+    out = out.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)
+    return unpad_output(out.reshape(batch, qmax, heads, d).to(queries.dtype), t["padded_rows"])
+
+
+def combine(acc: torch.Tensor, m: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Merge the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Every row sees
+    key 0 in split 0, so M is finite; a split that saw nothing has m = -inf and weight 0."""
+    top = m.max(dim=2, keepdim=True).values
+    weight = torch.exp(m - top)  # [B, kvh, S, rows]
+    total = (weight * lse).sum(dim=2)
+    return (weight.unsqueeze(-1) * acc).sum(dim=2) / total.unsqueeze(-1)
