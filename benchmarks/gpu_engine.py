@@ -7,7 +7,9 @@ every engine variant side by side:
 - per-request: a KV cache per request, attention per request (the engine before the pool);
 - paged-eager: the paged pool, gather + one SDPA per layer, no graphs;
 - paged-graphs: the same replayed as CUDA graphs;
-- triton-graphs: the paged Triton kernel, replayed as CUDA graphs (the CUDA default).
+- triton-unpadded: the paged Triton kernel, replayed as CUDA graphs, rows not padded;
+- triton-graphs: the same with a graph's rows padded to a multiple of 16;
+- compiled: and the layer's parts around attention through torch.compile (the CUDA default).
 
 The floor of a pass is the bytes it must read once (every weight, every cached K/V row it
 attends to) over the copy bandwidth measured here. CUDA events around each call (host work
@@ -36,11 +38,13 @@ from models.paged_kv import KVPool
 from profiler.timing import time_call
 from simulator.catalog import get_model
 
-VARIANTS = {  # name: (paged, backend, graphs)
-    "per-request": (False, "torch", False),
-    "paged-eager": (True, "torch", False),
-    "paged-graphs": (True, "torch", True),
-    "triton-graphs": (True, "triton", True),
+VARIANTS = {  # name: (paged, backend, graphs, compiled, graph row multiple)
+    "per-request": (False, "torch", False, False, 16),
+    "paged-eager": (True, "torch", False, False, 16),
+    "paged-graphs": (True, "torch", True, False, 16),
+    "triton-unpadded": (True, "triton", True, False, 1),
+    "triton-graphs": (True, "triton", True, False, 16),
+    "compiled": (True, "triton", True, True, 16),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -72,13 +76,13 @@ def kv_bytes_per_token(model: LlamaModel) -> int:
 
 def configure(model: LlamaModel, variant: str, tokens: int) -> None:
     """Switch the model to an engine variant, with a pool of exactly `tokens` slots' worth."""
-    paged, backend, graphs = VARIANTS[variant]
-    model.graphs = None
+    paged, backend, graphs, compiled, multiple = VARIANTS[variant]
     model.kv_pool = None
     gc.collect()
     if model.config.device.type == "cuda":
         torch.cuda.empty_cache()
-    model.config = replace(model.config, paged=paged, paged_backend=backend, cuda_graphs=graphs)
+    model.config = replace(model.config, paged=paged, paged_backend=backend, cuda_graphs=graphs,
+                           compiled=compiled, graph_row_multiple=multiple)
     if paged:
         s, bs = model.config.shape, 16
         model.kv_pool = KVPool(s.layers, s.kv_heads, s.head_dim, tokens // bs + 2,
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [p.name for p in target_passes + draft_passes]
     best = {n: min(times[v][n] for v in variants) for n in names}
-    engine = "triton-graphs" if "triton-graphs" in variants else variants[-1]
+    engine = "compiled" if "compiled" in variants else variants[-1]
     targets = check_targets(times[engine], floors, batches, f"verify {verify_q} b{verify_b}",
                             verify_b)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()

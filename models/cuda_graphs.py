@@ -15,9 +15,11 @@ hidden states stay eager.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from models.paged_kv import KVPool, PagedOps, PagedSeq
@@ -28,53 +30,78 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MAX_GRAPH_QUERY = 8
 
 
+def bucket_floor(batch: int, q: int, multiple: int = 16) -> int:
+    """The least padded batch for `batch` requests of `q` rows each: enough that the rows are
+    a multiple of `multiple`, except a single row. On an H200, Llama-3.1-8B passes of 3 and 5
+    rows took 13 ms against 7.4 for 1 row, 9.7 for 4 and 8.9 for 16 (cuBLAS picks slower
+    kernels for small odd row counts; benchmarks/results/gpu-engine-h200-run1, latency.csv).
+    Padding rows cost matmul rows, which a pass this small has to spare."""
+    if batch * q == 1 or multiple <= 1:
+        return batch
+    return max(batch, multiple // math.gcd(q, multiple))
+
+
 class StaticBatch(PagedOps):
-    """PagedOps over static index buffers of a padded batch: what a graph captures."""
+    """PagedOps over static index buffers of a padded batch: what a graph captures. Every
+    index lives in one int64 device buffer, so a pass copies its indices in with one copy."""
 
     def __init__(self, pool: KVPool, batch: int, q: int, width_blocks: int,
                  backend: str) -> None:
         self.pool, self.qmax, self.backend = pool, q, backend
         self.max_length = width_blocks * pool.block_size
+        self.batch, self.width = batch, width_blocks
         device, tokens = pool.device, batch * q
-        self.tensors = {
-            "table": torch.zeros(batch, width_blocks, dtype=torch.int64, device=device),
-            "positions": torch.zeros(tokens, dtype=torch.int64, device=device),
-            "slots": torch.zeros(tokens, dtype=torch.int64, device=device),
-            "cached": torch.zeros(batch, dtype=torch.int64, device=device),
-            "padded_rows": torch.arange(tokens, device=device),
-        }
+        sizes = {"table": batch * width_blocks, "cached": batch, "positions": tokens,
+                 "slots": tokens}
+        self.buffer = torch.zeros(sum(sizes.values()), dtype=torch.int64, device=device)
+        self.host = torch.zeros(self.buffer.shape, dtype=torch.int64,
+                                pin_memory=device.type == "cuda")
+        self.views: dict[str, np.ndarray] = {}
+        self.tensors = {}
+        offset = 0
+        for name, size in sizes.items():
+            self.tensors[name] = self.buffer[offset : offset + size]
+            self.views[name] = self.host.numpy()[offset : offset + size]
+            offset += size
+        self.tensors["table"] = self.tensors["table"].view(batch, width_blocks)
+        self.views["table"] = self.views["table"].reshape(batch, width_blocks)
+        self.tensors["padded_rows"] = torch.arange(tokens, device=device)
         self.tokens = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self._rows = np.repeat(np.arange(batch), q)
+        self._steps = np.arange(q)
+        # the copy out of the pinned host buffer is asynchronous: the next fill waits for it
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def fill(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq]) -> torch.Tensor:
-        """Copy one pass's tokens and indices in (host-built, one copy per buffer); the rows of
-        the real tokens in the padded layout."""
-        bs = self.pool.block_size
-        table = torch.zeros(self.tensors["table"].shape, dtype=torch.int64)
-        width = table.shape[1]
-        cached = torch.zeros(table.shape[0], dtype=torch.int64)
+        """Copy one pass's tokens and indices in (built in numpy, one copy); the rows of
+        the real tokens in the padded layout, or None when every request brings q tokens."""
+        bs, q, n = self.pool.block_size, self.qmax, len(caches)
+        if self._copied is not None:
+            self._copied.synchronize()
+        table, cached = self.views["table"], self.views["cached"]
+        table.fill(0)
+        cached.fill(0)
         for r, cache in enumerate(caches):
-            blocks = cache.blocks[:width]
-            table[r, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+            blocks = cache.block_array()[: self.width]
+            table[r, : blocks.shape[0]] = blocks
             cached[r] = cache.length
-        q = self.qmax
-        positions = (cached.unsqueeze(1) + torch.arange(q)).view(-1)
-        rows = torch.arange(table.shape[0]).repeat_interleave(q)
-        positions[len(caches) * q :] = 0  # padding requests: token 0 at position 0
-        slots = table[rows, positions // bs] * bs + positions % bs
-        for name, value in (("table", table), ("cached", cached), ("positions", positions),
-                            ("slots", slots)):
-            self.tensors[name].copy_(value, non_blocking=True)
+        positions = self.views["positions"]
+        positions[:] = (cached[:, None] + self._steps).reshape(-1)
+        positions[n * q :] = 0  # padding requests: token 0 at position 0
+        self.views["slots"][:] = table[self._rows, positions // bs] * bs + positions % bs
+        self.buffer.copy_(self.host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         sizes = [t.shape[0] for t in tokens]
         packed = torch.cat(list(tokens))
         if sizes == [q] * len(sizes):
-            real = None
             self.tokens[: packed.shape[0]].copy_(packed, non_blocking=True)
             self.tokens[packed.shape[0] :].zero_()
-        else:
-            real = torch.cat([torch.arange(r * q, r * q + n) for r, n in enumerate(sizes)])
-            real = real.to(self.tokens.device, non_blocking=True)
-            self.tokens.zero_()
-            self.tokens.index_copy_(0, real, packed.to(self.tokens.device))
+            return None
+        real = torch.cat([torch.arange(r * q, r * q + m) for r, m in enumerate(sizes)])
+        real = real.to(self.tokens.device, non_blocking=True)
+        self.tokens.zero_()
+        self.tokens.index_copy_(0, real, packed.to(self.tokens.device))
         return real
 
 
@@ -91,8 +118,9 @@ class GraphRunner:
 
     def __init__(self, body: Callable[[torch.Tensor, PagedOps], torch.Tensor], pool: KVPool,
                  backend: str, max_context: int,
-                 inputs: Callable[[], tuple] = tuple) -> None:
+                 inputs: Callable[[], tuple] = tuple, row_multiple: int = 16) -> None:
         self.body, self.pool, self.backend = body, pool, backend
+        self.row_multiple = row_multiple
         self.max_context = max_context
         self.inputs = inputs  # identities of the other tensors the graphs read (rotary tables)
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
@@ -125,7 +153,8 @@ class GraphRunner:
         q = max(sizes)
         for cache in caches:
             cache.reserve(cache.length + q)
-        batch = BATCH_BUCKETS[bisect.bisect_left(BATCH_BUCKETS, len(caches))]
+        batch = BATCH_BUCKETS[bisect.bisect_left(BATCH_BUCKETS, bucket_floor(len(caches), q,
+                                                                     self.row_multiple))]
         width = self.width_blocks(max(c.length for c in caches) + q)
         key = (batch, q, width)
         if key not in self.graphs:

@@ -15,6 +15,7 @@ CPU thread); GPUs do not mind either layout.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +74,11 @@ class LlamaConfig:
     # paged. Graphs cover sequences up to `graph_context` tokens; longer ones run eagerly.
     cuda_graphs: bool | None = None
     graph_context: int = 8448
+    #: a graph's rows are padded to a multiple of this (cuda_graphs.bucket_floor); 1: none
+    graph_row_multiple: int = 16
+    # The layer's parts around attention through torch.compile (fused norms, rotary, SwiGLU):
+    # fewer kernels per pass. None: on CUDA (docs/gpu-engine.md has both measured).
+    compiled: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.rope_theta > 0:
@@ -86,6 +92,8 @@ class LlamaConfig:
             object.__setattr__(self, "batched_attention", self.device.type != "cpu")
         if self.paged is None:
             object.__setattr__(self, "paged", self.device.type == "cuda")
+        if self.compiled is None:
+            object.__setattr__(self, "compiled", self.device.type == "cuda")
         if self.cuda_graphs is None:
             object.__setattr__(self, "cuda_graphs", self.device.type == "cuda" and self.paged)
         if self.cuda_graphs and not (self.device.type == "cuda" and self.paged):
@@ -235,7 +243,6 @@ class LlamaModel(nn.Module):
         self.exit_map: tuple[torch.Tensor, torch.Tensor] | None = None  # see `forward`
         self.feature_layers: tuple[int, ...] = ()  # see `set_feature_layers`
         self.kv_pool: KVPool | None = None  # made by the first `new_cache` when paged
-        self.graphs: GraphRunner | None = None  # made by the first pass a graph can run
 
     def set_feature_layers(self, layers: Sequence[int]) -> None:
         """Make `forward(logits="hidden")` return, before the last layer's output, the outputs
@@ -286,7 +293,6 @@ class LlamaModel(nn.Module):
         line why it cannot fit. A no-op for per-request caches."""
         if self.config.paged:
             self.kv_pool = None
-            self.graphs = None
             self.kv_pool = exact_pool(self.config, sequences, tokens_each)
 
     def pool(self, headroom_bytes: int | None = None) -> KVPool:
@@ -333,8 +339,10 @@ class LlamaModel(nn.Module):
         q = [t.shape[0] for t in tokens]
         if (self.config.cuda_graphs and not features and len(set(modes)) == 1
                 and modes[0] != "hidden" and layouts is None and self.exit_map is None
-                and self._graph_runner().accepts(q, caches)):
-            return self.graphs.run(tokens, caches, last=modes[0] == "last")
+                and isinstance(caches[0], PagedSeq)):
+            runner = self._graph_runner(caches[0].pool)
+            if runner.accepts(q, caches):
+                return runner.run(tokens, caches, last=modes[0] == "last")
         device = self.config.device
         batch = batch_attention([t.shape[0] for t in tokens], caches, self.config, layouts)
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
@@ -358,14 +366,19 @@ class LlamaModel(nn.Module):
             out = list(self.logits_of(x[torch.tensor(rows, device=x.device)]).split(sizes))
         return (out, hidden) if features else out
 
-    def _graph_runner(self) -> GraphRunner:
-        if self.graphs is None:
+    def _graph_runner(self, pool: KVPool) -> GraphRunner:
+        """This model's graphs over `pool`: the pool owns them (they read and write its
+        storage), so a profile's pool and the engine's each keep theirs."""
+        key = (id(self), self.config.paged_backend, self.config.graph_row_multiple)
+        runner = pool.runners.get(key)
+        if runner is None:
             context = self.config.graph_context
             self.rotary.gather(torch.zeros(1, dtype=torch.int64, device=self.config.device),
                                context)  # built once for every graph
-            self.graphs = GraphRunner(self._graph_body, self.pool(), self.config.paged_backend,
-                                      context, lambda: (id(self.rotary.cos),))
-        return self.graphs
+            runner = GraphRunner(self._graph_body, pool, self.config.paged_backend, context,
+                                 lambda: (id(self.rotary.cos),), self.config.graph_row_multiple)
+            pool.runners[key] = runner
+        return runner
 
     def _graph_body(self, tokens: torch.Tensor, batch: PagedOps) -> torch.Tensor:
         """The pass a graph captures: packed token ids to the logits of every row."""
@@ -454,6 +467,8 @@ def exact_pool(config: LlamaConfig, sequences: int, tokens_each: int) -> KVPool:
     block_bytes = (s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim
                    * torch.empty((), dtype=config.dtype).element_size())
     if device.type == "cuda":
+        gc.collect()  # a pool given up may still be held in a cycle (its CUDA graphs)
+        torch.cuda.empty_cache()  # and what it freed counts as free only once released
         free, total = torch.cuda.mem_get_info(device)
         room = blocks_for_memory(free, total, block_bytes, config.memory_utilisation,
                                  default_headroom(config))
@@ -493,16 +508,62 @@ def decoder_layer(
 ) -> torch.Tensor:
     """One pre-norm layer: x + attention(norm(x)), then + SwiGLU(norm(x)); every matmul covers
     the whole batch. `attention` stores the new K/V (`store`) and attends (`attend`): a
-    `BatchAttention` over KV caches here, the EAGLE head's training attention elsewhere."""
-    s, eps = config.shape, config.rms_eps
-    heads, kv_heads = s.heads, s.kv_heads
-    qkv = _matmul(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
-    qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, s.head_dim)
+    `BatchAttention` over KV caches here, the EAGLE head's training attention elsewhere.
+    With `config.compiled` the parts around attention run as torch.compile'd kernels."""
+    s = config.shape
+    before, after = (_COMPILED if config.compiled else _EAGER)
+    q, k, v = before(x, layer.attn_norm, layer.qkv, layer.qkv_bias, cos, sin, s.heads,
+                     s.kv_heads, s.head_dim, config.rms_eps)
+    attention.store(index, k, v)
+    return after(x, attention.attend(index, q), layer.o, layer.mlp_norm, layer.gate_up,
+                 layer.down, config.rms_eps)
+
+
+def _attention_inputs(x: torch.Tensor, norm: torch.Tensor, qkv_weight: torch.Tensor,
+                      qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      heads: int, kv_heads: int, head_dim: int, eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (both rotated) and v [tokens, heads, head_dim] of the layer's input."""
+    qkv = _matmul(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
+    qkv = qkv.view(x.shape[0], heads + 2 * kv_heads, head_dim)
     qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # rotate q and k at once
-    attention.store(index, qk[:, heads:], qkv[:, heads + kv_heads :])
-    x = x + attention.attend(index, qk[:, :heads]) @ layer.o
-    gate, up = (rms_norm(x, layer.mlp_norm, eps) @ layer.gate_up).chunk(2, dim=-1)
-    return x + (F.silu(gate) * up) @ layer.down
+    return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+
+
+def _layer_output(x: torch.Tensor, attended: torch.Tensor, o: torch.Tensor,
+                  mlp_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """The residual after attention, then the SwiGLU MLP's."""
+    x = x + attended @ o
+    gate, up = (rms_norm(x, mlp_norm, eps) @ gate_up).chunk(2, dim=-1)
+    return x + (F.silu(gate) * up) @ down
+
+
+class _CompiledOrEager:
+    """torch.compile of `fn` (dynamic shapes: one compilation serves every batch), falling
+    back to `fn` for good, with one warning, if compiling fails: a missing compiler must cost
+    speed, never a run."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.compiled, self.error = fn, None, None
+
+    def __call__(self, *args):
+        if self.error is None:
+            try:
+                if self.compiled is None:
+                    self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+                return self.compiled(*args)
+            except Exception as error:  # any compiler failure: run eagerly
+                import warnings
+
+                self.error = error
+                warnings.warn(f"torch.compile of {self.fn.__name__} failed, running it "
+                              f"eagerly: {type(error).__name__}: {error}"[:500], stacklevel=2)
+        return self.fn(*args)
+
+
+_EAGER = (_attention_inputs, _layer_output)
+_COMPILED = (_CompiledOrEager(_attention_inputs), _CompiledOrEager(_layer_output))
 
 
 _HF_TOP = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm"}

@@ -23,6 +23,7 @@ import math
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +67,9 @@ class KVPool:
                                   dtype=dtype, device=device)
         self._views()
         self._free = list(range(blocks - 1, 0, -1))  # a stack; block 0 is the null block
+        #: CUDA graphs captured over this storage, per (model, backend): they live and die
+        #: with the pool (models/cuda_graphs.py)
+        self.runners: dict[tuple, object] = {}
 
     def _views(self) -> None:
         self.keys: list[torch.Tensor] = [layer[0] for layer in self.kv]
@@ -148,11 +152,20 @@ class PagedSeq:
         self.pool = pool
         self.length = 0
         self.blocks: list[int] = []
+        self._array = np.zeros(0, dtype=np.int64)
         self._finalizer = weakref.finalize(self, pool.release, self.blocks)
 
     @property
     def capacity(self) -> int:
         return len(self.blocks) * self.pool.block_size
+
+    def block_array(self) -> np.ndarray:
+        """The block table as int64 numpy, cached until the table changes (blocks are only
+        appended, or all released): building a batch's table is then one slice copy per
+        request, not a Python loop over its blocks."""
+        if self._array.shape[0] != len(self.blocks):
+            self._array = np.asarray(self.blocks, dtype=np.int64)
+        return self._array
 
     def reserve(self, tokens: int) -> None:
         need = -(-tokens // self.pool.block_size) - len(self.blocks)

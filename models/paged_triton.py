@@ -89,17 +89,24 @@ if triton is not None:
         tl.store(L_OUT + stats, l_i)
 
 
-def splits_for(batch: int, kv_heads: int, width: int) -> int:
+def splits_for(batch: int, kv_heads: int, width: int, step: int = KEYS_PER_STEP) -> int:
     """Context splits per (request, KV head): enough programs to fill the GPU, at most one per
     loop step of the widest context. Fixed by the shapes alone, so a CUDA graph captures it;
     each request's keys are shared out among the splits at run time, whatever its context."""
-    steps = max(1, -(-width // KEYS_PER_STEP))
+    steps = max(1, -(-width // step))
     return max(1, min(steps, -(-TARGET_PROGRAMS // (batch * kv_heads))))
 
 
+#: launch settings: keys per loop step, warps and pipeline stages per program
+#: (scripts/gpu_check.py --tune times the alternatives)
+LAUNCH = {"keys_per_step": KEYS_PER_STEP, "num_warps": 4, "num_stages": 2}
+
+
 def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    t: dict[str, torch.Tensor], qmax: int, block_size: int) -> torch.Tensor:
+                    t: dict[str, torch.Tensor], qmax: int, block_size: int,
+                    launch: dict | None = None) -> torch.Tensor:
     """Packed queries [tokens, heads, d] -> packed output [tokens, heads * d] (see module)."""
+    launch = LAUNCH if launch is None else launch
     from models.paged_kv import pad_queries, unpad_output
 
     table, cached = t["table"], t["cached"]
@@ -109,7 +116,8 @@ def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     group = heads // kv_heads
     rows = max(16, triton.next_power_of_2(group * qmax))  # tl.dot needs >= 16 rows
     q = pad_queries(queries, t["padded_rows"], batch, qmax)
-    splits = splits_for(batch, kv_heads, width)
+    step = launch["keys_per_step"]
+    splits = splits_for(batch, kv_heads, width, step)
     acc = torch.empty(batch, kv_heads, splits, rows, d, dtype=torch.float32, device=q.device)
     m = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
     lse = torch.empty_like(m)
@@ -121,7 +129,8 @@ def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         m.stride(0), m.stride(1), m.stride(2),
         1 / math.sqrt(d), splits, width,
-        QMAX=qmax, GROUP=group, ROWS=rows, D=d, BS=block_size, KB=KEYS_PER_STEP,
+        QMAX=qmax, GROUP=group, ROWS=rows, D=d, BS=block_size, KB=step,
+        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
     out = combine(acc, m, lse)[:, :, : group * qmax]  # [B, kvh, G*qmax, d]
     out = out.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)

@@ -73,7 +73,7 @@ step() {  # step NAME SECONDS COMMAND...: run with at most SECONDS (and what is 
   $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
   $PY -c "import triton; print('triton', triton.__version__)" 2>&1 | tail -1; } | tee -a "$LOG"
 
-step check 90 $PY scripts/gpu_check.py --device $DEV
+step check 120 $PY scripts/gpu_check.py --device $DEV --tune
 # shellcheck disable=SC2086
 step engine 200 $PY benchmarks/gpu_engine.py --device $DEV --target $TARGET --draft $DRAFT \
     $ENGINE_ARGS --out "$WORK/engine"

@@ -103,18 +103,21 @@ def check_model(device: str) -> bool:
     passes = [[1, 1, 1], [4, 4, 4], [1, 4, 2], [1, 1, 1]]
     feeds = [[torch.randint(model.config.shape.vocab, (n,), generator=gen) for n in q]
              for q in passes]
-    variants = {"per-request": (False, "torch", False), "paged-eager": (True, "torch", False),
-                "paged-graphs": (True, "torch", True), "triton-graphs": (True, "triton", True)}
+    variants = {  # (paged, backend, graphs, compiled)
+        "per-request": (False, "torch", False, False), "paged-eager": (True, "torch", False, False),
+        "paged-graphs": (True, "torch", True, False),
+        "triton-graphs": (True, "triton", True, False),
+        "compiled": (True, "triton", True, True)}
     outputs = {}
-    for name, (paged, backend, graphs) in variants.items():
+    for name, (paged, backend, graphs, compiled) in variants.items():
         model.config = replace(model.config, paged=paged, paged_backend=backend,
-                               cuda_graphs=graphs)
-        model.graphs, model.kv_pool = None, None
+                               cuda_graphs=graphs, compiled=compiled)
+        model.kv_pool = None
         model.reserve_pool(len(prompts), 512)
         caches = [model.new_cache(512) for _ in prompts]
         model([p.to(device) for p in prompts], caches, logits="last")
         outputs[name] = [model([t.to(device) for t in feed], caches) for feed in feeds]
-        if graphs and not model.graphs.graphs:
+        if graphs and not any(r.graphs for r in model.kv_pool.runners.values()):
             print(f"model {name}: no graph was captured")
             return False
     for name in list(variants)[1:]:
@@ -131,15 +134,58 @@ def check_model(device: str) -> bool:
     return True
 
 
+TUNE_LAUNCHES = [  # (keys per step, warps, stages)
+    (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3), (32, 4, 2), (64, 8, 2), (256, 8, 3)]
+
+
+def tune_kernel(device: str) -> None:
+    """Time the kernel alone, per launch setting, on Llama-3.1-8B's heads at context 1024:
+    decode at batch 1 and 128 and verify of 5 at batch 16, against the bytes of K/V it must
+    read (CUDA events, median of 50 after 5)."""
+    from models.paged_triton import paged_attention
+    from profiler.timing import time_call
+
+    kv_heads, group, d, context = 8, 4, 128, 1024
+    for batch, q in ((1, 1), (128, 1), (16, 5)):
+        pool = KVPool(1, kv_heads, d, batch * (context // 16 + 2) + 2, torch.bfloat16, device)
+        pool.kv.normal_()
+        seqs = []
+        for _ in range(batch):
+            seq = pool.sequence(context + q)
+            seq.length = context
+            seqs.append(seq)
+        t = PagedBatch([q] * batch, seqs).tensors
+        queries = torch.randn(batch * q, kv_heads * group, d, dtype=torch.bfloat16, device=device)
+        moved = 2 * batch * (context + q) * kv_heads * d * 2  # K and V rows, bf16
+        cells = []
+        for step, warps, stages in TUNE_LAUNCHES:
+            launch = {"keys_per_step": step, "num_warps": warps, "num_stages": stages}
+            try:
+                def call(launch=launch, queries=queries, pool=pool, t=t, q=q):
+                    return paged_attention(queries, pool.keys[0], pool.values[0], t, q, 16,
+                                           launch)
+
+                timing = time_call(call, torch.device(device), warmup=5, repeats=50)
+                cells.append(f"{step}/{warps}/{stages}: {timing.median_s * 1e6:.1f} us "
+                             f"{moved / timing.median_s / 1e9:.0f} GB/s")
+            except Exception as error:  # a setting the compiler refuses: say so, go on
+                cells.append(f"{step}/{warps}/{stages}: failed ({type(error).__name__})")
+        print(f"tune batch {batch} q {q} context {context}: " + "; ".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kernel-only", action="store_true")
+    parser.add_argument("--tune", action="store_true",
+                        help="CUDA: also time the kernel per launch setting")
     args = parser.parse_args(argv)
     if not check_kernel(args.device):
         return 1
     if args.kernel_only or not args.device.startswith("cuda"):
         return 0
+    if args.tune:
+        tune_kernel(args.device)
     return 0 if check_model(args.device) else 1
 
 

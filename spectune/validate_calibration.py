@@ -81,7 +81,10 @@ class DriftProbe:
         meta = new_meta(name, driver, torch_version(), dtype, target.config.shape,
                         draft_shape, grid.as_dict(), 1, 0, notes=notes)
         meta["threads"] = threads()
-        self.sweep = Sweep(Models(target, draft), grid, device, meta, out, warmup=0)
+        # CUDA: one untimed call per point first, so that no CUDA graph capture (the first
+        # pass of each batch shape) is timed as a pass
+        self.sweep = Sweep(Models(target, draft), grid, device, meta, out,
+                           warmup=1 if device.type == "cuda" else 0)
         self.fixed = fixed
         self.round_times: list[float] = []
         self._cached: tuple[int, ProfiledLatency] | None = None  # (rounds, the profile's model)

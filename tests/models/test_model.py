@@ -488,14 +488,15 @@ def test_blocks_for_memory_literal_cases():
 
 @pytest.mark.parametrize("backend_width", [None, 64], ids=["pow2-width", "fixed-width"])
 def test_graph_buffers_give_the_eager_logits(backend_width):
-    """What a CUDA graph replays, run on the CPU: 3 requests padded to a batch of 4, their
+    """What a CUDA graph replays, run on the CPU: 3 requests padded to a batch of 8, their
     tokens and indices copied into static buffers: decode, verify of 3 tokens, a ragged batch
     in the padded [batch, 3] layout, and "last" logits of one. Logits and caches equal the
     eager paged pass's."""
     from models.cuda_graphs import GraphRunner
 
     model, eager = build(paged=True), build(paged=True)
-    runner = GraphRunner(model._graph_body, model.pool(), "torch", max_context=256)
+    runner = GraphRunner(model._graph_body, model.pool(), "torch", max_context=256,
+                         row_multiple=8)
     if backend_width:
         runner.width_blocks = lambda longest: backend_width // model.pool().block_size
     prefixes = [tokens(n, seed=60 + n) for n in (5, 17, 1)]
@@ -508,7 +509,33 @@ def test_graph_buffers_give_the_eager_logits(backend_width):
         want = eager(feeds, references, logits="last" if last else "all")
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, **TIGHT)
-    assert {key[0] for key in runner.graphs} == {4} and {key[1] for key in runner.graphs} == {1, 3}
+    # 3 requests padded to 8 (rows a multiple of 8); 5 of the 8 are padding requests
+    assert {key[:2] for key in runner.graphs} == {(8, 1), (8, 3)}
     for cache, reference in zip(caches, references):
         assert cache.length == reference.length
         torch.testing.assert_close(cached_keys(cache, 0), cached_keys(reference, 0), **TIGHT)
+
+
+def test_bucket_floor_keeps_rows_a_multiple_of_eight():
+    from models.cuda_graphs import bucket_floor
+
+    assert [bucket_floor(1, q) for q in (1, 2, 3, 4, 5, 8)] == [1, 8, 16, 4, 16, 2]
+    assert [bucket_floor(b, 1) for b in (2, 3, 16, 17)] == [16, 16, 16, 17]
+    assert bucket_floor(2, 6, multiple=8) == 4 and bucket_floor(3, 5, multiple=1) == 3
+
+
+def test_compiled_layers_give_the_eager_logits():
+    """torch.compile of the parts around attention (the CUDA default) computes the same pass:
+    prefill, then a ragged decode/verify batch, on the paged path (~30 s of compiling here)."""
+    eager, compiled = build(paged=True), build(paged=True, compiled=True)
+    prefixes = [tokens(n, seed=80 + n) for n in (6, 11)]
+    feeds = [tokens(1, seed=90), tokens(4, seed=91)]
+    results = []
+    for model in (eager, compiled):
+        caches = [prefilled(model, p) for p in prefixes]
+        results.append(model(feeds, caches))
+    from models.llama import _COMPILED
+
+    assert all(part.error is None for part in _COMPILED)  # compiled, not fallen back
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
