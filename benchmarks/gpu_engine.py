@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--copy-mib", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=None, help="folder for results.json")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (CPU runs)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]

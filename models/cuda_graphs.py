@@ -1,15 +1,16 @@
 """CUDA graphs for the passes of a few tokens per request (decode, verify, draft), as vLLM
-captures them: one graph per (padded batch size, tokens per request), replayed with the pass's
-indices copied into static buffers. A decode pass of an 8B model launches ~1,000 small kernels;
-replaying them as one graph removes the launch gaps, which at small batches are most of a pass.
+captures them, replayed with the pass's indices copied into static buffers. A decode pass of
+an 8B model launches ~1,000 small kernels; replaying them as one graph removes the launch
+gaps, which at small batches are most of a pass.
 
-A batch of B requests, the most new tokens of which is q, runs in the graph of (the next
-bucket size, q) over a padded [batch, q] layout: a request with fewer new tokens gets padding
-rows after them (written past its length, where the next pass overwrites them, and dropped
-from the logits), and padding requests feed token 0 at position 0 of the null block
-(paged_kv.py). The padding costs matmul rows, not bytes read: a mixed decode/verify batch
-computes B*q rows. Prefills (many tokens per request), draft trees and passes that return
-hidden states stay eager.
+Two layouts. A uniform batch (every request brings q tokens: decode, a fixed k's verify) runs
+in the graph of (the next batch bucket, q), its B*q rows in place. A ragged batch (per-request
+k) runs flattened, as vLLM pads a batch to a total token count: its T tokens packed, padded to
+the next token bucket, so the matmuls cost T-bucket rows (not B * max q); attention alone
+places them in a [batch, max q] layout (paged_kv.pad_queries). Padding requests feed token 0
+at position 0 of the null block (paged_kv.py); padding tokens write there too and their rows
+are dropped. Prefills (many tokens per request), draft trees and passes that return hidden
+states stay eager.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from models.paged_kv import KVPool, PagedOps, PagedSeq
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: The most tokens per request a graph covers (verify of k = 7 drafts).
 MAX_GRAPH_QUERY = 8
+#: Padded token counts of ragged batches: geometric (at most half the rows padding), so a
+#: serving run meets few distinct graphs.
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+                 2048)
 
 
 def bucket_floor(batch: int, q: int, multiple: int = 16) -> int:
@@ -41,18 +46,31 @@ def bucket_floor(batch: int, q: int, multiple: int = 16) -> int:
     return max(batch, multiple // math.gcd(q, multiple))
 
 
+def token_bucket(tokens: int, multiple: int = 16) -> int:
+    """The padded token count of a ragged batch: the next bucket that is a multiple of
+    `multiple` (see bucket_floor), except a single token."""
+    if tokens == 1:
+        return 1
+    return next(b for b in TOKEN_BUCKETS if b >= tokens and b % max(multiple, 1) == 0)
+
+
 class StaticBatch(PagedOps):
     """PagedOps over static index buffers of a padded batch: what a graph captures. Every
     index lives in one int64 device buffer, so a pass copies its indices in with one copy."""
 
-    def __init__(self, pool: KVPool, batch: int, q: int, width_blocks: int,
-                 backend: str) -> None:
+    def __init__(self, pool: KVPool, batch: int, q: int, width_blocks: int, backend: str,
+                 tokens: int | None = None) -> None:
+        """`tokens` set: the flattened layout of a ragged batch, that many token rows."""
         self.pool, self.qmax, self.backend = pool, q, backend
         self.max_length = width_blocks * pool.block_size
         self.batch, self.width = batch, width_blocks
-        device, tokens = pool.device, batch * q
+        self.ragged = tokens is not None
+        device = pool.device
+        tokens = batch * q if tokens is None else tokens
         sizes = {"table": batch * width_blocks, "cached": batch, "positions": tokens,
                  "slots": tokens}
+        if self.ragged:
+            sizes |= {"padded_rows": tokens, "read_rows": tokens}
         self.buffer = torch.zeros(sum(sizes.values()), dtype=torch.int64, device=device)
         self.host = torch.zeros(self.buffer.shape, dtype=torch.int64,
                                 pin_memory=device.type == "cuda")
@@ -65,16 +83,14 @@ class StaticBatch(PagedOps):
             offset += size
         self.tensors["table"] = self.tensors["table"].view(batch, width_blocks)
         self.views["table"] = self.views["table"].reshape(batch, width_blocks)
-        self.tensors["padded_rows"] = torch.arange(tokens, device=device)
         self.tokens = torch.zeros(tokens, dtype=torch.int64, device=device)
         self._rows = np.repeat(np.arange(batch), q)
         self._steps = np.arange(q)
         # the copy out of the pinned host buffer is asynchronous: the next fill waits for it
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
-    def fill(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq]) -> torch.Tensor:
-        """Copy one pass's tokens and indices in (built in numpy, one copy); the rows of
-        the real tokens in the padded layout, or None when every request brings q tokens."""
+    def fill(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq]) -> None:
+        """Copy one pass's tokens and indices in (built in numpy, one copy of the indices)."""
         bs, q, n = self.pool.block_size, self.qmax, len(caches)
         if self._copied is not None:
             self._copied.synchronize()
@@ -85,24 +101,32 @@ class StaticBatch(PagedOps):
             blocks = cache.block_array()[: self.width]
             table[r, : blocks.shape[0]] = blocks
             cached[r] = cache.length
-        positions = self.views["positions"]
-        positions[:] = (cached[:, None] + self._steps).reshape(-1)
-        positions[n * q :] = 0  # padding requests: token 0 at position 0
-        self.views["slots"][:] = table[self._rows, positions // bs] * bs + positions % bs
+        positions, slots = self.views["positions"], self.views["slots"]
+        if self.ragged:
+            sizes = np.fromiter((t.shape[0] for t in tokens), dtype=np.int64, count=n)
+            total = int(sizes.sum())
+            request = np.repeat(np.arange(n), sizes)
+            step = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+            positions.fill(0)  # padding tokens: position 0 of the null block
+            positions[:total] = cached[request] + step
+            slots.fill(0)
+            slots[:total] = (table[request, positions[:total] // bs] * bs
+                             + positions[:total] % bs)
+            padded, read = self.views["padded_rows"], self.views["read_rows"]
+            padded.fill(self.batch * q)  # padding tokens: the scratch row (pad_queries)
+            padded[:total] = request * q + step
+            read.fill(0)
+            read[:total] = padded[:total]
+        else:
+            positions[:] = (cached[:, None] + self._steps).reshape(-1)
+            positions[n * q :] = 0  # padding requests: token 0 at position 0
+            slots[:] = table[self._rows, positions // bs] * bs + positions % bs
         self.buffer.copy_(self.host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        sizes = [t.shape[0] for t in tokens]
         packed = torch.cat(list(tokens))
-        if sizes == [q] * len(sizes):
-            self.tokens[: packed.shape[0]].copy_(packed, non_blocking=True)
-            self.tokens[packed.shape[0] :].zero_()
-            return None
-        real = torch.cat([torch.arange(r * q, r * q + m) for r, m in enumerate(sizes)])
-        real = real.to(self.tokens.device, non_blocking=True)
-        self.tokens.zero_()
-        self.tokens.index_copy_(0, real, packed.to(self.tokens.device))
-        return real
+        self.tokens[: packed.shape[0]].copy_(packed, non_blocking=True)
+        self.tokens[packed.shape[0] :].zero_()
 
 
 @dataclass
@@ -123,7 +147,8 @@ class GraphRunner:
         self.row_multiple = row_multiple
         self.max_context = max_context
         self.inputs = inputs  # identities of the other tensors the graphs read (rotary tables)
-        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        #: (batch, q, width, None) for uniform batches, (..., token bucket) for ragged ones
+        self.graphs: dict[tuple[int, int, int, int | None], _Graph] = {}
         self.memory = torch.cuda.graph_pool_handle() if pool.device.type == "cuda" else None
         self.state = (pool.generation, inputs())
 
@@ -153,14 +178,17 @@ class GraphRunner:
         q = max(sizes)
         for cache in caches:
             cache.reserve(cache.length + q)
-        batch = BATCH_BUCKETS[bisect.bisect_left(BATCH_BUCKETS, bucket_floor(len(caches), q,
-                                                                     self.row_multiple))]
         width = self.width_blocks(max(c.length for c in caches) + q)
-        key = (batch, q, width)
+        if len(set(sizes)) == 1:  # uniform: B * q rows in place
+            floor = bucket_floor(len(caches), q, self.row_multiple)
+            key = (BATCH_BUCKETS[bisect.bisect_left(BATCH_BUCKETS, floor)], q, width, None)
+        else:  # ragged: the tokens flattened, padded to a token bucket
+            key = (BATCH_BUCKETS[bisect.bisect_left(BATCH_BUCKETS, len(caches))], q, width,
+                   token_bucket(sum(sizes), self.row_multiple))
         if key not in self.graphs:
-            self.graphs[key] = self._capture(batch, q, width)
+            self.graphs[key] = self._capture(*key)
         g = self.graphs[key]
-        real = g.batch.fill(tokens, caches)
+        g.batch.fill(tokens, caches)
         if g.graph is None:
             logits = self.body(g.batch.tokens, g.batch)
         else:
@@ -168,15 +196,17 @@ class GraphRunner:
             logits = g.logits
         for cache, n in zip(caches, sizes):
             cache.length += n
+        if key[3] is None:  # request r's rows start at r * q
+            starts = [r * q for r in range(len(sizes))]
+        else:  # packed
+            starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
         if last:
-            ends = torch.tensor([r * q + n - 1 for r, n in enumerate(sizes)])
+            ends = torch.tensor([start + n - 1 for start, n in zip(starts, sizes)])
             return list(logits.index_select(0, ends.to(logits.device)).split(1))
-        if real is None:
-            return list(logits[: len(caches) * q].clone().split(q))
-        return list(logits.index_select(0, real).split(sizes))
+        return list(logits[: starts[-1] + sizes[-1]].clone().split(sizes))
 
-    def _capture(self, batch: int, q: int, width: int) -> _Graph:
-        static = StaticBatch(self.pool, batch, q, width, self.backend)
+    def _capture(self, batch: int, q: int, width: int, tokens: int | None) -> _Graph:
+        static = StaticBatch(self.pool, batch, q, width, self.backend, tokens)
         if self.pool.device.type != "cuda":  # the same buffers and padding, run eagerly (tests)
             return _Graph(None, static, None)
         stream = torch.cuda.Stream()

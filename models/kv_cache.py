@@ -7,13 +7,35 @@ simply overwritten by the next pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 
-class KVCache:
+class CachedSequence:
+    """What every cache of one sequence shares: a logical `length`, rolled back by `truncate`,
+    and the checks of `keep` (KVCache here, paged_kv.PagedSeq)."""
+
+    length: int
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (rejected draft tokens)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"truncate length must be in [0, {self.length}], got {length}")
+        self.length = length
+
+    def _moved(self, start: int, rows: list[int]) -> list[int]:
+        """The j whose row `start + rows[j]` must move to `start + j` (`keep`), after checking
+        that the rows ascend within the cached positions."""
+        if rows and (rows != sorted(set(rows)) or rows[0] < 0 or start + rows[-1] >= self.length):
+            raise ValueError(f"keep: rows {rows} must ascend within the {self.length - start} "
+                             f"positions after {start}")
+        return [j for j, row in enumerate(rows) if row != j]
+
+
+class KVCache(CachedSequence):
     """K and V of every layer for one sequence, each [kv_heads, capacity, head_dim].
 
     `keys[layer][:, :length]` holds the keys of the cached tokens, in position order. The model
@@ -68,21 +90,12 @@ class KVCache:
     def keep(self, start: int, rows: list[int]) -> None:
         """Keep, after the first `start` positions, only the rows `start + rows[j]` (ascending),
         moved to `start + j`: a verified tree's accepted path out of all the nodes it fed."""
-        if rows and (rows != sorted(set(rows)) or rows[0] < 0 or start + rows[-1] >= self.length):
-            raise ValueError(f"keep: rows {rows} must ascend within the {self.length - start} "
-                             f"positions after {start}")
-        moved = [j for j, row in enumerate(rows) if row != j]
+        moved = self._moved(start, rows)
         if moved:
             src = torch.tensor([start + rows[j] for j in moved], device=self._block.device)
             dst = torch.tensor([start + j for j in moved], device=self._block.device)
             self._block[:, :, :, dst] = self._block[:, :, :, src]
         self.length = start + len(rows)
-
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (rejected draft tokens)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate length must be in [0, {self.length}], got {length}")
-        self.length = length
 
     def fill_random_(self, length: int, generator: torch.Generator | None = None) -> None:
         """Pretend `length` tokens are cached, with random K/V: for timing only.
@@ -120,6 +133,32 @@ class RowLayout:
     end: int
 
 
+def check_batch(q: Sequence[int], caches: Sequence) -> None:
+    """One cache per request, each appearing once, and >= 1 new token each."""
+    if not q or len(q) != len(caches):
+        raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
+    if min(q) < 1:
+        raise ValueError(f"every request needs >= 1 new token, got {q}")
+    if len({id(cache) for cache in caches}) != len(caches):
+        raise ValueError("a cache appears twice in one batch")
+
+
+def checked_layouts(layouts: list[RowLayout | None] | None, q: Sequence[int],
+                    cached: Sequence[int]) -> list[RowLayout | None] | None:
+    """The layouts of a pass (None when no request has one), each checked against its
+    request's new and cached tokens."""
+    if layouts is None or not any(layouts):
+        return None
+    if len(layouts) != len(q):
+        raise ValueError(f"need one layout (or None) per request, got {len(layouts)}")
+    for r, (layout, n, c) in enumerate(zip(layouts, q, cached)):
+        if layout is not None and (layout.positions.shape != (n,)
+                                   or layout.mask.shape != (n, c + n)):
+            raise ValueError(f"request {r}: a layout of {n} new tokens after {c} cached "
+                             f"ones needs positions [{n}] and a mask [{n}, {c + n}]")
+    return layouts
+
+
 class BatchAttention:
     """How one ragged batch reads and writes its requests' caches, worked out once per pass.
 
@@ -132,12 +171,7 @@ class BatchAttention:
 
     def __init__(self, q: list[int], caches: list[KVCache], batched: bool = False,
                  layouts: list[RowLayout | None] | None = None) -> None:
-        if not q or len(q) != len(caches):
-            raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
-        if min(q) < 1:
-            raise ValueError(f"every request needs >= 1 new token, got {q}")
-        if len({id(cache) for cache in caches}) != len(caches):
-            raise ValueError("a cache appears twice in one batch")
+        check_batch(q, caches)
         self.q = q
         self.caches = caches
         self.cached = [cache.length for cache in caches]
@@ -148,15 +182,7 @@ class BatchAttention:
         self.max_length = max(c + n for c, n in zip(self.cached, q))
         for cache, c, n in zip(caches, self.cached, q):
             cache.reserve(c + n)
-        self.layouts = layouts if layouts is not None and any(layouts) else None
-        if self.layouts is not None:
-            if len(self.layouts) != len(q):
-                raise ValueError(f"need one layout (or None) per request, got {len(layouts)}")
-            for r, (layout, n, c) in enumerate(zip(self.layouts, q, self.cached)):
-                if layout is not None and (layout.positions.shape != (n,)
-                                           or layout.mask.shape != (n, c + n)):
-                    raise ValueError(f"request {r}: a layout of {n} new tokens after {c} cached "
-                                     f"ones needs positions [{n}] and a mask [{n}, {c + n}]")
+        self.layouts = checked_layouts(layouts, q, self.cached)
         self.same_lengths = len(set(zip(q, self.cached))) == 1 and self.layouts is None
         self.uniform = batched and len(q) > 1 and self.same_lengths
         self.masks = [self._mask(n, c) for n, c in zip(q, self.cached)]

@@ -34,6 +34,7 @@ from models.paged_kv import (
     blocks_for_memory,
 )
 from simulator.catalog import ModelShape
+from simulator.errors import ConfigError
 
 #: (rope_theta, rms_norm_eps) from each model's config.json; other shapes get the defaults.
 KNOWN_HYPERPARAMETERS: dict[str, tuple[float, float]] = {
@@ -483,8 +484,9 @@ def exact_pool(config: LlamaConfig, sequences: int, tokens_each: int) -> KVPool:
                   growable=device.type != "cuda")
 
 
-class KVPoolTooSmall(RuntimeError):
-    """The device has no room for a KV pool after the weights."""
+class KVPoolTooSmall(ConfigError):
+    """The device has no room for a KV pool after the weights: a setting to change (one
+    line from the CLI), not a crash."""
 
 
 def default_headroom(config: LlamaConfig, max_tokens: int = 8192) -> int:

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.kv_cache import RowLayout
+from models import paged_triton
+from models.kv_cache import CachedSequence, RowLayout, check_batch, checked_layouts
+from models.padded_layout import pad_queries, unpad_output
 
 #: Tokens per block. 16 as vLLM's default on GPUs: small enough that a sequence wastes at most
 #: 15 slots, large enough that a block of K for one head is 4 KB (bf16, head_dim 128).
@@ -143,7 +145,7 @@ def blocks_for_memory(free_bytes: int, total_bytes: int, bytes_per_block: int,
     return max(0, int(budget // bytes_per_block))
 
 
-class PagedSeq:
+class PagedSeq(CachedSequence):
     """One sequence's block table in a KVPool, with KVCache's interface (length, reserve, keep,
     truncate, fill_random_, clone), so the engine, drafters and profiler use either. Its blocks
     go back to the pool when it is released or garbage-collected."""
@@ -185,21 +187,13 @@ class PagedSeq:
     def keep(self, start: int, rows: list[int]) -> None:
         """As KVCache.keep: keep after `start` only the rows `start + rows[j]`, moved to
         `start + j` (a verified tree's accepted path)."""
-        if rows and (rows != sorted(set(rows)) or rows[0] < 0 or start + rows[-1] >= self.length):
-            raise ValueError(f"keep: rows {rows} must ascend within the {self.length - start} "
-                             f"positions after {start}")
-        moved = [j for j, row in enumerate(rows) if row != j]
+        moved = self._moved(start, rows)
         if moved:
             every = self.slots(0, start + rows[-1] + 1)
             src = every[torch.tensor([start + rows[j] for j in moved], device=every.device)]
             dst = every[torch.tensor([start + j for j in moved], device=every.device)]
             self.pool.kv[:, :, dst] = self.pool.kv[:, :, src]
         self.length = start + len(rows)
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"truncate length must be in [0, {self.length}], got {length}")
-        self.length = length
 
     def fill_random_(self, length: int, generator: torch.Generator | None = None) -> None:
         """Pretend `length` tokens are cached, with random K/V: for timing only (see KVCache)."""
@@ -226,8 +220,9 @@ class PagedSeq:
 
 class PagedOps:
     """A pass's two calls per layer over a pool, given the pass's index tensors: `table`
-    [B, width blocks], `slots` and `positions` [tokens], `cached` [B], `padded_rows` [tokens]
-    (and `mask` [B, 1, qmax, width] for draft trees). PagedBatch builds them per pass; a CUDA
+    [B, width blocks], `slots` and `positions` [tokens], `cached` [B], and where the requests'
+    new tokens differ in number `padded_rows` (and `read_rows`) [tokens] (pad_queries), and
+    `mask` [B, 1, qmax, width] for draft trees. PagedBatch builds them per pass; a CUDA
     graph keeps them in static buffers (models/cuda_graphs.py)."""
 
     pool: KVPool
@@ -251,10 +246,9 @@ class PagedOps:
         """Attention output [tokens, heads * head_dim] of queries [tokens, heads, head_dim]."""
         if self.backend == "triton" and "mask" not in self.tensors and (
                 queries.shape[1] // self.pool.keys[layer].shape[1] * self.qmax <= TRITON_ROWS):
-            from models.paged_triton import paged_attention
-
-            return paged_attention(queries, self.pool.keys[layer], self.pool.values[layer],
-                                   self.tensors, self.qmax, self.pool.block_size)
+            return paged_triton.paged_attention(
+                queries, self.pool.keys[layer], self.pool.values[layer], self.tensors,
+                self.qmax, self.pool.block_size)
         return attend_gathered(queries, self.pool.keys[layer], self.pool.values[layer],
                                self.tensors, self.qmax, self.pool.block_size)
 
@@ -268,12 +262,7 @@ class PagedBatch(PagedOps):
 
     def __init__(self, q: list[int], caches: Sequence[PagedSeq],
                  layouts: list[RowLayout | None] | None = None, backend: str = "torch") -> None:
-        if not q or len(q) != len(caches):
-            raise ValueError(f"need one cache per request, got {len(q)} and {len(caches)}")
-        if min(q) < 1:
-            raise ValueError(f"every request needs >= 1 new token, got {q}")
-        if len({id(cache) for cache in caches}) != len(caches):
-            raise ValueError("a cache appears twice in one batch")
+        check_batch(q, caches)
         pools = {id(cache.pool) for cache in caches}
         if len(pools) != 1:
             raise ValueError("the caches of one batch must share one KV pool")
@@ -284,16 +273,8 @@ class PagedBatch(PagedOps):
         for n in q:
             self.bounds.append(self.bounds[-1] + n)
         self.device = self.pool.device
-        self.layouts = layouts if layouts is not None and any(layouts) else None
+        self.layouts = checked_layouts(layouts, q, self.cached)
         ends = [c + n for c, n in zip(self.cached, q)]
-        if self.layouts is not None:
-            if len(self.layouts) != len(q):
-                raise ValueError(f"need one layout (or None) per request, got {len(layouts)}")
-            for r, (layout, n, c) in enumerate(zip(self.layouts, q, self.cached)):
-                if layout is not None and (layout.positions.shape != (n,)
-                                           or layout.mask.shape != (n, c + n)):
-                    raise ValueError(f"request {r}: a layout of {n} new tokens after {c} cached "
-                                     f"ones needs positions [{n}] and a mask [{n}, {c + n}]")
         for cache, end in zip(caches, ends):
             cache.reserve(end)
         self.max_length = max(ends)
@@ -323,8 +304,9 @@ class PagedBatch(PagedOps):
                                    for c, n, layout in zip(self.cached, self.q, self.layouts)])
         device = self.device
         out = {"table": table, "positions": positions, "slots": slots,
-               "cached": torch.tensor(self.cached), "q": torch.tensor(self.q),
-               "padded_rows": rows * qmax + within}
+               "cached": torch.tensor(self.cached)}
+        if len(set(self.q)) > 1:
+            out["padded_rows"] = rows * qmax + within
         out = {name: t.to(device, non_blocking=True) for name, t in out.items()}
         if self.layouts is not None:
             out["mask"] = self._tree_mask(width_blocks * bs)
@@ -351,22 +333,6 @@ class PagedBatch(PagedOps):
             cache.length += n
 
 
-def pad_queries(queries: torch.Tensor, padded_rows: torch.Tensor, batch: int,
-                qmax: int) -> torch.Tensor:
-    """Packed [tokens, heads, d] -> [batch, qmax, heads, d] (rows past a request's q are 0)."""
-    if queries.shape[0] == batch * qmax:  # every request brings qmax tokens: already in place
-        return queries.view(batch, qmax, *queries.shape[1:])
-    padded = queries.new_zeros(batch * qmax, *queries.shape[1:])
-    return padded.index_copy_(0, padded_rows, queries).view(batch, qmax, *queries.shape[1:])
-
-
-def unpad_output(out: torch.Tensor, padded_rows: torch.Tensor) -> torch.Tensor:
-    """[batch, qmax, heads, d] -> packed [tokens, heads * d]."""
-    batch, qmax, heads, d = out.shape
-    flat = out.reshape(batch * qmax, heads * d)
-    return flat if padded_rows.shape[0] == batch * qmax else flat.index_select(0, padded_rows)
-
-
 def attend_gathered(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     t: dict[str, torch.Tensor], qmax: int, block_size: int) -> torch.Tensor:
     """Gather each request's blocks, then one SDPA with the query heads of a group folded into
@@ -380,7 +346,7 @@ def attend_gathered(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
              + torch.arange(block_size, device=table.device)).view(batch, width)
     k = keys[slots].transpose(1, 2)  # [B, kvh, L, d]
     v = values[slots].transpose(1, 2)
-    q = pad_queries(queries, t["padded_rows"], batch, qmax)  # [B, qmax, H, d]
+    q = pad_queries(queries, t, batch, qmax)  # [B, qmax, H, d]
     q = q.view(batch, qmax, kv_heads, group, d).permute(0, 2, 3, 1, 4)
     q = q.reshape(batch, kv_heads, group * qmax, d)
     mask = t.get("mask")
@@ -391,4 +357,4 @@ def attend_gathered(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     mask = mask.expand(batch, group, qmax, width).reshape(batch, 1, group * qmax, width)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(d))
     o = o.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)
-    return unpad_output(o.reshape(batch, qmax, heads, d), t["padded_rows"])
+    return unpad_output(o.reshape(batch, qmax, heads, d), t)

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from models.padded_layout import pad_queries, unpad_output
+
 try:
     import triton
     import triton.language as tl
@@ -107,15 +109,13 @@ def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                     launch: dict | None = None) -> torch.Tensor:
     """Packed queries [tokens, heads, d] -> packed output [tokens, heads * d] (see module)."""
     launch = LAUNCH if launch is None else launch
-    from models.paged_kv import pad_queries, unpad_output
-
     table, cached = t["table"], t["cached"]
     batch, width = table.shape[0], table.shape[1] * block_size
     heads, d = queries.shape[1:]
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     rows = max(16, triton.next_power_of_2(group * qmax))  # tl.dot needs >= 16 rows
-    q = pad_queries(queries, t["padded_rows"], batch, qmax)
+    q = pad_queries(queries, t, batch, qmax)
     step = launch["keys_per_step"]
     splits = splits_for(batch, kv_heads, width, step)
     acc = torch.empty(batch, kv_heads, splits, rows, d, dtype=torch.float32, device=q.device)
@@ -134,7 +134,7 @@ def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     )
     out = combine(acc, m, lse)[:, :, : group * qmax]  # [B, kvh, G*qmax, d]
     out = out.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)
-    return unpad_output(out.reshape(batch, qmax, heads, d).to(queries.dtype), t["padded_rows"])
+    return unpad_output(out.reshape(batch, qmax, heads, d).to(queries.dtype), t)
 
 
 def combine(acc: torch.Tensor, m: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:

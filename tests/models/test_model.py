@@ -489,9 +489,8 @@ def test_blocks_for_memory_literal_cases():
 @pytest.mark.parametrize("backend_width", [None, 64], ids=["pow2-width", "fixed-width"])
 def test_graph_buffers_give_the_eager_logits(backend_width):
     """What a CUDA graph replays, run on the CPU: 3 requests padded to a batch of 8, their
-    tokens and indices copied into static buffers: decode, verify of 3 tokens, a ragged batch
-    in the padded [batch, 3] layout, and "last" logits of one. Logits and caches equal the
-    eager paged pass's."""
+    tokens and indices copied into static buffers: decode, verify of 3 tokens, ragged batches
+    flattened (and "last" logits of one). Logits and caches equal the eager paged pass's."""
     from models.cuda_graphs import GraphRunner
 
     model, eager = build(paged=True), build(paged=True)
@@ -509,8 +508,10 @@ def test_graph_buffers_give_the_eager_logits(backend_width):
         want = eager(feeds, references, logits="last" if last else "all")
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, **TIGHT)
-    # 3 requests padded to 8 (rows a multiple of 8); 5 of the 8 are padding requests
-    assert {key[:2] for key in runner.graphs} == {(8, 1), (8, 3)}
+    # uniform: 3 requests padded to 8 (rows a multiple of 8), 5 of them padding requests;
+    # ragged (6 tokens): flattened, 8 token rows, attention over a [4, 3] layout
+    assert {(key[0], key[1], key[3]) for key in runner.graphs} == {
+        (8, 1, None), (8, 3, None), (4, 3, 8)}
     for cache, reference in zip(caches, references):
         assert cache.length == reference.length
         torch.testing.assert_close(cached_keys(cache, 0), cached_keys(reference, 0), **TIGHT)
