@@ -236,6 +236,12 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         s = config.shape
+        if config.device.type == "cuda":  # weights that cannot fit: one line, not an OOM
+            free, total = torch.cuda.mem_get_info(config.device)
+            problem = weights_problem(s.name, s.params, config.dtype.itemsize, free, total,
+                                      str(config.device))
+            if problem:
+                raise ConfigError(problem)
         self.embed = _parameter(s.hidden, s.vocab, config=config)  # [in, out] as the LM head
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(s.layers))
         self.norm = _parameter(s.hidden, config=config)
@@ -482,6 +488,18 @@ def exact_pool(config: LlamaConfig, sequences: int, tokens_each: int) -> KVPool:
                 f"or shorter sequences (smaller batch sizes or contexts).")
     return KVPool(s.layers, s.kv_heads, s.head_dim, max(blocks, 2), config.dtype, device,
                   growable=device.type != "cuda")
+
+
+def weights_problem(name: str, params: int, itemsize: int, free: int, total: int,
+                    device: str) -> str | None:
+    """Why a model's weights cannot be loaded on a device (with the numbers), or None. Half a
+    GiB is kept for the CUDA context's and libraries' workspaces."""
+    need = params * itemsize
+    if need + 2**29 <= free:
+        return None
+    return (f"{name} needs {need / 2**30:.1f} GiB for its weights ({params / 1e9:.2f} B "
+            f"parameters x {itemsize} bytes) and {device} has {free / 2**30:.1f} GiB free of "
+            f"{total / 2**30:.1f}: use a card with more memory or a smaller model")
 
 
 class KVPoolTooSmall(ConfigError):

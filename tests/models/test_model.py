@@ -540,3 +540,14 @@ def test_compiled_layers_give_the_eager_logits():
     assert all(part.error is None for part in _COMPILED)  # compiled, not fallen back
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_weights_that_cannot_fit_are_one_line():
+    from models.llama import weights_problem
+
+    gib = 2**30
+    assert weights_problem("Llama-3.1-8B", 8_030_000_000, 2, 70 * gib, 80 * gib, "cuda:0") is None
+    line = weights_problem("Llama-3.1-70B", 70_550_000_000, 2, 79 * gib, 80 * gib, "cuda:0")
+    assert line == ("Llama-3.1-70B needs 131.4 GiB for its weights (70.55 B parameters x 2 "
+                    "bytes) and cuda:0 has 79.0 GiB free of 80.0: use a card with more memory "
+                    "or a smaller model")
