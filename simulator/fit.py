@@ -57,9 +57,9 @@ class PhaseGrid:
 
     Built from scattered grid points; the lattice is the product of each axis's distinct values.
     Missing lattice nodes (held-out points) are filled by linear interpolation along every axis
-    on which present nodes bracket them, averaged with weights 1/width² (a linear interpolant's
-    error grows with the bracket's width squared; every estimate is exact for a multilinear
-    function). A grid with a node nothing brackets is not a product grid; `build` says why.
+    on which present nodes bracket them (`_bracketed`), and nodes at the lattice's edge that
+    nothing brackets by the nearest known nodes' ratio (`_nearest`, the model's "clamp" rule
+    outside its box); docs/profiling.md, "Holes in the grid".
     """
 
     def __init__(self, values: list[np.ndarray], log_ratio: np.ndarray, filled: int) -> None:
@@ -86,27 +86,27 @@ class PhaseGrid:
         grid = np.full(shape, np.nan)
         index = tuple(np.searchsorted(values[i], points[:, i]) for i in range(3))
         grid[index] = log_ratio
-        missing = np.argwhere(np.isnan(grid))
+        missing = [tuple(node) for node in np.argwhere(np.isnan(grid))]
         coords = [np.log(v + off) for v, off in zip(values, _AXIS_OFFSET)]
         filled = grid.copy()
-        for node in missing:
-            estimates = []
-            for axis in range(3):
-                line = list(node)
-                line[axis] = slice(None)
-                present = np.flatnonzero(~np.isnan(grid[tuple(line)]))
-                below, above = present[present < node[axis]], present[present > node[axis]]
-                if len(below) and len(above):
-                    i, j = below[-1], above[0]
-                    x, xi, xj = (coords[axis][k] for k in (node[axis], i, j))
-                    vi, vj = grid[tuple(line)][[i, j]]
-                    estimates.append((vi + (vj - vi) * (x - xi) / (xj - xi), (xj - xi) ** -2))
-            if not estimates:
-                point = ", ".join(f"{AXES[a]}={values[a][node[a]]:g}" for a in range(3))
-                return (f"not a full product grid ({len(points)} of {grid.size} points; "
-                        f"nothing brackets {point})")
-            value, weight = np.array(estimates).T
-            filled[tuple(node)] = np.average(value, weights=weight)
+        for node in missing:  # nodes that measured points bracket: interpolated
+            estimate = _bracketed(grid, coords, node)
+            if estimate is not None:
+                filled[node] = estimate
+        for _ in range(3):  # the lattice's edges: the nearest known node's ratio, carried over
+            edges = [node for node in missing if np.isnan(filled[node])]
+            if not edges:
+                break
+            known = filled.copy()
+            for node in edges:
+                estimate = _nearest(known, coords, node)
+                if estimate is not None:
+                    filled[node] = estimate
+        still = [node for node in missing if np.isnan(filled[node])]
+        if still:
+            point = ", ".join(f"{AXES[a]}={values[a][still[0][a]]:g}" for a in range(3))
+            return (f"not a full product grid ({len(points)} of {grid.size} points; "
+                    f"nothing near {point})")
         return cls(values, filled, len(missing))
 
     def inside(self, b: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -160,6 +160,47 @@ class PhaseGrid:
             base += i * self._strides[axis]
             weights.append(0.0 if w < 0.0 else 1.0 if w > 1.0 else w)
         return _cell(self._flat, base, self._corners, weights)
+
+
+def _bracketed(grid: np.ndarray, coords: list[np.ndarray], node: tuple) -> float | None:
+    """Linear interpolation along every axis on which present nodes bracket `node`, averaged
+    with weights 1/width² (a linear interpolant's error grows with the bracket's width squared;
+    every estimate is exact for a multilinear function); None if no axis brackets it."""
+    estimates = []
+    for axis in range(3):
+        line = list(node)
+        line[axis] = slice(None)
+        present = np.flatnonzero(~np.isnan(grid[tuple(line)]))
+        below, above = present[present < node[axis]], present[present > node[axis]]
+        if len(below) and len(above):
+            i, j = below[-1], above[0]
+            x, xi, xj = (coords[axis][k] for k in (node[axis], i, j))
+            vi, vj = grid[tuple(line)][[i, j]]
+            estimates.append((vi + (vj - vi) * (x - xi) / (xj - xi), (xj - xi) ** -2))
+    if not estimates:
+        return None
+    value, weight = np.array(estimates).T
+    return float(np.average(value, weights=weight))
+
+
+def _nearest(grid: np.ndarray, coords: list[np.ndarray], node: tuple) -> float | None:
+    """A node past the last measured one on its lines (a profile that times long contexts for
+    short verifies only, say): the nearest known node's ratio along each axis, averaged with
+    weights 1/distance², as the model keeps the nearest point's ratio outside its box
+    (extrapolation "clamp"); None if every line through it is empty."""
+    estimates = []
+    for axis in range(3):
+        line = list(node)
+        line[axis] = slice(None)
+        present = np.flatnonzero(~np.isnan(grid[tuple(line)]))
+        if len(present):
+            k = present[np.argmin(np.abs(coords[axis][present] - coords[axis][node[axis]]))]
+            distance = abs(coords[axis][k] - coords[axis][node[axis]])
+            estimates.append((grid[tuple(line)][k], distance ** -2))
+    if not estimates:
+        return None
+    value, weight = np.array(estimates).T
+    return float(np.average(value, weights=weight))
 
 
 def _cell(f: list[float], k: int, c: list[int], w: list[float]) -> float:

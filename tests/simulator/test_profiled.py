@@ -290,18 +290,26 @@ def test_non_positive_times_are_a_clear_error():
         ProfiledLatency(table)
 
 
-def test_a_grid_that_is_not_a_product_falls_back_to_the_fit():
+def test_a_lattice_edge_without_points_takes_its_nearest_neighbours_ratio():
+    """A verify grid whose largest batch lacks the widest verify at the longest context (a
+    profile whose long prompts stagger the requests, as vLLM's does): the corner nothing
+    brackets takes the ratio of its nearest measured neighbours, as the model does outside its
+    box ("clamp"), instead of dropping the whole phase's grid for the fitted form alone."""
     corner = ("target", "verify", BATCH[-1], VERIFY_Q[-1], CACHED[-1])
     points = [p for p in grid_points() if p != corner]
     model = ProfiledLatency(make_table(points=points))
+    full = ProfiledLatency(make_table())
     verify = model.describe()["roles"]["target"]["phases"]["verify"]
-    assert "not a full product grid" in verify["interpolation"]
-    assert "fitted form alone" in verify["interpolation"]
-    decode = model.describe()["roles"]["target"]["phases"]["decode"]
-    assert decode["interpolation"].startswith("multilinear")
-    agg = uniform_aggregates(4, 5, 256)
-    t = model.pass_s("target", *(float(x) for x in agg))
-    assert 0.5 < t / knee_truth("target", *agg) < 2.0
+    assert verify["interpolation"] == "multilinear on a 6x4x4 log grid"
+    assert verify["filled_nodes"] == 1
+    agg = [float(x) for x in uniform_aggregates(BATCH[-1], VERIFY_Q[-1], CACHED[-1])]
+    truth = knee_truth("target", *agg)
+    filled = model.pass_s("target", *agg)
+    fitted = float(linear_form(model._roles["target"].coef, *agg))  # the fit alone
+    assert abs(filled / truth - 1) < abs(fitted / truth - 1)
+    # a measured point is still returned exactly
+    inner = [float(x) for x in uniform_aggregates(BATCH[0], VERIFY_Q[0], CACHED[0])]
+    assert model.pass_s("target", *inner) == pytest.approx(full.pass_s("target", *inner))
 
 
 def test_missing_phases_use_the_fit():
