@@ -7,7 +7,9 @@ batch moves ~3x the KV bytes it must. This kernel walks each request's block tab
 One program per (request, KV head, split of the context): its rows are the G query heads of
 that KV head times the q new tokens (row = g * q + i), so grouped-query attention reads each
 K/V row once for all G heads. Each split keeps a running max and sum (online softmax, Milakov &
-Gimelshein 2018); `combine` merges the splits, as flash-decoding does (Dao et al. 2023). Key j
+Gimelshein 2018); a second kernel merges the splits, as flash-decoding does (Dao et al. 2023),
+and writes the output in the queries' layout; with one split (large batches) the first kernel
+writes it. Two launches per layer at most, where a merge in torch took about ten. Key j
 is visible to new token i of request r iff j <= c_r + i (causal over cache and new tokens).
 """
 
@@ -38,15 +40,17 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(Q, K, V, TABLE, CACHED, ACC, M_OUT, L_OUT,
+    def _split_kernel(Q, K, V, TABLE, CACHED, ACC, M_OUT, L_OUT, OUT,
                       stride_qb, stride_qi, stride_qh,
                       stride_ks, stride_kh,
                       stride_tb,
                       stride_ab, stride_ah, stride_as, stride_am,
                       stride_mb, stride_mh, stride_ms,
+                      stride_ob, stride_oi, stride_oh,
                       scale, splits, width,
                       QMAX: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
-                      D: tl.constexpr, BS: tl.constexpr, KB: tl.constexpr):
+                      D: tl.constexpr, BS: tl.constexpr, KB: tl.constexpr,
+                      DIRECT: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -84,11 +88,49 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        out = b * stride_ab + h * stride_ah + s * stride_as
-        tl.store(ACC + out + rows[:, None] * stride_am + d[None, :], acc)
-        stats = b * stride_mb + h * stride_mh + s * stride_ms + rows
-        tl.store(M_OUT + stats, m_i)
-        tl.store(L_OUT + stats, l_i)
+        if DIRECT:  # one split: the output itself, in the queries' layout and dtype
+            tl.store(OUT + b * stride_ob + i[:, None] * stride_oi + (h * GROUP + g)[:, None]
+                     * stride_oh + d[None, :], (acc / l_i[:, None]).to(OUT.dtype.element_ty),
+                     mask=real[:, None])
+        else:
+            out = b * stride_ab + h * stride_ah + s * stride_as
+            tl.store(ACC + out + rows[:, None] * stride_am + d[None, :], acc)
+            stats = b * stride_mb + h * stride_mh + s * stride_ms + rows
+            tl.store(M_OUT + stats, m_i)
+            tl.store(L_OUT + stats, l_i)
+
+    @triton.jit
+    def _merge_kernel(ACC, M_IN, L_IN, OUT,
+                      stride_ab, stride_ah, stride_as, stride_am,
+                      stride_mb, stride_mh, stride_ms,
+                      stride_ob, stride_oi, stride_oh,
+                      splits,
+                      QMAX: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                      D: tl.constexpr):
+        """out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, written in the queries'
+        layout and dtype. Every row sees key 0 in split 0, so M is finite; a split that saw
+        nothing has m = -inf and weight 0."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        rows = tl.arange(0, ROWS)
+        d = tl.arange(0, D)
+        stats = M_IN + b * stride_mb + h * stride_mh + rows
+        top = tl.full([ROWS], float("-inf"), tl.float32)
+        for s in range(0, splits):
+            top = tl.maximum(top, tl.load(stats + s * stride_ms))
+        total = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, D], tl.float32)
+        for s in range(0, splits):
+            weight = tl.exp(tl.load(stats + s * stride_ms) - top)
+            total += weight * tl.load(L_IN + b * stride_mb + h * stride_mh + s * stride_ms + rows)
+            acc += weight[:, None] * tl.load(ACC + b * stride_ab + h * stride_ah + s * stride_as
+                                             + rows[:, None] * stride_am + d[None, :])
+        g = rows // QMAX
+        i = rows % QMAX
+        real = rows < GROUP * QMAX
+        tl.store(OUT + b * stride_ob + i[:, None] * stride_oi + (h * GROUP + g)[:, None]
+                 * stride_oh + d[None, :], (acc / total[:, None]).to(OUT.dtype.element_ty),
+                 mask=real[:, None])
 
 
 def splits_for(batch: int, kv_heads: int, width: int, step: int = KEYS_PER_STEP) -> int:
@@ -118,29 +160,30 @@ def paged_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     q = pad_queries(queries, t, batch, qmax)
     step = launch["keys_per_step"]
     splits = splits_for(batch, kv_heads, width, step)
-    acc = torch.empty(batch, kv_heads, splits, rows, d, dtype=torch.float32, device=q.device)
-    m = torch.empty(batch, kv_heads, splits, rows, dtype=torch.float32, device=q.device)
-    lse = torch.empty_like(m)
+    o = torch.empty(batch, qmax, heads, d, dtype=queries.dtype, device=q.device)
+    direct = splits == 1
+    shape = (batch, kv_heads, splits, rows)
+    if direct:  # nothing to merge: the kernel writes the output (scratch never touched)
+        acc = m = lse = o
+        strides = (0, 0, 0, 0), (0, 0, 0)
+    else:
+        acc = torch.empty(*shape, d, dtype=torch.float32, device=q.device)
+        m = torch.empty(shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty_like(m)
+        strides = acc.stride()[:4], m.stride()[:3]
     _split_kernel[(batch, kv_heads, splits)](
-        q, keys, values, table, cached, acc, m, lse,
+        q, keys, values, table, cached, acc, m, lse, o,
         q.stride(0), q.stride(1), q.stride(2),
         keys.stride(0), keys.stride(1),
         table.stride(0),
-        acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
-        m.stride(0), m.stride(1), m.stride(2),
+        *strides[0], *strides[1],
+        o.stride(0), o.stride(1), o.stride(2),
         1 / math.sqrt(d), splits, width,
-        QMAX=qmax, GROUP=group, ROWS=rows, D=d, BS=block_size, KB=step,
+        QMAX=qmax, GROUP=group, ROWS=rows, D=d, BS=block_size, KB=step, DIRECT=direct,
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
-    out = combine(acc, m, lse)[:, :, : group * qmax]  # [B, kvh, G*qmax, d]
-    out = out.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)
-    return unpad_output(out.reshape(batch, qmax, heads, d).to(queries.dtype), t)
-
-
-def combine(acc: torch.Tensor, m: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Merge the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Every row sees
-    key 0 in split 0, so M is finite; a split that saw nothing has m = -inf and weight 0."""
-    top = m.max(dim=2, keepdim=True).values
-    weight = torch.exp(m - top)  # [B, kvh, S, rows]
-    total = (weight * lse).sum(dim=2)
-    return (weight.unsqueeze(-1) * acc).sum(dim=2) / total.unsqueeze(-1)
+    if not direct:
+        _merge_kernel[(batch, kv_heads)](
+            acc, m, lse, o, *strides[0], *strides[1], o.stride(0), o.stride(1), o.stride(2),
+            splits, QMAX=qmax, GROUP=group, ROWS=rows, D=d)
+    return unpad_output(o, t)

@@ -33,6 +33,7 @@ KERNEL_CASES = [  # (kv_heads, group, head_dim, per-request (cached, new), dtype
     (1, 3, 32, [(16, 6), (3, 2), (70, 6), (0, 6)], torch.float32),
     (4, 1, 64, [(200, 5), (17, 5)], torch.float32),
     (2, 4, 64, [(90, 1), (33, 4)], torch.float16),
+    (8, 2, 32, [(40 + 7 * r, 1) for r in range(40)], torch.float32),  # one split: no merge
 ]
 CUDA_KERNEL_CASES = [  # the shapes the engine runs: Llama-3.1-8B's heads, long contexts, bf16
     (8, 4, 128, [(1024, 1)] * 16, torch.bfloat16),
