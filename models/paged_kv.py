@@ -239,6 +239,10 @@ class PagedOps:
     def store(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write the new tokens' K and V [tokens, kv_heads, head_dim] into their slots."""
         slots = self.tensors["slots"]
+        if self.backend == "triton" and keys.shape[-1] & (keys.shape[-1] - 1) == 0:
+            paged_triton.store_kv(keys, values, self.pool.keys[layer], self.pool.values[layer],
+                                  slots)
+            return
         self.pool.keys[layer].index_copy_(0, slots, keys)
         self.pool.values[layer].index_copy_(0, slots, values)
 

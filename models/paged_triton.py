@@ -133,6 +133,35 @@ if triton is not None:
                  mask=real[:, None])
 
 
+if triton is not None:
+
+    @triton.jit
+    def _store_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SLOTS,
+                      stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
+                      D: tl.constexpr):
+        """Token t's K and V of KV head h into slot SLOTS[t] of both caches."""
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        slot = tl.load(SLOTS + t)
+        cache = slot * stride_cs + h * stride_ch + d
+        tl.store(K_CACHE + cache, tl.load(K_NEW + t * stride_kt + h * stride_kh + d))
+        tl.store(V_CACHE + cache, tl.load(V_NEW + t * stride_vt + h * stride_vh + d))
+
+
+def store_kv(keys: torch.Tensor, values: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """New K and V [tokens, kv_heads, d] into their slots of [slots, kv_heads, d] caches in one
+    launch (two `index_copy_` otherwise). `d` must be a power of two (64, 128: Llama's)."""
+    tokens, kv_heads, d = keys.shape
+    if key_cache.stride(2) != 1 or keys.stride(2) != 1 or values.stride(2) != 1:
+        raise ValueError("store_kv needs the head dimension contiguous")
+    _store_kernel[(tokens, kv_heads)](
+        keys, values, key_cache, value_cache, slots,
+        keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+        key_cache.stride(0), key_cache.stride(1), D=d)
+
+
 def splits_for(batch: int, kv_heads: int, width: int, step: int = KEYS_PER_STEP) -> int:
     """Context splits per (request, KV head): enough programs to fill the GPU, at most one per
     loop step of the widest context. Fixed by the shapes alone, so a CUDA graph captures it;

@@ -67,6 +67,22 @@ def kernel_case(kv_heads: int, group: int, head_dim: int, requests: list[tuple[i
     return ((got.float() - want).norm() / want.norm()).item()
 
 
+def check_store(device: str) -> float:
+    """store_kv against two index_copy_: K and V of 37 tokens (strided views, as the layer
+    passes them) into scattered slots; the largest difference (0 when right)."""
+    from models.paged_triton import store_kv
+
+    gen = torch.Generator().manual_seed(7)
+    kv_heads, d = 4, 64
+    qkv = torch.randn(37, 2 + 2 * kv_heads, d, generator=gen).to(device)
+    keys, values = qkv[:, 2 : 2 + kv_heads], qkv[:, 2 + kv_heads :]
+    slots = torch.randperm(200, generator=gen)[:37].to(device)
+    caches = [torch.randn(200, kv_heads, d, generator=gen).to(device) for _ in range(2)]
+    want = [c.clone().index_copy_(0, slots, new) for c, new in zip(caches, (keys, values))]
+    store_kv(keys, values, caches[0], caches[1], slots)
+    return max((a - b).abs().max().item() for a, b in zip(caches, want))
+
+
 def check_kernel(device: str) -> bool:
     from models.paged_triton import available
 
@@ -77,6 +93,11 @@ def check_kernel(device: str) -> bool:
         print("kernel: triton is not installed here, skipped (tests/models/test_paged_triton.py "
               "runs it through the interpreter)")
         return True
+    stored = check_store(device)
+    print(f"store_kv: largest difference from index_copy_ {stored:.1e}", flush=True)
+    if stored != 0:
+        print("MISMATCH")
+        return False
     cases = KERNEL_CASES + (CUDA_KERNEL_CASES if device.startswith("cuda") else [])
     for seed, (kv_heads, group, head_dim, requests, dtype) in enumerate(cases):
         error = kernel_case(kv_heads, group, head_dim, requests, dtype, device, seed)

@@ -19,4 +19,5 @@ def test_the_triton_kernel_agrees_with_the_torch_backend(vllm_venv):
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "agrees with the torch backend" in done.stdout
+    assert "store_kv: largest difference from index_copy_ 0.0e+00" in done.stdout
     assert done.stdout.count("relative error") == 6
