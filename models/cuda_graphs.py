@@ -59,8 +59,10 @@ class StaticBatch(PagedOps):
     index lives in one int64 device buffer, so a pass copies its indices in with one copy."""
 
     def __init__(self, pool: KVPool, batch: int, q: int, width_blocks: int, backend: str,
-                 tokens: int | None = None) -> None:
-        """`tokens` set: the flattened layout of a ragged batch, that many token rows."""
+                 tokens: int | None = None, feature_width: int | None = None) -> None:
+        """`tokens` set: the flattened layout of a ragged batch, that many token rows;
+        `feature_width` set: a [tokens, width] buffer of per-token features (an EAGLE head's
+        input beside its tokens)."""
         self.pool, self.qmax, self.backend = pool, q, backend
         self.max_length = width_blocks * pool.block_size
         self.batch, self.width = batch, width_blocks
@@ -84,13 +86,17 @@ class StaticBatch(PagedOps):
         self.tensors["table"] = self.tensors["table"].view(batch, width_blocks)
         self.views["table"] = self.views["table"].reshape(batch, width_blocks)
         self.tokens = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.features = None if feature_width is None else torch.zeros(
+            tokens, feature_width, dtype=pool.kv.dtype, device=device)
         self._rows = np.repeat(np.arange(batch), q)
         self._steps = np.arange(q)
         # the copy out of the pinned host buffer is asynchronous: the next fill waits for it
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
-    def fill(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq]) -> None:
-        """Copy one pass's tokens and indices in (built in numpy, one copy of the indices)."""
+    def fill(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq],
+             features: Sequence[torch.Tensor] | None = None) -> None:
+        """Copy one pass's tokens (and features) and indices in (built in numpy, one copy of
+        the indices). Real tokens are the first rows in either layout."""
         bs, q, n = self.pool.block_size, self.qmax, len(caches)
         if self._copied is not None:
             self._copied.synchronize()
@@ -127,23 +133,29 @@ class StaticBatch(PagedOps):
         packed = torch.cat(list(tokens))
         self.tokens[: packed.shape[0]].copy_(packed, non_blocking=True)
         self.tokens[packed.shape[0] :].zero_()
+        if self.features is not None:
+            self.features[: packed.shape[0]].copy_(torch.cat(list(features)), non_blocking=True)
+            self.features[packed.shape[0] :].zero_()
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None off CUDA: the body runs on the static buffers
     batch: StaticBatch
-    logits: torch.Tensor | None
+    outputs: tuple[torch.Tensor, ...] | None
 
 
 class GraphRunner:
     """Captures and replays a model's decode-shaped passes. `body(tokens, batch)` is the
-    model's pass over packed token ids and a PagedOps, returning the logits of every row."""
+    model's pass over packed token ids and a StaticBatch (its `features` too, given a
+    `feature_width`), returning a tensor, or a tuple of them, with a row per token."""
 
     def __init__(self, body: Callable[[torch.Tensor, PagedOps], torch.Tensor], pool: KVPool,
                  backend: str, max_context: int,
-                 inputs: Callable[[], tuple] = tuple, row_multiple: int = 16) -> None:
+                 inputs: Callable[[], tuple] = tuple, row_multiple: int = 16,
+                 feature_width: int | None = None) -> None:
         self.body, self.pool, self.backend = body, pool, backend
+        self.feature_width = feature_width
         self.row_multiple = row_multiple
         self.max_context = max_context
         self.inputs = inputs  # identities of the other tensors the graphs read (rotary tables)
@@ -168,8 +180,10 @@ class GraphRunner:
         return min(blocks, -(-self.max_context // bs))
 
     def run(self, tokens: Sequence[torch.Tensor], caches: Sequence[PagedSeq],
-            last: bool = False) -> list[torch.Tensor]:
-        """Per request the logits of its new tokens (`last`: of its last one only)."""
+            last: bool = False, features: Sequence[torch.Tensor] | None = None
+            ) -> list[torch.Tensor] | tuple[list[torch.Tensor], ...]:
+        """Per request the body's rows of its new tokens (`last`: of its last one only); one
+        such list per output when the body returns several."""
         state = (self.pool.generation, self.inputs())
         if state != self.state:  # a tensor the graphs read was reallocated: capture again
             self.graphs.clear()
@@ -188,25 +202,31 @@ class GraphRunner:
         if key not in self.graphs:
             self.graphs[key] = self._capture(*key)
         g = self.graphs[key]
-        g.batch.fill(tokens, caches)
+        g.batch.fill(tokens, caches, features)
         if g.graph is None:
-            logits = self.body(g.batch.tokens, g.batch)
+            outputs = self.body(g.batch.tokens, g.batch)
         else:
             g.graph.replay()
-            logits = g.logits
+            outputs = g.outputs if len(g.outputs) > 1 else g.outputs[0]
         for cache, n in zip(caches, sizes):
             cache.length += n
         if key[3] is None:  # request r's rows start at r * q
             starts = [r * q for r in range(len(sizes))]
         else:  # packed
             starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
-        if last:
-            ends = torch.tensor([start + n - 1 for start, n in zip(starts, sizes)])
-            return list(logits.index_select(0, ends.to(logits.device)).split(1))
-        return list(logits[: starts[-1] + sizes[-1]].clone().split(sizes))
+        several = isinstance(outputs, tuple)
+        rows = []
+        for out in outputs if several else (outputs,):
+            if last:
+                ends = torch.tensor([start + n - 1 for start, n in zip(starts, sizes)])
+                rows.append(list(out.index_select(0, ends.to(out.device)).split(1)))
+            else:
+                rows.append(list(out[: starts[-1] + sizes[-1]].clone().split(sizes)))
+        return tuple(rows) if several else rows[0]
 
     def _capture(self, batch: int, q: int, width: int, tokens: int | None) -> _Graph:
-        static = StaticBatch(self.pool, batch, q, width, self.backend, tokens)
+        static = StaticBatch(self.pool, batch, q, width, self.backend, tokens,
+                             self.feature_width)
         if self.pool.device.type != "cuda":  # the same buffers and padding, run eagerly (tests)
             return _Graph(None, static, None)
         stream = torch.cuda.Stream()
@@ -217,5 +237,5 @@ class GraphRunner:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.memory):
-            logits = self.body(static.tokens, static)
-        return _Graph(graph, static, logits)
+            outputs = self.body(static.tokens, static)
+        return _Graph(graph, static, outputs if isinstance(outputs, tuple) else (outputs,))

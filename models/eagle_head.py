@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.cuda_graphs import GraphRunner
 from models.int8_weight import Int8Weight
 from models.kv_cache import KVCache, RowLayout
 from models.llama import (
@@ -192,8 +193,16 @@ class EagleHead(nn.Module):
         """Feed per request the entries (tokens[r], features[r]) after its cache; return the
         last new entry's predicted feature [requests, hidden] and draft logits [requests, V_d]
         (with `every_row`, those of every new entry, packed request after request). `layouts`:
-        a draft tree's nodes (kv_cache.RowLayout), as in the target's forward."""
-        batch = batch_attention([t.shape[0] for t in tokens], caches, self.config, layouts)
+        a draft tree's nodes (kv_cache.RowLayout), as in the target's forward. Chains' passes
+        on CUDA replay CUDA graphs, as the target's decode does (models/cuda_graphs.py)."""
+        q, widths = [t.shape[0] for t in tokens], {f.shape[-1] for f in features}
+        if (self.config.cuda_graphs and layouts is None and not every_row and len(widths) == 1
+                and self.weights != "int8" and isinstance(caches[0], PagedSeq)):
+            runner = self._graph_runner(caches[0].pool, widths.pop())
+            if runner.accepts(q, caches):
+                hidden, logits = runner.run(tokens, caches, last=True, features=features)
+                return torch.cat(hidden), torch.cat(logits)
+        batch = batch_attention(q, caches, self.config, layouts)
         if len({f.shape[-1] for f in features}) == 1:
             x = self.entries(torch.cat(tokens), torch.cat(features))
         else:  # true (fused) features for some requests, predicted ones for others
@@ -202,6 +211,29 @@ class EagleHead(nn.Module):
         batch.commit()
         last = out if every_row else out[batch.last_rows()]
         return last, self.draft_logits(last)
+
+
+    def _graph_runner(self, pool: KVPool, feature_width: int) -> GraphRunner:
+        """The head's graphs over `pool` for features of this width (predicted ones, or the
+        target's true fused ones), owned by the pool as the target's are."""
+        key = (id(self), self.config.paged_backend, self.config.graph_row_multiple,
+               feature_width)
+        runner = pool.runners.get(key)
+        if runner is None:
+            context = self.config.graph_context
+            rotary = self.target.rotary
+            rotary.gather(torch.zeros(1, dtype=torch.int64, device=self.config.device), context)
+            runner = GraphRunner(self._graph_body, pool, self.config.paged_backend, context,
+                                 lambda: (id(rotary.cos),), self.config.graph_row_multiple,
+                                 feature_width)
+            pool.runners[key] = runner
+        return runner
+
+    def _graph_body(self, tokens: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pass a graph captures: every row's predicted feature and draft logits."""
+        out = self.layer_forward(self.entries(tokens, batch.features), batch.positions(),
+                                 batch.max_length, batch)
+        return out, self.draft_logits(out)
 
 
 class HeadTiming:

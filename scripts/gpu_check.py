@@ -7,7 +7,8 @@
    the only one here with triton.
 2. model (CUDA): a random Llama-3.2-1B in fp32 fed the same prompts, then decode, verify and
    ragged passes, by every engine variant (per-request caches, paged eager, paged + CUDA
-   graphs with each backend): logits against the per-request engine's.
+   graphs with each backend): logits against the per-request engine's; and an EAGLE head of
+   its shape, graphs against eager.
 
 Prints one line per case and exits 1 on the first mismatch.
 
@@ -195,6 +196,51 @@ def tune_kernel(device: str) -> None:
         print(f"tune batch {batch} q {q} context {context}: " + "; ".join(cells), flush=True)
 
 
+def check_head(device: str) -> bool:
+    """An EAGLE head of Llama-3.2-1B's shape (random, fp32): a chain's passes and a ragged
+    catch-up replayed as CUDA graphs against the same passes run eagerly."""
+    from eagle.training import init_head
+    from models.eagle_head import EagleHead
+    from models.llama import LlamaModel, config_for
+    from simulator.catalog import get_model
+
+    target = LlamaModel.random(config_for(get_model("Llama-3.2-1B"), dtype=torch.float32,
+                                          device=device))
+    target.set_feature_layers((1, 8))
+    vocab = target.config.shape.vocab
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(vocab, (n,), generator=gen) for n in (40, 9, 77)]
+    feeds = [[1, 1, 1], [1, 1, 1], [2, 4, 1]]
+    tokens = [[torch.randint(vocab, (n,), generator=gen) for n in q] for q in feeds]
+    outputs = {}
+    for graphs in (False, True):
+        head = init_head(EagleHead(target, torch.arange(4096), (1, 8)), 0)
+        head.config = replace(head.config, cuda_graphs=graphs)
+        head.reserve_pool(3, 256)
+        width = head.feature_width
+        caches = [head.new_cache(256) for _ in prompts]
+        g = torch.Generator().manual_seed(6)
+        head([p.to(device) for p in prompts],
+             [torch.randn(len(p), width, generator=g).to(device) for p in prompts], caches)
+        outs = []
+        for q, ts in zip(feeds, tokens):
+            w = width if max(q) > 1 else target.config.shape.hidden
+            feats = [torch.randn(n, w, generator=g).to(device) for n in q]
+            outs.append(head([t.to(device) for t in ts], feats, caches))
+        outputs[graphs] = outs
+        if graphs and not any(r.graphs for r in head.kv_pool.runners.values()):
+            print("head: no graph was captured")
+            return False
+    for step, ((h1, l1), (h0, l0)) in enumerate(zip(outputs[True], outputs[False])):
+        error = max(((h1 - h0).norm() / h0.norm()).item(), ((l1 - l0).norm() / l0.norm()).item())
+        print(f"head graphs pass {step} {feeds[step]}: relative error {error:.2e}", flush=True)
+        if not error < 1e-2:
+            print("MISMATCH")
+            return False
+    print("the EAGLE head's graphs give its eager passes")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -208,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tune:
         tune_kernel(args.device)
-    return 0 if check_model(args.device) else 1
+    return 0 if check_model(args.device) and check_head(args.device) else 1
 
 
 if __name__ == "__main__":

@@ -174,3 +174,38 @@ def test_live_two_layer_eagle_is_lossless_and_accepts_what_eagle_runs_records(tr
         head = load_head(target, tmp_path / "h.npz").quantize()
         assert all(type(layer.qkv).__name__ == "Int8Weight" for layer in head.layers)
     assert_live_eagle_lossless(target, head, chunked)
+
+
+def test_head_graph_buffers_give_the_eager_head_pass():
+    """What the head's CUDA graph replays, run on the CPU through the same static buffers: a
+    chain's pass (predicted features, one entry each) and a ragged catch-up (true fused
+    features), padded, give the eager head's last features and draft logits, and the same
+    cache lengths."""
+    from dataclasses import replace
+
+    target = sharpened(LlamaModel.random(replace(config_for(TINY), paged=True), seed=0))
+    target.set_feature_layers(FUSED)
+    head = two_layer_head(target)
+    gen = torch.Generator().manual_seed(3)
+    hidden = TINY.hidden
+
+    def caches_after_prompts():
+        caches = [head.new_cache(64) for _ in range(3)]
+        prompts = [torch.randint(TINY.vocab, (n,), generator=torch.Generator().manual_seed(n))
+                   for n in (5, 9, 2)]
+        feats = [torch.randn(len(p), head.feature_width, generator=torch.Generator()
+                             .manual_seed(10 + len(p))) for p in prompts]
+        head(prompts, feats, caches)
+        return caches
+
+    graphed, eager = caches_after_prompts(), caches_after_prompts()
+    steps = [([1, 1, 1], hidden), ([2, 1, 3], head.feature_width)]
+    for sizes, width in steps:
+        tokens = [torch.randint(TINY.vocab, (n,), generator=gen) for n in sizes]
+        features = [torch.randn(n, width, generator=gen) for n in sizes]
+        runner = head._graph_runner(graphed[0].pool, width)
+        got_hidden, got_logits = runner.run(tokens, graphed, last=True, features=features)
+        want_hidden, want_logits = head(tokens, features, eager)
+        torch.testing.assert_close(torch.cat(got_hidden), want_hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.cat(got_logits), want_logits, atol=1e-5, rtol=1e-5)
+        assert [c.length for c in graphed] == [c.length for c in eager]
