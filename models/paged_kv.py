@@ -239,7 +239,9 @@ class PagedOps:
     def store(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write the new tokens' K and V [tokens, kv_heads, head_dim] into their slots."""
         slots = self.tensors["slots"]
-        if self.backend == "triton" and keys.shape[-1] & (keys.shape[-1] - 1) == 0:
+        d = keys.shape[-1]
+        if (self.backend == "triton" and d & (d - 1) == 0 and keys.stride(-1) == 1
+                and values.stride(-1) == 1):  # the kernel's shapes; else index_copy_
             paged_triton.store_kv(keys, values, self.pool.keys[layer], self.pool.values[layer],
                                   slots)
             return
