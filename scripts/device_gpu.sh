@@ -83,7 +83,8 @@ step profile 200 $PY -m spectune profile --device $DEV --target $TARGET --draft 
     $PROFILE_ARGS --out "$WORK/profile"
 pack
 # shellcheck disable=SC2086
-step validate 400 $PY -m spectune validate --device $DEV $VALIDATE_ARGS \
-    --profile "$WORK/profile" --out "$WORK/validate"
+# recompiles logged: in the second H200 run a prompt length's first prefill cost ~100 ms more
+TORCH_LOGS=${TORCH_LOGS-recompiles} step validate 400 $PY -m spectune validate --device $DEV \
+    $VALIDATE_ARGS --profile "$WORK/profile" --out "$WORK/validate"
 pack
 echo "== done after $((SECONDS - start)) s" | tee -a "$LOG"
