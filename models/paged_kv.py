@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import paged_triton
 from models.kv_cache import CachedSequence, RowLayout, check_batch, checked_layouts
@@ -35,6 +36,12 @@ from models.padded_layout import pad_queries, unpad_output
 #: 15 slots, large enough that a block of K for one head is 4 KB (bf16, head_dim 128).
 BLOCK_SIZE = 16
 
+
+#: SDPA kernels for the gathered path on CUDA (prefills, draft trees). In both H200 runs a
+#: prompt length's first prefill took ~100 ms more than its repeats (docs/gpu-engine.md), the
+#: signature of a per-shape plan; cuDNN's attention builds one, the memory-efficient kernel
+#: (which takes a boolean mask) does not. To be confirmed on the next GPU run.
+_CUDA_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 #: The Triton kernel holds a (query heads of a group x new tokens) tile per program: passes of a
 #: few tokens per request (decode, verify, draft). Prefills and draft trees take the torch path.
@@ -361,6 +368,10 @@ def attend_gathered(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                 <= (t["cached"].view(batch, 1, 1)
                     + torch.arange(qmax, device=table.device).view(1, qmax, 1))).unsqueeze(1)
     mask = mask.expand(batch, group, qmax, width).reshape(batch, 1, group * qmax, width)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(d))
+    if q.is_cuda:  # not cuDNN's attention: it builds a plan per new shape (see _CUDA_SDPA)
+        with sdpa_kernel(_CUDA_SDPA):
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(d))
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(d))
     o = o.view(batch, kv_heads, group, qmax, d).permute(0, 3, 1, 2, 4)
     return unpad_output(o.reshape(batch, qmax, heads, d), t)
