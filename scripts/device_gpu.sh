@@ -40,8 +40,9 @@ if [[ -n ${TINY:-} ]]; then
     ENGINE_ARGS="--context 64 --batch-sizes 1,4 --verify 3x4 --repeats 3 --copy-mib 64"
     PROFILE_ARGS="--batch-sizes 1,2 --query-tokens 1,3 --context-tokens 16,64 --prompt-tokens 16,32
                   --prefill-batch-sizes 1 --repeats 1 --ragged 3"
-    VALIDATE_ARGS="--model tiny --drafter ngram --requests 6 --output-tokens 12 --rates 4
-                   --policies fixed:k=0,fixed:k=2 --max-num-seqs 4 --no-drift --no-overhead"
+    VALIDATE_ARGS="--model $TARGET --drafter model:$DRAFT --acceptance beta:7,3~20 --requests 6
+                   --output-tokens 12 --rates 4 --policies fixed:k=0,fixed:k=2 --max-num-seqs 4
+                   --no-drift --no-overhead"
 else
     DEV=cuda TARGET=Llama-3.1-8B DRAFT=Llama-3.2-1B
     ENGINE_ARGS="--context 1024 --batch-sizes 1,16,64,128 --verify 5x16 --repeats 20"

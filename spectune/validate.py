@@ -110,7 +110,33 @@ def _probe(spec: ValidateSpec, setup: Setup, workloads, scratch: Path) -> DriftP
                            setup.drafter.tree)
     fixed = LatencyTable.load(resolve_profile(spec.profile)) if spec.profile else None
     draft = None if setup.drafter.model_free else setup.drafter.timing_model
+    if fixed is not None:
+        check_profile_models(fixed, setup.target.config.shape,
+                             None if draft is None else draft.config.shape, spec.profile)
     return DriftProbe(setup.target, draft, grid, scratch / "profile", fixed)
+
+
+#: what makes two model shapes time alike (their names and sources may differ)
+_SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+
+
+def check_profile_models(table, target, draft, name) -> None:
+    """A given --profile must time the models validate serves: a profile of other models would
+    predict other passes, and the comparison would be silently wrong."""
+
+    def key(shape):
+        return None if shape is None else tuple(getattr(shape, f) for f in _SHAPE_FIELDS)
+
+    def text(shape):
+        return "no draft model" if shape is None else shape.name
+
+    for role, served, timed in (("target", target, table.target),
+                                ("draft", draft, table.draft)):
+        if key(served) != key(timed) and not (role == "draft" and served is None):
+            raise ConfigError(
+                f"--profile {name} times {text(timed)} as the {role}, but this validation "
+                f"serves {text(served)}: give a profile of the same models (spectune profile "
+                f"--target/--draft), or leave --profile out to time one between the runs")
 
 
 def _run(spec: ValidateSpec, out: Path | None, scratch: Path, log) -> list[dict]:

@@ -208,3 +208,32 @@ def test_policies_the_replayed_acceptance_cannot_serve_are_caught_before_any_run
                          policies="fixed:k=2,kld_variance")
     with pytest.raises(ConfigError, match="lacks signals that policies read"):
         usable_policies(named, setup, workload)
+
+
+def test_a_profile_of_other_models_is_refused():
+    """--profile must time the models served: else the comparison is silently wrong (a tiny
+    model's runs compared with SmolLM2's passes once printed errors of +10,000%)."""
+    from dataclasses import replace as replace_shape
+
+    from simulator.catalog import get_model
+    from simulator.latency_table import LatencyTable, new_meta
+    from spectune.validate import check_profile_models
+
+    target, draft = get_model("SmolLM2-135M"), get_model("Llama-68M")
+    rows = pd.DataFrame([{"role": "target", "phase": "decode", "num_seqs": 1,
+                          "query_tokens_per_seq": 1, "cached_tokens_per_seq": 64,
+                          "median_s": 0.01, "p10_s": 0.01, "p90_s": 0.01, "repeats": 1}])
+    table = LatencyTable(rows, new_meta("cpu", "none", "2.13", "fp32", target, draft,
+                                        {"num_seqs": [1]}, 1, 0))
+    check_profile_models(table, target, draft, "p")  # the same models
+    check_profile_models(table, replace_shape(target, name="renamed"), None, "p")  # no draft
+    with pytest.raises(ConfigError, match="times SmolLM2-135M as the target, but this "
+                                          "validation serves Llama-68M"):
+        check_profile_models(table, draft, None, "p")
+    with pytest.raises(ConfigError, match="times Llama-68M as the draft, but this validation "
+                                          "serves SmolLM2-135M"):
+        check_profile_models(table, target, target, "p")
+    no_draft = LatencyTable(rows, new_meta("cpu", "none", "2.13", "fp32", target, None,
+                                           {"num_seqs": [1]}, 1, 0))
+    with pytest.raises(ConfigError, match="times no draft model as the draft"):
+        check_profile_models(no_draft, target, draft, "p")
