@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.llama import LlamaModel, config_for
-from models.paged_kv import KVPool
+from models.paged_kv import BLOCK_SIZE, KVPool
 from profiler.timing import time_call
 from simulator.catalog import get_model
 
@@ -84,7 +84,7 @@ def configure(model: LlamaModel, variant: str, tokens: int) -> None:
     model.config = replace(model.config, paged=paged, paged_backend=backend, cuda_graphs=graphs,
                            compiled=compiled, graph_row_multiple=multiple)
     if paged:
-        s, bs = model.config.shape, 16
+        s, bs = model.config.shape, BLOCK_SIZE
         model.kv_pool = KVPool(s.layers, s.kv_heads, s.head_dim, tokens // bs + 2,
                                model.config.dtype, model.config.device, growable=False)
 

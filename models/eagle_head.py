@@ -32,6 +32,7 @@ from models.llama import (
     batch_attention,
     decoder_layer,
     exact_pool,
+    graph_runner,
     make_pool,
     rms_norm,
 )
@@ -215,19 +216,8 @@ class EagleHead(nn.Module):
 
     def _graph_runner(self, pool: KVPool, feature_width: int) -> GraphRunner:
         """The head's graphs over `pool` for features of this width (predicted ones, or the
-        target's true fused ones), owned by the pool as the target's are."""
-        key = (id(self), self.config.paged_backend, self.config.graph_row_multiple,
-               feature_width)
-        runner = pool.runners.get(key)
-        if runner is None:
-            context = self.config.graph_context
-            rotary = self.target.rotary
-            rotary.gather(torch.zeros(1, dtype=torch.int64, device=self.config.device), context)
-            runner = GraphRunner(self._graph_body, pool, self.config.paged_backend, context,
-                                 lambda: (id(rotary.cos),), self.config.graph_row_multiple,
-                                 feature_width)
-            pool.runners[key] = runner
-        return runner
+        target's true fused ones)."""
+        return graph_runner(self, pool, self.target.rotary, feature_width)
 
     def _graph_body(self, tokens: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The pass a graph captures: every row's predicted feature and draft logits."""

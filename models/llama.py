@@ -63,7 +63,7 @@ class LlamaConfig:
     # which on CPU costs more than a per-request loop (measured), so None means "not on CPU".
     batched_attention: bool | None = None
     # One paged KV pool for all sequences, one attention call per layer (models/paged_kv.py).
-    # None means "on CUDA only": on the 2-core CPU the per-request caches are as fast
+    # None means "on CUDA only": on the 2-core CPU the per-request caches are faster
     # (docs/gpu-engine.md), and the shipped CPU profiles were measured with them.
     paged: bool | None = None
     #: "torch" (gather + SDPA, any device) or "triton" (CUDA: reads the blocks in place);
@@ -351,7 +351,7 @@ class LlamaModel(nn.Module):
             if runner.accepts(q, caches):
                 return runner.run(tokens, caches, last=modes[0] == "last")
         device = self.config.device
-        batch = batch_attention([t.shape[0] for t in tokens], caches, self.config, layouts)
+        batch = batch_attention(q, caches, self.config, layouts)
         x = self.embed.index_select(1, torch.cat(tokens).to(device, non_blocking=True)).t()
         cos, sin = self.rotary.gather(batch.positions(), batch.max_length)
         taps = []
@@ -374,18 +374,7 @@ class LlamaModel(nn.Module):
         return (out, hidden) if features else out
 
     def _graph_runner(self, pool: KVPool) -> GraphRunner:
-        """This model's graphs over `pool`: the pool owns them (they read and write its
-        storage), so a profile's pool and the engine's each keep theirs."""
-        key = (id(self), self.config.paged_backend, self.config.graph_row_multiple)
-        runner = pool.runners.get(key)
-        if runner is None:
-            context = self.config.graph_context
-            self.rotary.gather(torch.zeros(1, dtype=torch.int64, device=self.config.device),
-                               context)  # built once for every graph
-            runner = GraphRunner(self._graph_body, pool, self.config.paged_backend, context,
-                                 lambda: (id(self.rotary.cos),), self.config.graph_row_multiple)
-            pool.runners[key] = runner
-        return runner
+        return graph_runner(self, pool, self.rotary)
 
     def _graph_body(self, tokens: torch.Tensor, batch: PagedOps) -> torch.Tensor:
         """The pass a graph captures: packed token ids to the logits of every row."""
@@ -437,6 +426,25 @@ class LlamaModel(nn.Module):
             raise ValueError(f"state dict fills {len(unset)} parameters wrongly, e.g. {unset[:3]}")
 
 
+def graph_runner(owner, pool: KVPool, rotary: RotaryTable,
+                 feature_width: int | None = None) -> GraphRunner:
+    """`owner`'s CUDA graphs over `pool` (a model, or an EAGLE head with `feature_width`): the
+    pool owns them (they read and write its storage), so a profile's pool and the engine's each
+    keep theirs. The rotary table is built once for every graph; if it is rebuilt, they are
+    captured again."""
+    config = owner.config
+    key = (id(owner), config.paged_backend, config.graph_row_multiple, feature_width)
+    runner = pool.runners.get(key)
+    if runner is None:
+        rotary.gather(torch.zeros(1, dtype=torch.int64, device=config.device),
+                      config.graph_context)
+        runner = GraphRunner(owner._graph_body, pool, config.paged_backend,
+                             config.graph_context, lambda: (id(rotary.cos),),
+                             config.graph_row_multiple, feature_width)
+        pool.runners[key] = runner
+    return runner
+
+
 def batch_attention(q: list[int], caches: Sequence[KVCache | PagedSeq], config: LlamaConfig,
                     layouts: list[RowLayout | None] | None = None) -> BatchAttention | PagedBatch:
     """How a pass reads and writes these caches: one paged batch, or per-request caches."""
@@ -448,8 +456,7 @@ def batch_attention(q: list[int], caches: Sequence[KVCache | PagedSeq], config: 
 def make_pool(config: LlamaConfig, headroom_bytes: int | None = None) -> KVPool:
     """A KV pool for this config's model (see `LlamaModel.pool`)."""
     s, device = config.shape, torch.device(config.device)
-    block_bytes = (s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim
-                   * torch.empty((), dtype=config.dtype).element_size())
+    block_bytes = _block_bytes(config)
     if device.type != "cuda":
         return KVPool(s.layers, s.kv_heads, s.head_dim, 64, config.dtype, device)
     free, total = torch.cuda.mem_get_info(device)
@@ -467,12 +474,17 @@ def make_pool(config: LlamaConfig, headroom_bytes: int | None = None) -> KVPool:
                   growable=False)
 
 
+def _block_bytes(config: LlamaConfig) -> int:
+    """Bytes of one block of a pool for this config's model (K and V, every layer)."""
+    s = config.shape
+    return s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim * config.dtype.itemsize
+
+
 def exact_pool(config: LlamaConfig, sequences: int, tokens_each: int) -> KVPool:
     """A pool of `sequences` x `tokens_each` tokens (whole blocks each, plus the null block)."""
     s, device = config.shape, torch.device(config.device)
     blocks = sequences * -(-tokens_each // BLOCK_SIZE) + 1
-    block_bytes = (s.layers * 2 * BLOCK_SIZE * s.kv_heads * s.head_dim
-                   * torch.empty((), dtype=config.dtype).element_size())
+    block_bytes = _block_bytes(config)
     if device.type == "cuda":
         gc.collect()  # a pool given up may still be held in a cycle (its CUDA graphs)
         torch.cuda.empty_cache()  # and what it freed counts as free only once released
