@@ -153,8 +153,8 @@ def simulate(
         "scheduler": scheduler.__dict__,
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
-        "fast_path": bool(fast_path and type(policy).stateless_per_batch
-                          and not scheduler.chunked_prefill and not replay.limits_proposals),
+        "fast_path": bool(router.replicas[0].fast_path and not scheduler.chunked_prefill
+                          and not router.replicas[0].planned),
         "engine_s": engine_s,
     }
     steps_df = steps.frame()

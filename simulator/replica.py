@@ -18,6 +18,7 @@ spectune models"). It never takes the fast path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from heapq import heappush
 
 import numpy as np
 import simpy
@@ -66,10 +67,12 @@ class Replica:
         self.steps = steps
         self.requests = requests
         self.next_arrival_s = next_arrival_s
-        # a drafter that can run out of proposals (n-gram) drafts a different k each step, which
-        # the fast path's one-k-per-segment walk does not model: step one iteration at a time
+        # a drafter that can run out of proposals (n-gram) drafts min(k, proposable) each step:
+        # the fast path walks those steps too (remaining_chain's cap), but a draft model's
+        # catch-up after such steps it does not: with one, step one iteration at a time
+        self.capped = acceptance.limits_proposals
         self.fast_path = (fast_path and type(policy).stateless_per_batch
-                          and not acceptance.limits_proposals)
+                          and not (self.capped and self.feeds))
         self.planned = type(self.scheduler).plans_whole_step
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
@@ -86,6 +89,8 @@ class Replica:
 
     def submit(self, request: RequestState) -> None:
         request.run = self.acceptance.run(request.index)
+        if self.capped:
+            request.cap = self.acceptance.proposable(request.index).astype(np.int64)
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now
@@ -167,6 +172,13 @@ class Replica:
         return sum((k if tree is None else tree.draft_tokens(k)) + 1 for k in ks)
 
     def _choose(self, batch: list[RequestState]) -> list[int]:
+        ks = self._choose_uncapped(batch)
+        if self.capped:  # the drafter proposes no more than it has
+            ks = [min(k, int(request.cap[request.generated])) for request, k in zip(batch, ks)]
+        return ks
+
+    def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
+        """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
         lookahead = None
         if type(self.policy).simulation_only:
             by_id = {request.request_id: request for request in batch}
@@ -174,9 +186,6 @@ class Replica:
         ks = self.scheduler.choose(batch, self.env.now, lookahead)
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
-        if self.acceptance.limits_proposals:  # the drafter proposes no more than it has
-            ks = [min(k, int(self.acceptance.proposable(request.index)[request.generated]))
-                  for request, k in zip(batch, ks)]
         return ks
 
     def _draft_stop(self, batch: list[RequestState], ks: list[int]) -> list[int]:
@@ -293,8 +302,8 @@ class Replica:
             return
         if type(self.policy).uses_draft_stop:
             chosen = self._draft_stop(batch, chosen)
-        if self.acceptance.limits_proposals:
-            chosen = [min(k, int(self.acceptance.proposable(request.index)[request.generated]))
+        if self.capped:
+            chosen = [min(k, int(request.cap[request.generated]))
                       for request, k in zip(batch, chosen)]
         for request, k in zip(batch, chosen):
             self.scheduler.propose(request, k)
@@ -307,41 +316,59 @@ class Replica:
         batch = scheduler.running
         key = tuple(request.request_id for request in batch)
         if key != self._ks_for:
-            self._ks, self._ks_for = self._choose(batch), key
+            self._ks, self._ks_for = self._choose_uncapped(batch), key
         ks = self._ks
         chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
         n_steps = min(len(c) for c in chains) - 1
         gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
         prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
+        # drafts per request and step: k, or what the drafter could propose (requests x steps)
+        drafts = (np.stack([request.chain_ks[request.chain_at: request.chain_at + n_steps]
+                            for request in batch]) if self.capped else None)
         feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
         durations = np.atleast_1d(self.cost.iteration_s(
-            k_arr, prompt[:, None] + gen[:, :-1] - 1,
+            k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
             feeds=feeds[:, :-1] if feeds is not None else None))
-        ends = np.cumsum(durations)
-        # run through the first iteration that ends at or after the next arrival: the arrival
-        # waits for that boundary anyway, and nothing a router reads (the replica's load)
-        # changes before the segment's last iteration, where the first finish can happen.
-        horizon = self.next_arrival_s(self.index) - self.env.now
-        n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, n_steps)
         start = self.env.now
+        if drafts is None:
+            ends = np.cumsum(durations)
+            # run through the first iteration that ends at or after the next arrival: the
+            # arrival waits for that boundary anyway, and nothing a router reads (the replica's
+            # load) changes before the segment's last iteration, where the first finish can be.
+            horizon = self.next_arrival_s(self.index) - start
+            n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, n_steps)
+            starts = ends[: n - 1] + start
+            end = self.env.timeout(float(ends[n - 1]))
+        else:
+            # the step path's clock to the bit (it replaces step-by-step runs): np.cumsum adds
+            # one iteration at a time, as the clock does, and the segment ends at that sum
+            clock = np.cumsum(np.concatenate(([start], durations)))
+            horizon = self.next_arrival_s(self.index)
+            n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, n_steps)
+            starts = clock[1:n]
+            end = _At(self.env, float(clock[n]))
         tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
         emitted = tokens[1:] - tokens[:-1]
         block = np.empty((len(STEP_INDEX), n))
         block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
                              int(k_arr.max()), 0, 0, *scheduler.snapshot()))[:, None]
-        block[STEP_INDEX["start_s"], 1:] += ends[: n - 1]
+        block[STEP_INDEX["start_s"], 1:] = starts
         block[STEP_INDEX["duration_s"]] = durations[:n]
+        if drafts is not None:
+            block[STEP_INDEX["drafted"]] = drafts[:, :n].sum(axis=0)
+            block[STEP_INDEX["max_k"]] = drafts[:, :n].max(axis=0)
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
-        yield self.env.timeout(float(ends[n - 1]))
+        yield end
         scheduler.step_index += n
+        drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
         for i, request in enumerate(batch):
             before, after = request.generated, int(gen[i, n])
             request.generated = after
             request.steps += n
-            request.drafted += ks[i] * n
+            request.drafted += drafted[i]
             request.accepted += after - before - n
             request.chain_at += n
             if feeds is not None:
@@ -363,8 +390,18 @@ class Replica:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _finish_done(self) -> None:
-        for request in self.scheduler.finish_done(self.env.now):
-            request.chain = None
+        for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
+            request.run = request.cap = request.chain = request.chain_ks = None
+
+
+class _At(simpy.events.Event):
+    """A timeout that ends at the absolute time `at`, exactly: a delay of at - now could round
+    to another float once SimPy adds it back to now."""
+
+    def __init__(self, env: simpy.Environment, at: float) -> None:
+        super().__init__(env)
+        self._ok, self._value = True, None
+        heappush(env._queue, (at, simpy.events.NORMAL, next(env._eid), self))
 
 
 def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerConfig,

@@ -11,9 +11,11 @@ class RequestState:
     __slots__ = (
         "accepted",
         "arrival_s",
+        "cap",
         "chain",
         "chain_at",
         "chain_k",
+        "chain_ks",
         "draft_feed",
         "drafted",
         "generated",
@@ -40,9 +42,12 @@ class RequestState:
         self.draft_feed = 0  # tokens the next chain's first draft pass feeds (draft_feed.py)
         self.accepted = 0
         self.run: np.ndarray | None = None
+        #: drafts the drafter can propose at each position (an n-gram lookup's), or None
+        self.cap: np.ndarray | None = None
         self.reserve = 0
         self.chain: np.ndarray | None = None
         self.chain_k = -1
+        self.chain_ks: np.ndarray | None = None
         self.chain_at = 0
 
     @property
@@ -51,11 +56,13 @@ class RequestState:
 
 
 def remaining_chain(request: RequestState, k: int) -> np.ndarray:
-    """Tokens generated before each remaining step if the request drafts k every step.
+    """Tokens generated before each remaining step if the request asks for k drafts every step.
 
-    Step at g accepts min(k, run[g]) drafts and emits one more, cut at the request's length:
-    g -> min(g + min(k, run[g]) + 1, N). The walk is cached on the request and reused while
-    it keeps drafting the same k (the fast path resumes it segment after segment).
+    Step at g drafts d = min(k, cap[g]) (`request.cap`: how many drafts the drafter can propose
+    at each position, e.g. an n-gram lookup's; None: no limit), accepts min(d, run[g]) of them
+    and emits one more, cut at the request's length: g -> min(g + min(d, run[g]) + 1, N). With
+    a cap, `request.chain_ks` holds each step's d. The walk is cached on the request and reused
+    while it keeps asking for the same k (the fast path resumes it segment after segment).
     """
     if request.chain_k == k and request.chain is not None:
         chain = request.chain[request.chain_at:]
@@ -66,7 +73,10 @@ def remaining_chain(request: RequestState, k: int) -> np.ndarray:
         chain = np.arange(g0, n + 1, dtype=np.int64)
     else:
         pos = np.arange(g0, n, dtype=np.int64)
-        nxt = np.minimum(pos + np.minimum(request.run[g0:n], k) + 1, n).tolist()
+        width = np.minimum(request.run[g0:n], k)
+        if request.cap is not None:
+            width = np.minimum(width, request.cap[g0:n])
+        nxt = np.minimum(pos + width + 1, n).tolist()
         walk = [g0]
         p = g0
         while p < n:
@@ -74,4 +84,5 @@ def remaining_chain(request: RequestState, k: int) -> np.ndarray:
             walk.append(p)
         chain = np.asarray(walk, dtype=np.int64)
     request.chain, request.chain_k, request.chain_at = chain, k, 0
+    request.chain_ks = None if request.cap is None else np.minimum(request.cap[chain[:-1]], k)
     return chain

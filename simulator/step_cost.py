@@ -45,7 +45,8 @@ class StepCostModel:
     ):
         """Seconds of one iteration (float), or of each column of `cached` if it is 2-D.
 
-        ks      (R,) draft tokens per decode request
+        ks      (R,) draft tokens per decode request; (R, S) with a 2-D `cached`: per step too
+                (then no draft model: its chain is costed for one k per request)
         cached  (R,) or (R, S): tokens in each decode request's KV cache before the verify pass
         prefill_*: aggregates of the prompt chunks processed in the same iteration
         feeds   None, or like `cached`: tokens each request feeds in its chain's first draft
@@ -54,7 +55,10 @@ class StepCostModel:
         lat = self.latency
         many = np.ndim(cached) == 2
         if many:
-            distinct, counts, sums = _buckets_per_step(np.asarray(ks, dtype=np.int64), cached)
+            ks = np.asarray(ks, dtype=np.int64)
+            if self.draft_tree is None and not lat.has_draft_model:
+                return self._verify_steps_s(ks, cached)
+            distinct, counts, sums = _buckets_per_step(ks, cached)
         else:
             distinct, counts, sums = _buckets(ks, cached)
         n_decode = sum(counts)
@@ -81,6 +85,8 @@ class StepCostModel:
         positions = sum(k * n for k, n in zip(distinct, counts))
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, positions)
         if lat.has_draft_model:
+            if many and ks.ndim == 2:
+                raise ValueError("per-step ks are costed without a draft model only")
             first = None if feeds is None else (
                 _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
                 else _catch_up(ks, cached, feeds))
@@ -90,6 +96,19 @@ class StepCostModel:
                                                 prefill_tokens, prefill_cached, prefill_pairs,
                                                 first)
         return total
+
+    def _verify_steps_s(self, ks: np.ndarray, cached: np.ndarray) -> np.ndarray:
+        """Many steps of one batch whose drafter has no model (so no draft passes) and drafts
+        a chain: each step's verify aggregates summed directly, not per k (the same integers
+        as the buckets', with fewer numpy calls: the fast path's hot spot)."""
+        lat = self.latency
+        seqs = len(cached)
+        k = ks if ks.ndim == 2 else ks[:, None]
+        drafted = k.sum(axis=0)
+        # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
+        pairs = ((k + 1) * cached).sum(axis=0) + ((k + 1) * (k + 2) // 2).sum(axis=0)
+        total = lat.forward_s("target", seqs, drafted + seqs, cached.sum(axis=0), pairs)
+        return total + lat.step_overhead_s(seqs, drafted)
 
     def _pass_shape(self, j: int) -> tuple[int, int]:
         """Pass j's (entries fed per request, entries each request holds before it beyond its
@@ -227,9 +246,14 @@ def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list
 
 
 def _buckets_per_step(ks: np.ndarray, cached: np.ndarray) -> tuple[list, list, list]:
-    """The same for a (requests x steps) matrix: sums are per-step arrays."""
+    """The same for a (requests x steps) matrix: sums are per-step arrays, and so are counts
+    where `ks` is per step too (requests x steps: a drafter that proposes fewer than k)."""
     if ks.min() == ks.max():
-        return [int(ks[0])], [len(ks)], [cached.sum(axis=0)]
+        return [int(ks.flat[0])], [len(ks)], [cached.sum(axis=0)]
+    if ks.ndim == 2:  # a bucket empty at a step adds 0 to each of its sums
+        masks = [(int(k), ks == k) for k in np.unique(ks)]
+        return ([k for k, _ in masks], [m.sum(axis=0) for _, m in masks],
+                [np.where(m, cached, 0).sum(axis=0) for _, m in masks])
     distinct = np.unique(ks).tolist()
     return (distinct, [int((ks == k).sum()) for k in distinct],
             [cached[ks == k].sum(axis=0) for k in distinct])

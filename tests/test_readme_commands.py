@@ -85,7 +85,7 @@ REDUCE: dict[str, tuple[str, ...]] = {
     "spectune validate": ("--requests", "2", "--output-tokens", "8", "--max-num-seqs", "2",
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
-    "python benchmarks/sim_speed.py": ("--sizes", "1000"),  # 100k requests: ~1 min
+    "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
 }
 #: Commands that serve on a real vLLM (each server start costs ~1 min of compiling): run by
 #: tests/live/test_vllm_real.py with these flags appended.
