@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,11 +134,33 @@ def server_env(venv: Path, kv_cache_gib: int) -> dict[str, str]:
     return env
 
 
+def _exit_on_sigterm():
+    """While a server runs, SIGTERM (a test runner's or a job scheduler's stop) unwinds spectune
+    as Ctrl-C does, so that `stop` kills the server's whole group; without it spectune dies at
+    once and the server's engine core outlives it. The handler it replaced, or None off the
+    main thread (where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _die_with_parent() -> None:
-    """In the server's process: SIGKILL it when spectune dies (Linux), whatever the cause."""
+    """In the server's process: SIGTERM it when spectune dies (Linux), whatever the cause. vLLM
+    then stops its engine core and workers itself; with SIGKILL they outlived it (measured with
+    spectune killed by SIGKILL: the engine core, a worker and the resource tracker left running
+    under init; with SIGTERM, none after 25 s)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PDEATHSIG
 
 
 @dataclass
@@ -150,17 +173,26 @@ class VllmServer:
     ready_timeout_s: float = 600.0
     port: int = 0
     process: subprocess.Popen | None = field(default=None, repr=False)
+    _on_sigterm: Any = field(default=None, init=False, repr=False)  # the handler it replaced
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> VllmServer:
-        self.start()
+        self._on_sigterm = _exit_on_sigterm()
+        try:
+            self.start()
+        except BaseException:
+            _restore_sigterm(self._on_sigterm)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            _restore_sigterm(self._on_sigterm)
 
     def start(self) -> None:
         python = vllm_python(self.venv)
@@ -207,14 +239,17 @@ class VllmServer:
         return "\n".join(text[-lines:])
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `grace_s`."""
+        """SIGTERM to the server's process group, SIGKILL after `grace_s`. The group is
+        killed even when the API server has already exited: its engine core may not have."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        group = os.getpgid(process.pid)
-        os.killpg(group, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace_s)
+        group = process.pid  # start_new_session: the server leads its own process group
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=grace_s)
         with contextlib.suppress(ProcessLookupError):  # the engine core and workers too
             os.killpg(group, signal.SIGKILL)
         process.wait()

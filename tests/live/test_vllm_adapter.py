@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
+import subprocess
 import sys
 import textwrap
 import time
@@ -71,10 +73,14 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 SERVER = """
-    import http.server, json, os, subprocess, sys, time
+    import http.server, json, os, signal, subprocess, sys, time
     port = int(sys.argv[sys.argv.index("--port") + 1])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
+    def stop(signum, frame):  # as vLLM's API server does: its engine core goes with it
+        child.kill()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -159,3 +165,56 @@ def test_safetensors_layout(tmp_path):
         got = np.frombuffer(data[begin:end], dtype="<f4").reshape(array.shape)
         np.testing.assert_array_equal(got, array)
     assert max(e["data_offsets"][1] for k, e in header.items() if k != "__metadata__") == len(data)
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+SPECTUNE = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from live.vllm_server import VllmServer, VllmSettings
+with VllmServer(VllmSettings(Path({model!r})), Path({venv!r}), Path({log!r}),
+                ready_timeout_s=30):
+    print("READY", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_spectune_leaves_no_server_behind(tmp_path, monkeypatch, signum):
+    """SIGTERM unwinds spectune, whose stop kills the server's group; SIGKILL cannot be caught,
+    and the server's death signal (SIGTERM) lets it stop its own children."""
+    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child.pid"))
+    venv = fake_venv(tmp_path, SERVER)
+    code = SPECTUNE.format(root=str(Path(__file__).parents[2]), model=str(model_dir(tmp_path)),
+                           venv=str(venv), log=str(tmp_path / "server.log"))
+    spectune = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert spectune.stdout.readline().strip() == "READY"
+    child = int((tmp_path / "child.pid").read_text())
+    spectune.send_signal(signum)
+    assert spectune.wait(timeout=30) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+    assert _gone(child), "the server's child process outlived spectune"
+
+
+def test_stop_kills_the_group_when_the_server_itself_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child.pid"))
+    venv = fake_venv(tmp_path, SERVER.replace("signal.signal(signal.SIGTERM, stop)", ""))
+    server = VllmServer(VllmSettings(model_dir(tmp_path)), venv, tmp_path / "server.log",
+                        ready_timeout_s=30)
+    server.start()
+    child = int((tmp_path / "child.pid").read_text())
+    os.kill(server.process.pid, signal.SIGKILL)  # the API server dies, its engine core not
+    server.process.wait()
+    assert not _gone(child, within_s=0.5)
+    server.stop()
+    assert _gone(child)
