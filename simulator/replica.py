@@ -210,6 +210,8 @@ class Replica:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
+        signals = bool(type(self.policy).signals)
+        feeds, catch_up = self.feeds, self.catch_up
         for request, k in zip(batch, ks):
             g = request.generated
             acc = min(k, int(request.run[g])) if k else 0
@@ -217,13 +219,16 @@ class Replica:
             request.generated = g + emit
             request.steps += 1
             request.drafted += k
-            if self.feeds:
-                request.draft_feed = next_feed(self.catch_up, request.draft_feed, k, emit)
+            if feeds:
+                request.draft_feed = next_feed(catch_up, request.draft_feed, k, emit)
             request.accepted += emit - 1
             total_acc += emit - 1
             total_emit += emit
-            if outcomes is not None:  # accepted drafts past the request's end do not count
-                outcomes.append(self._outcome(request, g, k, emit - 1, emit))
+            if outcomes is None:
+                continue
+            # accepted drafts past the request's end do not count
+            outcomes.append(self._outcome(request, g, k, emit - 1, emit) if signals
+                            else DraftOutcome(request.request_id, k, emit - 1, emit, g))
         if outcomes is not None:
             self.policy.observe(self.scheduler.context(batch, self.env.now), outcomes)
         return total_acc, total_emit

@@ -52,23 +52,36 @@ class StepCostModel:
         feeds   None, or like `cached`: tokens each request feeds in its chain's first draft
                 pass (its catch-up; 1 when None); ignored where k = 0
         """
-        lat = self.latency
+        lat, tree = self.latency, self.draft_tree
+        # no draft model and a chain: nothing to bucket by k, the verify pass's sums suffice
+        # (the same integers: the hot path of model-free drafters, in either form)
+        chain_only = tree is None and not lat.has_draft_model
         many = np.ndim(cached) == 2
+        distinct = None
         if many:
             ks = np.asarray(ks, dtype=np.int64)
-            if self.draft_tree is None and not lat.has_draft_model:
+            if chain_only:
                 return self._verify_steps_s(ks, cached)
             distinct, counts, sums = _buckets_per_step(ks, cached)
+        elif chain_only:
+            n_decode, positions, cached_total, pairs = _verify_sums(ks, cached)
         else:
             distinct, counts, sums = _buckets(ks, cached)
-        n_decode = sum(counts)
-        tree = self.draft_tree
-        widths = distinct if tree is None else [tree.draft_tokens(k) for k in distinct]
-        query = sum(w * n for w, n in zip(widths, counts)) + n_decode
-        cached_total = sum(sums) if sums else 0
-        # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
-        own = [(k + 1) * (k + 2) // 2 if tree is None else tree.verify_pairs(k) for k in distinct]
-        pairs = sum((w + 1) * s + n * o for w, n, s, o in zip(widths, counts, sums, own))
+        if distinct is not None:
+            n_decode = sum(counts)
+            widths = distinct if tree is None else [tree.draft_tokens(k) for k in distinct]
+            cached_total = sum(sums) if sums else 0
+            # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
+            own = [(k + 1) * (k + 2) // 2 if tree is None else tree.verify_pairs(k)
+                   for k in distinct]
+            pairs = sum((w + 1) * s + n * o for w, n, s, o in zip(widths, counts, sums, own))
+            # host time per drafted position, as `validate` fits it on the engines' `drafted`
+            # (a tree's depth, not its nodes)
+            positions = sum(k * n for k, n in zip(distinct, counts))
+            positions_fed = sum(w * n for w, n in zip(widths, counts))
+        else:
+            positions_fed = positions
+        query = positions_fed + n_decode
         if prefill_seqs and getattr(lat, "mixed_parts", False):
             # prompt chunks priced as a prefill (a continuing chunk too) and the decodes as
             # their own pass; the pass's fixed cost is paid once
@@ -80,9 +93,6 @@ class StepCostModel:
         else:
             total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                                   cached_total + prefill_cached, pairs + prefill_pairs)
-        # host time per drafted position, as `validate` fits it on the engines' `drafted` (a
-        # tree's depth, not its nodes)
-        positions = sum(k * n for k, n in zip(distinct, counts))
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, positions)
         if lat.has_draft_model:
             if many and ks.ndim == 2:
@@ -231,6 +241,18 @@ def _capped(distinct: list, counts: list, sums: list, depth: int) -> tuple[list,
             merged[k] = [n, s]
     keys = sorted(merged)
     return keys, [merged[k][0] for k in keys], [merged[k][1] for k in keys]
+
+
+def _verify_sums(ks: Sequence[int], cached: Sequence[int]) -> tuple[int, int, int, int]:
+    """(requests, drafts, cached tokens, causal pairs) of a chain's verify pass, in plain
+    Python: the step path calls it every iteration."""
+    drafts = total = pairs = 0
+    for k, c in zip(ks, cached):
+        k, c = int(k), int(c)
+        drafts += k
+        total += c
+        pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
+    return len(ks), drafts, total, pairs
 
 
 def _buckets(ks: Sequence[int], cached: Sequence[int]) -> tuple[list, list, list]:
