@@ -90,7 +90,8 @@ class Replica:
     def submit(self, request: RequestState) -> None:
         request.run = self.acceptance.run(request.index)
         if self.capped:
-            request.cap = self.acceptance.proposable(request.index).astype(np.int64)
+            # a list: the step path reads one position per step, and numpy scalars are slow
+            request.cap = self.acceptance.proposable(request.index).astype(np.int64).tolist()
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now

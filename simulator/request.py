@@ -43,7 +43,7 @@ class RequestState:
         self.accepted = 0
         self.run: np.ndarray | None = None
         #: drafts the drafter can propose at each position (an n-gram lookup's), or None
-        self.cap: np.ndarray | None = None
+        self.cap: list[int] | None = None
         self.reserve = 0
         self.chain: np.ndarray | None = None
         self.chain_k = -1
@@ -69,13 +69,14 @@ def remaining_chain(request: RequestState, k: int) -> np.ndarray:
         if len(chain) and chain[0] == request.generated:
             return chain
     g0, n = request.generated, request.output_tokens
+    caps = None if request.cap is None else np.asarray(request.cap[g0:n], dtype=np.int64)
     if k == 0:
         chain = np.arange(g0, n + 1, dtype=np.int64)
     else:
         pos = np.arange(g0, n, dtype=np.int64)
         width = np.minimum(request.run[g0:n], k)
-        if request.cap is not None:
-            width = np.minimum(width, request.cap[g0:n])
+        if caps is not None:
+            width = np.minimum(width, caps)
         nxt = np.minimum(pos + width + 1, n).tolist()
         walk = [g0]
         p = g0
@@ -84,5 +85,5 @@ def remaining_chain(request: RequestState, k: int) -> np.ndarray:
             walk.append(p)
         chain = np.asarray(walk, dtype=np.int64)
     request.chain, request.chain_k, request.chain_at = chain, k, 0
-    request.chain_ks = None if request.cap is None else np.minimum(request.cap[chain[:-1]], k)
+    request.chain_ks = None if caps is None else np.minimum(caps[chain[:-1] - g0], k)
     return chain

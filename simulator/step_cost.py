@@ -56,7 +56,7 @@ class StepCostModel:
         # no draft model and a chain: nothing to bucket by k, the verify pass's sums suffice
         # (the same integers: the hot path of model-free drafters, in either form)
         chain_only = tree is None and not lat.has_draft_model
-        many = np.ndim(cached) == 2
+        many = isinstance(cached, np.ndarray) and cached.ndim == 2  # np.ndim copies a list
         distinct = None
         if many:
             ks = np.asarray(ks, dtype=np.int64)
@@ -246,9 +246,12 @@ def _capped(distinct: list, counts: list, sums: list, depth: int) -> tuple[list,
 def _verify_sums(ks: Sequence[int], cached: Sequence[int]) -> tuple[int, int, int, int]:
     """(requests, drafts, cached tokens, causal pairs) of a chain's verify pass, in plain
     Python: the step path calls it every iteration."""
+    if isinstance(ks, np.ndarray):
+        ks = ks.tolist()
+    if isinstance(cached, np.ndarray):  # Python ints: numpy scalars are slow one by one
+        cached = cached.tolist()
     drafts = total = pairs = 0
     for k, c in zip(ks, cached):
-        k, c = int(k), int(c)
         drafts += k
         total += c
         pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
