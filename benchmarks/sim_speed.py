@@ -59,6 +59,11 @@ def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
     }
 
 
+def _header(header: str) -> None:
+    print(header)
+    print("-" * len(header))
+
+
 #: the second table's rows: (policy, k, fast path allowed)
 RECORDED = (("fixed", 4, True), ("fixed", 4, False), ("batch_adaptive", 0, True),
             ("batch_adaptive", 0, False), ("goodput", 0, True))
@@ -67,10 +72,8 @@ RECORDED = (("fixed", 4, True), ("fixed", 4, False), ("batch_adaptive", 0, True)
 def recorded_table(n: int, repeats: int) -> None:
     print(f"\n{n:,} requests, smollm2-ngram, model-free draft, 8 req/s "
           f"(times: median of {repeats}, rows interleaved)")
-    header = (f"{'policy':>15} {'k':>2} {'path':>5} {'engine_s':>9} {'total_s':>8} "
-              f"{'iterations':>11} {'us/iter':>8} {'batch':>6} {'mean E2E s':>11}")
-    print(header)
-    print("-" * len(header))
+    _header(f"{'policy':>15} {'k':>2} {'path':>5} {'engine_s':>9} {'total_s':>8} "
+            f"{'iterations':>11} {'us/iter':>8} {'batch':>6} {'mean E2E s':>11}")
     runs = {row: [] for row in RECORDED}
     for _ in range(repeats):  # interleaved, so that the machine's drift spreads over every row
         for row in RECORDED:
@@ -97,10 +100,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, python "
           f"{platform.python_version()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    header = (f"{'requests':>9} {'k':>2} {'build_s':>8} {'engine_s':>9} {'records_s':>9} "
-              f"{'total_s':>8} {'req/s':>9} {'iter/s':>10} {'iterations':>11} {'batch':>6}")
-    print(header)
-    print("-" * len(header))
+    _header(f"{'requests':>9} {'k':>2} {'build_s':>8} {'engine_s':>9} {'records_s':>9} "
+            f"{'total_s':>8} {'req/s':>9} {'iter/s':>10} {'iterations':>11} {'batch':>6}")
     for n in args.sizes:
         for k in args.ks:
             r = measure(n, k)
