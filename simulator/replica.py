@@ -78,6 +78,7 @@ class Replica:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
         self.observes = type(policy).observe is not Policy.observe
+        self.reads_signals = bool(type(policy).signals)
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
         self._ks: list[int] = []
@@ -173,10 +174,13 @@ class Replica:
         return sum((k if tree is None else tree.draft_tokens(k)) + 1 for k in ks)
 
     def _choose(self, batch: list[RequestState]) -> list[int]:
-        ks = self._choose_uncapped(batch)
-        if self.capped:  # the drafter proposes no more than it has
-            ks = [min(k, int(request.cap[request.generated])) for request, k in zip(batch, ks)]
-        return ks
+        return self._cut_to_cap(batch, self._choose_uncapped(batch))
+
+    def _cut_to_cap(self, batch: list[RequestState], ks: list[int]) -> list[int]:
+        """The drafter proposes no more than it has at each request's next position."""
+        if not self.capped:
+            return ks
+        return [min(k, request.cap[request.generated]) for request, k in zip(batch, ks)]
 
     def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
         """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
@@ -211,8 +215,7 @@ class Replica:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
-        signals = bool(type(self.policy).signals)
-        feeds, catch_up = self.feeds, self.catch_up
+        signals, feeds, catch_up = self.reads_signals, self.feeds, self.catch_up
         for request, k in zip(batch, ks):
             g = request.generated
             acc = min(k, int(request.run[g])) if k else 0
@@ -308,9 +311,7 @@ class Replica:
             return
         if type(self.policy).uses_draft_stop:
             chosen = self._draft_stop(batch, chosen)
-        if self.capped:
-            chosen = [min(k, int(request.cap[request.generated]))
-                      for request, k in zip(batch, chosen)]
+        chosen = self._cut_to_cap(batch, chosen)
         for request, k in zip(batch, chosen):
             self.scheduler.propose(request, k)
 
