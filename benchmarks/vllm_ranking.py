@@ -91,7 +91,7 @@ def main() -> int:
         for label, run in runs.items():
             wl, ids = windows[label]
             trace = ngram_trace(ids, run.outputs, 16, {})
-            sim, _, _ = simulate_run(v, config, wl, trace, capacity, table)
+            sim, _ = simulate_run(v, config, wl, trace, capacity, table)
             rows.append({"config": config.label, "window": label,
                          "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
                          "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())})

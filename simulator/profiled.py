@@ -48,23 +48,29 @@ class _RoleModel:
 #: table meta key: how a step of prompt chunks and decodes is priced ("one pass", the default, or
 #: "parts")
 MIXED_STEPS_KEY = "mixed_steps"
+#: an engine's host time between iterations, fitted on served runs / measured as a constant
+HOST_GAP_KEY = "iteration_gap"
+HOST_GAP_CONSTANT_KEY = "iteration_gap_s"
 
 
 class ProfiledLatency(LatencyModel):
     """Forward-pass times fitted to a profiled table; see the module docstring.
 
     The table times forward passes only; an engine's host work around them is
-    `step_overhead_s + per_seq_overhead_s * num_seqs + per_draft_token_s * drafted` per iteration
-    (0 unless the caller measured it: `spectune validate` does). `pass_scale` multiplies every
+    `step_overhead_s + per_seq_overhead_s * num_seqs + per_draft_token_s * drafted` per iteration,
+    plus `spec_step_overhead_s` when the step verifies drafts (0 unless the caller measured it:
+    `spectune validate` does). `pass_scale` multiplies every
     pass: the device's speed now relative to when the table was timed (1.0 unless measured).
     """
 
     def __init__(self, table: LatencyTable, step_overhead_s: float = 0.0,
                  extrapolation: Extrapolation = "clamp", *, per_seq_overhead_s: float = 0.0,
-                 per_draft_token_s: float = 0.0, pass_scale: float = 1.0) -> None:
+                 per_draft_token_s: float = 0.0, spec_step_overhead_s: float = 0.0,
+                 pass_scale: float = 1.0) -> None:
         for name, value in (("step_overhead_s", step_overhead_s),
                             ("per_seq_overhead_s", per_seq_overhead_s),
-                            ("per_draft_token_s", per_draft_token_s)):
+                            ("per_draft_token_s", per_draft_token_s),
+                            ("spec_step_overhead_s", spec_step_overhead_s)):
             if not (isinstance(value, _SCALARS) and 0 <= value < float("inf")):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(pass_scale, _SCALARS) and 0 < pass_scale < float("inf")):
@@ -84,6 +90,7 @@ class ProfiledLatency(LatencyModel):
         self._overhead = float(step_overhead_s)
         self._per_seq = float(per_seq_overhead_s)
         self._per_draft = float(per_draft_token_s)
+        self._spec_step = float(spec_step_overhead_s)
         self.pass_scale = float(pass_scale)
         self.extrapolation: Extrapolation = extrapolation
         self._clamp = extrapolation == "clamp"
@@ -100,6 +107,23 @@ class ProfiledLatency(LatencyModel):
         #: pass less one fixed cost, each scaled by its own phase's grid (the profile's meta
         #: says so where its mixed steps were checked against an engine: docs/vllm.md)
         self.mixed_parts = mixed == "parts"
+
+    @classmethod
+    def with_host_time(cls, table: LatencyTable, pass_scale: float = 1.0) -> ProfiledLatency:
+        """The table's model plus the host time between iterations its meta records, where the
+        profile comes from an engine whose iteration times leave that time out (vLLM's): the
+        model fitted on served runs (`iteration_gap`: fixed, per request, per step that
+        verifies drafts; live/vllm_gap.py), else a constant (`iteration_gap_s`), else none."""
+        fitted = table.meta.get(HOST_GAP_KEY)
+        if fitted is None:
+            return cls(table, float(table.meta.get(HOST_GAP_CONSTANT_KEY, 0.0)),
+                       pass_scale=pass_scale)
+        try:
+            return cls(table, fitted["fixed_s"], per_seq_overhead_s=fitted["per_request_s"],
+                       spec_step_overhead_s=fitted["speculative_step_s"], pass_scale=pass_scale)
+        except (KeyError, TypeError):
+            raise ConfigError(f"profiled latency: meta {HOST_GAP_KEY!r} must hold fixed_s, "
+                              f"per_request_s and speculative_step_s; got {fitted!r}") from None
 
     @property
     def fixed_pass_s(self) -> float:
@@ -176,9 +200,13 @@ class ProfiledLatency(LatencyModel):
         if isinstance(num_seqs, _SCALARS) and isinstance(drafted_tokens, _SCALARS):
             if num_seqs <= 0:
                 return 0.0
-            return self._overhead + self._per_seq * num_seqs + self._per_draft * drafted_tokens
+            host = self._overhead + self._per_seq * num_seqs + self._per_draft * drafted_tokens
+            return host + self._spec_step if self._spec_step and drafted_tokens > 0 else host
         n = np.asarray(num_seqs, dtype=np.float64)
-        host = self._overhead + self._per_seq * n + self._per_draft * np.asarray(drafted_tokens)
+        drafted = np.asarray(drafted_tokens)
+        host = self._overhead + self._per_seq * n + self._per_draft * drafted
+        if self._spec_step:
+            host = host + np.where(drafted > 0, self._spec_step, 0.0)
         return _out(np.where(n > 0, host, 0.0))
 
     def describe(self) -> dict:
@@ -193,6 +221,7 @@ class ProfiledLatency(LatencyModel):
             "step_overhead_s": self._overhead,
             "per_seq_overhead_s": self._per_seq,
             "per_draft_token_s": self._per_draft,
+            "spec_step_overhead_s": self._spec_step,
             "pass_scale": self.pass_scale,
             "extrapolation": self.extrapolation,
             "draft_catch_up": self.draft_catch_up,

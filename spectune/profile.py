@@ -65,6 +65,10 @@ class ProfileSpec:
         "help": "spectune (time our passes) or vllm (time a real vLLM's iterations: "
                 "scripts/vllm_env.sh builds it; the other flags do not apply)"})
     vllm_venv: str = field(default=".venv-vllm", metadata={"help": "vLLM's environment"})
+    gap_from: str | None = field(default=None, metadata={
+        "help": "--engine vllm: folders of measured vLLM runs (comma-separated, as spectune "
+                "validate --engine vllm writes them): fit vLLM's host time between iterations "
+                "on them and write it into the profile at --out; starts no vLLM"})
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -80,6 +84,8 @@ class ProfileSpec:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
         if self.engine not in ("spectune", "vllm"):
             raise ValueError(f"--engine must be spectune or vllm, got {self.engine!r}")
+        if self.gap_from is not None and self.engine != "vllm":
+            raise ValueError("--gap-from fits vLLM's gap between iterations: add --engine vllm")
 
     def grid(self):
         from profiler.grid import DEFAULT_GRID, QUICK_GRID, Grid
@@ -271,6 +277,8 @@ def _main_vllm(spec: ProfileSpec, args: argparse.Namespace) -> int:
     from spectune.files import to_json, write_json
     from spectune.profile_vllm import run_profile_vllm
 
+    if spec.gap_from is not None:
+        return _refit_gap(spec.gap_from, args)
     summary = run_profile_vllm(resolve_venv(spec.vllm_venv), args.out, rounds=spec.repeats or 2,
                                progress=lambda text: print(text, file=sys.stderr, flush=True))
     write_json(args.out / "summary.json", summary)
@@ -283,4 +291,21 @@ def _main_vllm(spec: ProfileSpec, args: argparse.Namespace) -> int:
               f"{held['p90_abs_pct']:.1f}% ({held['n']} points)")
         print(f"written to {args.out}/ (use it: spectune validate --engine vllm --profile "
               f"{args.out}/latency)")
+    return 0
+
+
+def _refit_gap(folders: str, args: argparse.Namespace) -> int:
+    from spectune.files import to_json
+    from spectune.profile_vllm import refit_gap
+
+    gap = refit_gap(args.out, [Path(f) for f in folders.split(",") if f])
+    if args.format == "json":
+        print(to_json(gap))
+    else:
+        print(f"vLLM's gap between iterations: {gap['fixed_s'] * 1e3:.2f} ms + "
+              f"{gap['per_request_s'] * 1e3:.3f} ms per request + "
+              f"{gap['speculative_step_s'] * 1e3:.2f} ms when the step verifies drafts "
+              f"({gap['runs']} runs, {gap['iterations']} iterations; residual "
+              f"{gap['rms_s'] * 1e3:.2f} ms per iteration, rms over runs)")
+        print(f"written to {args.out}/latency.meta.json")
     return 0

@@ -52,3 +52,30 @@ def _dist_version(venv: Path, name: str) -> str:
     for dist in (venv / "lib").glob(f"python*/site-packages/{name}-*.dist-info"):
         return dist.name.removesuffix(".dist-info").split("-", 1)[1]
     return "unknown"
+
+
+def refit_gap(out: Path, folders: list[Path]) -> dict:
+    """Fit vLLM's host time between iterations on the measured runs under `folders`
+    (live/vllm_gap.py) and write it into the profile at `out` (meta `iteration_gap`, which
+    `spectune validate --engine vllm` charges per step); what was written."""
+    from live.vllm_gap import GapFitError, find_runs, fit_iteration_gap
+    from simulator import ConfigError
+    from simulator.latency_table import LatencyTable
+
+    if not (out / "latency.csv").is_file():
+        raise ConfigError(f"--out {out}: no vLLM profile there (latency.csv) to add the gap "
+                          f"to; make one with spectune profile --engine vllm --out {out}")
+    table = LatencyTable.load(out / "latency")
+    if not str(table.meta.get("engine", "")).startswith("vllm"):
+        raise ConfigError(f"--out {out}: the profile there is not vLLM's (its meta names no "
+                          f"vllm engine); --gap-from applies to a vLLM profile")
+    if not folders:
+        raise ConfigError("--gap-from: give at least one folder of measured vLLM runs")
+    try:
+        gap = fit_iteration_gap(find_runs(folders)).to_meta()
+    except GapFitError as err:
+        raise ConfigError(f"--gap-from: {err}") from None
+    gap["fitted_on"] = sorted(str(f) for f in folders)
+    table.meta["iteration_gap"] = gap
+    table.save(out / "latency")
+    return gap

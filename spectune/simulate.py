@@ -225,13 +225,14 @@ def build_latency(spec: SimulationSpec, scheduler: SchedulerConfig) -> tuple[Lat
 
 
 def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
-    """The profiled latency model of `folder`, and a KV capacity from the profiled device."""
+    """The profiled latency model of `folder` (with the host time between iterations its meta
+    records: ProfiledLatency.with_host_time), and a KV capacity from the profiled device."""
     from simulator.builtin_profiles import resolve_profile
     from simulator.latency_table import LatencyTable
     from simulator.profiled import ProfiledLatency
 
     table = LatencyTable.load(resolve_profile(folder))
-    latency = ProfiledLatency(table)
+    latency = ProfiledLatency.with_host_time(table)
     if scheduler.kv_capacity_tokens:
         return latency, scheduler.kv_capacity_tokens
     memory = table.meta.get("memory_bytes")

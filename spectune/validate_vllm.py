@@ -184,28 +184,41 @@ def speed_scale(latency, probe_rows: list[dict]) -> float:
     return float(np.median(ratios)) if ratios else float("nan")
 
 
-def busy_ratio(iterations: pd.DataFrame, steps: pd.DataFrame, gap_s: float) -> float:
+def busy_ratio(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> float:
     """vLLM's logged time in iterations over the simulator's time in passes, for the whole run:
-    above 1, vLLM ran slower than its profile (the machine's speed, or the profile's shapes)."""
-    simulated = float((steps.duration_s - gap_s).clip(lower=0).sum())
+    above 1, vLLM ran slower than its profile (the machine's speed, or the profile's shapes).
+    `host_s`: the host time each simulated step carries (a number, or one per step)."""
+    passes = steps.duration_s.to_numpy() - np.broadcast_to(host_s, len(steps))
+    simulated = float(passes.clip(min=0).sum())
     return float(iterations.elapsed_ms.sum()) / 1000 / simulated if simulated else float("nan")
 
 
-def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, gap_s: float) -> dict:
+def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> dict:
     """Simulated against logged time per iteration, where the two runs' i-th steps have the same
     shape (prompt tokens, decode requests and tokens): how many matched, and the median |error|
-    of the simulated pass time against vLLM's iteration time, in percent."""
-    steps = steps[(steps.decode_seqs + steps.prefill_seqs) > 0].reset_index(drop=True)
+    of the simulated pass time (less `host_s`, as in busy_ratio) against vLLM's iteration time,
+    in percent."""
+    busy = ((steps.decode_seqs + steps.prefill_seqs) > 0).to_numpy()
+    host = np.broadcast_to(host_s, len(steps))[busy]
+    steps = steps[busy].reset_index(drop=True)
     n = min(len(steps), len(iterations))
     logged, sim = iterations.iloc[:n], steps.iloc[:n]
     same = ((logged.context_tokens.to_numpy() == sim.prefill_tokens.to_numpy())
             & (logged.generation_requests.to_numpy() == sim.decode_seqs.to_numpy())
             & (logged.generation_tokens.to_numpy()
                == (sim.decode_seqs + sim.drafted).to_numpy()))
-    errors = ((sim.duration_s.to_numpy() - gap_s) / (logged.elapsed_ms.to_numpy() / 1000) - 1)[same]
+    passes = sim.duration_s.to_numpy() - host[:n]
+    errors = (passes / (logged.elapsed_ms.to_numpy() / 1000) - 1)[same]
     return {"matched": int(same.sum()), "of": len(iterations),
             "median_abs_error_pct": float(np.median(np.abs(errors)) * 100) if same.any()
             else float("nan")}
+
+
+def step_host_s(latency, steps: pd.DataFrame) -> np.ndarray:
+    """The host time the simulator charged each of its steps (the profile's gap model)."""
+    return np.asarray(latency.step_overhead_s(
+        (steps.decode_seqs + steps.prefill_seqs).to_numpy(), steps.drafted.to_numpy()),
+        dtype=np.float64) * np.ones(len(steps))
 
 
 def load_profile(v: VllmValidation):
@@ -219,20 +232,19 @@ def load_profile(v: VllmValidation):
 def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
                  table, pass_scale: float = 1.0):
     """The simulator's run of one measured one: vLLM's profile `table` (passes times
-    `pass_scale`), its scheduler and capacity, and the acceptance vLLM saw; and the step gap it
-    charged."""
+    `pass_scale`, the host time between iterations its meta records), its scheduler and
+    capacity, and the acceptance vLLM saw; and the latency model it used."""
     from simulator import simulate
     from simulator.config import ServedSchedulerConfig
     from simulator.profiled import ProfiledLatency
 
-    gap = float(table.meta.get("iteration_gap_s", 0))
-    latency = ProfiledLatency(table, step_overhead_s=gap, pass_scale=pass_scale)
+    latency = ProfiledLatency.with_host_time(table, pass_scale)
     settings = ServedSchedulerConfig(max_num_seqs=128, max_batched_tokens=2048, k_max=config.k,
                                      chunked_prefill=True, scheduler=v.scheduler,
                                      kv_capacity_tokens=kv_capacity,
                                      max_model_len=v.max_model_len)
     result = simulate(workload, latency, trace, config.policy(), kv_capacity, settings)
-    return result, latency, gap
+    return result, latency
 
 
 def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder: Path,
@@ -295,10 +307,11 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             # the replay of vLLM's proposals assumes one k: a table's k moves with the batch
             check = per_step_check(trace, config.k, run.per_step, wl.prompt_tokens,
                                    v.max_model_len) if config.k and not config.table else None
-            sim, latency, gap = simulate_run(v, config, wl, trace, capacity, table)
+            sim, latency = simulate_run(v, config, wl, trace, capacity, table)
             probes = speed_scale(latency, run.meta["probe_rows"])
-            busy = busy_ratio(run.iterations, sim.steps, gap)
-            agree = iteration_agreement(run.iterations, sim.steps, gap)
+            host = step_host_s(latency, sim.steps)
+            busy = busy_ratio(run.iterations, sim.steps, host)
+            agree = iteration_agreement(run.iterations, sim.steps, host)
             say(f"  rate {rate:g}: vLLM's iterations took {busy:.3f}x the simulated passes "
                 f"(speed probes around the run: {probes:.3f}x the profile); "
                 f"{agree['matched']} of {agree['of']} iterations step for step, their time "
@@ -306,7 +319,7 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             observed = measured_metrics(run.requests, run.iterations)
             simulated = metrics(sim.requests, sim.steps)
             rows += compare(config.label, rate, simulated, observed, simulated)
-            matched, _, _ = simulate_run(v, config, wl, trace, capacity, table, busy)
+            matched, _ = simulate_run(v, config, wl, trace, capacity, table, busy)
             matched_rows += compare(config.label, rate, metrics(matched.requests, matched.steps),
                                     observed, simulated)
             (folder / label).mkdir(parents=True, exist_ok=True)

@@ -124,3 +124,8 @@ def test_iteration_agreement_compares_only_steps_of_the_same_shape():
     assert got["median_abs_error_pct"] == pytest.approx((10 + 10) / 2)  # +10% and +10%
     # vLLM's 160 ms against the simulated passes' 110 + 22 + 40 ms (gaps out)
     assert busy_ratio(logged, steps, 0.005) == pytest.approx(0.160 / 0.172)
+    # a gap per step (the fitted model's): the 4-request-step's own gap is taken out
+    per_step = [0.0, 0.005, 0.005, 0.007]
+    assert busy_ratio(logged, steps, per_step) == pytest.approx(0.160 / 0.170)
+    assert iteration_agreement(logged, steps, per_step)["median_abs_error_pct"] \
+        == pytest.approx(10)
