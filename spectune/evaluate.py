@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator import SchedulerConfig
+from simulator import ConfigError, SchedulerConfig
 from spectune import contents
 from spectune.search import Candidate
 from spectune.simulate import (
@@ -150,19 +150,41 @@ class Interrupted(KeyboardInterrupt):
         self.done, self.total, self.cache_dir = done, total, cache_dir
 
 
+EXECUTORS = ("local", "ray")
+EXECUTOR_HELP = ("local (worker processes on this machine) or ray (every simulation a Ray task "
+                 "of 1 CPU: a local Ray, or the cluster at --ray-address; pip install -e '.[ray]')")
+RAY_ADDRESS_HELP = ("a Ray cluster's address (HOST:PORT, as ray start --head prints) for "
+                    "--executor ray")
+
+
+def check_executor(executor: str, ray_address: str | None) -> None:
+    """The --executor and --ray-address flags, checked before any work."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be local or ray, got {executor!r}")
+    if ray_address is not None and executor != "ray":
+        raise ConfigError("--ray-address is where Ray runs the simulations: add --executor ray")
+
+
 class Runner:
-    """Runs tasks in parallel over `jobs` processes, answering from `cache_dir` what is done.
+    """Runs tasks in parallel over `jobs` processes, or as Ray tasks (`executor` "ray", on the
+    cluster at `ray_address` or a local Ray: spectune/ray_pool.py), answering from `cache_dir`
+    what is done.
 
     Ctrl-C (KeyboardInterrupt) inside run() or the `with` block tears the pool down at once
     (pending tasks cancelled, workers terminated) and is raised again as `Interrupted`."""
 
     def __init__(self, cache_dir: Path | None, jobs: int = 0,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, executor: str = "local",
+                 ray_address: str | None = None) -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
         self.progress = progress
+        self.executor, self.ray_address = executor, ray_address
         self.done = self.total = self.cached = 0
         self._pool: ProcessPoolExecutor | None = None
+        self._ray = None
 
     def __enter__(self) -> Runner:
         return self
@@ -181,10 +203,16 @@ class Runner:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        ray, self._ray = self._ray, None
+        if ray is not None:
+            ray.close()
 
     def abort(self) -> None:
         """Stop now: cancel what has not started, terminate the workers (SIGTERM, then SIGKILL
         after a second), and wait for them, so none outlives the parent."""
+        ray, self._ray = self._ray, None
+        if ray is not None:
+            ray.abort()
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -268,7 +296,18 @@ class Runner:
         self.total += len(tasks)
         self.done += len(tasks) - len(todo)
         self._tick()
-        if len(todo) > 1 and self.jobs > 1:
+        if todo and self.executor == "ray":
+            if self._ray is None:
+                from spectune.ray_pool import RayPool
+
+                self._ray = RayPool(self.ray_address)
+
+            def finished(j: int, metrics: dict) -> None:
+                i = todo[j]
+                out[i] = self._finish(keys[i], tasks[i], metrics)
+
+            self._ray.run([tasks[i] for i in todo], finished)
+        elif len(todo) > 1 and self.jobs > 1:
             pool = self._workers(tasks[todo[0]])
             for i, metrics in zip(todo, pool.map(evaluate, [tasks[i] for i in todo])):
                 out[i] = self._finish(keys[i], tasks[i], metrics)

@@ -21,7 +21,14 @@ from pathlib import Path
 
 from simulator import ConfigError, SchedulerConfig, get_gpu
 from spectune.console import seconds
-from spectune.evaluate import Runner, Task, seeded_inputs
+from spectune.evaluate import (
+    EXECUTOR_HELP,
+    RAY_ADDRESS_HELP,
+    Runner,
+    Task,
+    check_executor,
+    seeded_inputs,
+)
 from spectune.search import Candidate
 from spectune.simulate import SimulationSpec, build_slo, note_short_trace
 
@@ -43,10 +50,13 @@ class PlanSpec:
         "help": "price per GPU-hour per hardware, e.g. H100-SXM=3.5,A100-80GB=2.0"})
     tolerance: float = field(default=0.02, metadata={"help": "relative precision of the rate"})
     jobs: int = field(default=0, metadata={"help": "worker processes (0: one per core)"})
+    executor: str = field(default="local", metadata={"help": EXECUTOR_HELP})
+    ray_address: str | None = field(default=None, metadata={"help": RAY_ADDRESS_HELP})
 
     def __post_init__(self) -> None:
         if self.jobs < 0:
             raise ConfigError(f"--jobs must be >= 0 (0: one worker per core), got {self.jobs}")
+        check_executor(self.executor, self.ray_address)
         if not 0 < self.attainment <= 1:
             raise ConfigError(f"--attainment must be in (0, 1], got {self.attainment}")
         if self.target_rate is not None and not self.target_rate > 0:
@@ -118,7 +128,8 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     first = Task(_scenario(scenario, options[0]), scheduler, BASELINE, 1.0, 0)
     note_short_trace(scenario, seeded_inputs(first)[0])
     curves: list[dict] = []
-    with Runner(out / "evals" if out else None, spec.jobs, progress) as runner:
+    with Runner(out / "evals" if out else None, spec.jobs, progress,
+                spec.executor, spec.ray_address) as runner:
 
         def attain(pairs: list[tuple[_Bracket, float]]) -> list[dict]:
             tasks = [Task(_scenario(scenario, b.hardware),

@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from simulator import ConfigError, SchedulerConfig
-from spectune.evaluate import METRICS, Runner, Task
+from spectune.evaluate import (
+    EXECUTOR_HELP,
+    METRICS,
+    RAY_ADDRESS_HELP,
+    Runner,
+    Task,
+    check_executor,
+)
 from spectune.objectives import Objective, get_objective
 from spectune.search import (
     Candidate,
@@ -65,6 +72,8 @@ class TuneSpec:
     points: int = field(default=4, metadata={
         "help": "Sobol points over each policy's continuous parameters (grid: per parameter)"})
     jobs: int = field(default=0, metadata={"help": "worker processes (0: one per core)"})
+    executor: str = field(default="local", metadata={"help": EXECUTOR_HELP})
+    ray_address: str | None = field(default=None, metadata={"help": RAY_ADDRESS_HELP})
     samples: bool = field(default=True, metadata={
         "help": "keep one whole run per rate (recommended and k=0) for the report"})
 
@@ -73,6 +82,7 @@ class TuneSpec:
             raise ConfigError(f"--rates must be positive req/s, got {self.rates}")
         if self.jobs < 0:
             raise ConfigError(f"--jobs must be >= 0 (0: one worker per core), got {self.jobs}")
+        check_executor(self.executor, self.ray_address)
         if self.seeds < 1 or self.points < 1:
             raise ConfigError("--seeds and --points must be >= 1")
         if self.search not in ("halving", "grid"):
@@ -244,7 +254,8 @@ def run_tune(spec: TuneSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     the `extend` cap of fixed's k), each such run with k_max raised to its k."""
     started = time.perf_counter()
     objective = get_objective(spec.objective, build_slo(scenario) is not None)
-    with Runner(out / "evals" if out is not None else None, spec.jobs, progress) as runner:
+    with Runner(out / "evals" if out is not None else None, spec.jobs, progress,
+                spec.executor, spec.ray_address) as runner:
         search = _Search(scenario, scheduler, objective, runner, range(spec.seeds), k_max_given)
         return _tune(spec, search, out, started)
 

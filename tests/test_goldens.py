@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 GOLDEN = Path(__file__).parent / "golden"
-#: fields that measure the machine, not the simulation
-VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache"}
+#: fields that measure the machine, not the simulation, or say what dispatched the simulations
+#: (a local pool or Ray: the results are the same, tests/spectune/test_ray_executor.py)
+VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address"}
 
 SIMULATE = {
     "fixed-iid": ["--requests", "200", "--acceptance", "iid:0.7", "--policy", "fixed",

@@ -86,6 +86,8 @@ REDUCE: dict[str, tuple[str, ...]] = {
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
+    # the default tune twice (local, then on a two-node Ray on this machine): ~2 min
+    "python benchmarks/ray_sweep.py": ("--args", "--requests 40 --seeds 2 --points 2 --rates 4"),
 }
 #: Commands that serve on a real vLLM (each server start costs ~1 min of compiling): run by
 #: tests/live/test_vllm_real.py with these flags appended.
