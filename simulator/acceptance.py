@@ -24,9 +24,9 @@ class AcceptanceReplay:
         self.trace = trace
         self.output_tokens = np.asarray(output_tokens, dtype=np.int64)
         self.available = trace.signals_available()
-        self.tiled = any(
-            len(trace.requests[i % len(trace)]) < n for i, n in enumerate(self.output_tokens)
-        )
+        recorded = trace.request_lengths()  # a lazy trace answers without drawing
+        self.tiled = bool(np.any(
+            recorded[np.arange(len(self.output_tokens)) % len(recorded)] < self.output_tokens))
         self._signal = lru_cache(maxsize=4096)(self._signal_uncached)
 
     def __len__(self) -> int:

@@ -16,7 +16,7 @@ from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.draft_tree import TreeShape
 from simulator.errors import ConfigError
 from simulator.latency import LatencyModel
-from simulator.logs import RequestLog, StepLog
+from simulator.logs import RequestLog, StepLog, StepTotals
 from simulator.replica import Replica, check_fits
 from simulator.request import RequestState
 from simulator.step_cost import StepCostModel
@@ -25,11 +25,13 @@ from traces import SpeculationTrace, Workload
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """Per-request and per-step records, and where every input came from."""
+    """Per-request and per-step records (empty when the run kept no steps: `totals` has what
+    the summary needs of them), and where every input came from."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
     meta: dict = field(default_factory=dict)
+    totals: StepTotals | None = None
 
 
 class _Arrival(simpy.events.Event):
@@ -45,14 +47,23 @@ class _Arrival(simpy.events.Event):
         env.schedule(self, simpy.events.URGENT, delay)
 
 
-def arrivals(env: simpy.Environment, states: list[RequestState], cluster: _Cluster):
-    """The arrival process: each request reaches the router at its arrival time."""
-    for i, request in enumerate(states):
-        delay = request.arrival_s - env.now
-        if delay > 0:
-            yield _Arrival(env, delay)
-        cluster.next_index = i + 1
-        cluster.route(i).submit(request)
+def arrivals(env: simpy.Environment, workload: Workload, arrival_s: np.ndarray,
+             cluster: _Cluster, chunk: int = 4096):
+    """The arrival process: each request reaches the router at its arrival time. A request's
+    state is made when it arrives (and dropped when it finishes), so memory holds the requests
+    in flight, not the workload: Python values are taken `chunk` requests at a time."""
+    for first in range(0, len(arrival_s), chunk):
+        last = first + chunk
+        rows = zip(workload.request_ids[first:last].tolist(), arrival_s[first:last].tolist(),
+                   workload.prompt_tokens[first:last].tolist(),
+                   workload.output_tokens[first:last].tolist())
+        for i, (rid, a, p, o) in enumerate(rows, first):
+            request = RequestState(i, int(rid), float(a), int(p), int(o))
+            delay = request.arrival_s - env.now
+            if delay > 0:
+                yield _Arrival(env, delay)
+            cluster.next_index = i + 1
+            cluster.route(i).submit(request)
 
 
 class _Cluster:
@@ -108,12 +119,14 @@ def simulate(
     cluster: ClusterConfig | None = None,
     fast_path: bool = True,
     policy_cost: StepCost | None = None,
+    keep_steps: bool = True,
 ) -> SimulationResult:
     """Serve `workload` under `policy`; each replica gets its own copy of the policy.
 
     `policy_cost` is the cost model policies read (StepContext.cost); by default the one that
     times the iterations. `validate` passes the live engine's, so a policy that reads costs
-    decides in simulation from exactly what it was given live.
+    decides in simulation from exactly what it was given live. `keep_steps` False keeps the
+    steps' totals only (memory flat in the run's length; `steps` is then empty).
     """
     scheduler = scheduler or SchedulerConfig()
     cluster = cluster or ClusterConfig()
@@ -126,7 +139,7 @@ def simulate(
     check_fits(workload.request_ids, workload.prompt_tokens, workload.output_tokens, scheduler,
                kv_capacity_tokens)
     replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
-    steps, requests = StepLog(), RequestLog(len(workload))
+    steps, requests = StepLog(keep_steps), RequestLog(len(workload))
     router = _Cluster(arrival_s, cluster.router)
     cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance))
     for r in range(cluster.replicas):
@@ -134,13 +147,7 @@ def simulate(
                           replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)
         router.replicas.append(replica)
         env.process(replica.serve())
-    states = [
-        RequestState(i, int(rid), float(a), int(p), int(o))
-        for i, (rid, a, p, o) in enumerate(zip(workload.request_ids.tolist(), arrival_s.tolist(),
-                                               workload.prompt_tokens.tolist(),
-                                               workload.output_tokens.tolist()))
-    ]
-    env.process(arrivals(env, states, router))
+    env.process(arrivals(env, workload, arrival_s, router))
     env.run()
     engine_s = time.perf_counter() - started
     req_df = requests.frame(workload.request_ids, workload.prompt_tokens, workload.output_tokens)
@@ -158,5 +165,6 @@ def simulate(
         "engine_s": engine_s,
     }
     steps_df = steps.frame()
+    totals = StepTotals.from_frame(steps_df) if keep_steps else steps.totals()
     meta["wall_s"] = time.perf_counter() - started
-    return SimulationResult(req_df, steps_df, meta)
+    return SimulationResult(req_df, steps_df, meta, totals)

@@ -1,10 +1,14 @@
 """Per-request and per-step records of a simulation (and, with the same schema, of a live run).
 
 Steps are collected in blocks: single iterations append tuples, the engine's multi-step fast path
-appends whole 2-D arrays, and `StepLog.frame` stitches them in order.
+appends whole 2-D arrays, and `StepLog.frame` stitches them in order. A log that does not keep
+its steps folds them into `StepTotals` as they come (what the summary needs), so memory stays
+flat however long the run.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -44,33 +48,93 @@ STEP_INDEX = {c: i for i, c in enumerate(STEP_COLUMNS)}
 _FLOAT_COLUMNS = ("start_s", "duration_s")
 
 
-class StepLog:
-    """Append-only log of iterations, in blocks: tuples (one per iteration) or 2-D arrays."""
+@dataclass(frozen=True)
+class StepTotals:
+    """What the summary reads of the steps: iterations, request-steps (one request in one
+    decode iteration), decode iterations, and the tokens emitted and drafted over them."""
 
-    def __init__(self) -> None:
+    iterations: int = 0
+    request_steps: int = 0
+    decode_iterations: int = 0
+    emitted: int = 0
+    drafted: int = 0
+
+    @classmethod
+    def of(cls, table: np.ndarray) -> StepTotals:
+        """Of a block (len(STEP_COLUMNS), iterations)."""
+        decode = table[STEP_INDEX["decode_seqs"]]
+        return cls(table.shape[1], int(decode.sum()), int(np.count_nonzero(decode > 0)),
+                   int(table[STEP_INDEX["emitted"]].sum()),
+                   int(table[STEP_INDEX["drafted"]].sum()))
+
+    @classmethod
+    def from_frame(cls, steps: pd.DataFrame) -> StepTotals:
+        decode = steps["decode_seqs"].to_numpy()
+        return cls(len(steps), int(decode.sum()), int(np.count_nonzero(decode > 0)),
+                   int(steps["emitted"].to_numpy().sum()), int(steps["drafted"].to_numpy().sum()))
+
+    def __add__(self, other: StepTotals) -> StepTotals:
+        return StepTotals(*(a + b for a, b in zip(self.__dict__.values(),
+                                                  other.__dict__.values())))
+
+
+class StepLog:
+    """Append-only log of iterations, in blocks: tuples (one per iteration) or 2-D arrays.
+
+    `keep` False: the steps are folded into totals (every FOLD rows of single iterations, and
+    each block as it comes) and `frame()` is empty."""
+
+    FOLD = 65536
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
         self._blocks: list[np.ndarray | list[tuple]] = []
         self._rows: list[tuple] | None = None
+        self._folded = StepTotals()
 
     def add(self, *row: float) -> None:
         if self._rows is None:
             self._rows = []
             self._blocks.append(self._rows)
         self._rows.append(row)
+        if not self.keep and len(self._rows) >= self.FOLD:
+            self._fold()
 
     def add_block(self, block: np.ndarray) -> None:
         """`block` has shape (len(STEP_COLUMNS), iterations): one row per column."""
         self._rows = None
-        self._blocks.append(block)
+        if self.keep:
+            self._blocks.append(block)
+        else:
+            self._fold()
+            self._folded += StepTotals.of(block)
+
+    def _fold(self) -> None:
+        for part in self._parts():
+            self._folded += StepTotals.of(part)
+        self._blocks, self._rows = [], None
+
+    def _parts(self) -> list[np.ndarray]:
+        width = len(STEP_COLUMNS)
+        return [np.asarray(b, dtype=np.float64).reshape(-1, width).T
+                if isinstance(b, list) else b for b in self._blocks]
+
+    def totals(self) -> StepTotals:
+        """The totals of every step logged so far."""
+        total = self._folded
+        for part in self._parts():
+            total += StepTotals.of(part)
+        return total
 
     def frame(self) -> pd.DataFrame:
-        """All iterations as one frame, ordered by start time, then replica.
+        """All iterations as one frame, ordered by start time, then replica (empty when the
+        log does not keep its steps).
 
         Built column-major with as few large temporaries as possible: at millions of
         iterations, allocating and touching memory is what costs.
         """
         width = len(STEP_COLUMNS)
-        parts = [np.asarray(b, dtype=np.float64).reshape(-1, width).T
-                 if isinstance(b, list) else b for b in self._blocks]
+        parts = self._parts() if self.keep else []
         table = np.concatenate(parts, axis=1) if parts else np.zeros((width, 0))
         start, replica = table[STEP_INDEX["start_s"]], table[STEP_INDEX["replica"]]
         step = np.diff(start)

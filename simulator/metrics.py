@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.logs import StepTotals
+
 QUANTILES = {"mean": None, "p50": 50, "p90": 90, "p99": 99}
 
 
@@ -65,16 +67,18 @@ def distribution(values: np.ndarray) -> dict[str, float]:
             for key, q in QUANTILES.items()}
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo | None = None) -> dict:
-    """The summary that `spectune simulate --format json` prints."""
-    done = requests[requests["finish_s"].notna()]
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame | StepTotals,
+              slo: Slo | None = None) -> dict:
+    """The summary that `spectune simulate --format json` prints; `steps` the step records or
+    their totals (a run that did not keep its steps)."""
+    finished = requests["finish_s"].notna().to_numpy()
+    done = requests if finished.all() else requests[finished]  # no copy of a finished run
     per = latencies(done)
     span = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     tokens = float(done["output_tokens"].sum())
-    decode_seqs = steps["decode_seqs"].to_numpy()
-    decoding = decode_seqs > 0
-    request_steps = float(decode_seqs.sum())
-    decode_iterations = int(decoding.sum())
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps)
+    request_steps = float(totals.request_steps)
+    decode_iterations = totals.decode_iterations
     summary = {
         "requests": len(done),
         "unfinished_requests": int(len(requests) - len(done)),
@@ -84,13 +88,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo | None = Non
         "ttft_s": distribution(per["ttft_s"].to_numpy()),
         "tpot_s": distribution(per["tpot_s"].to_numpy()),
         "e2e_s": distribution(per["e2e_s"].to_numpy()),
-        "mean_emitted_per_step": float(steps["emitted"].to_numpy().sum()) / request_steps
+        "mean_emitted_per_step": float(totals.emitted) / request_steps
         if request_steps else float("nan"),
-        "mean_k": float(steps["drafted"].to_numpy().sum()) / request_steps
-        if request_steps else float("nan"),
+        "mean_k": float(totals.drafted) / request_steps if request_steps else float("nan"),
         "mean_batch_size": request_steps / decode_iterations if decode_iterations
         else float("nan"),
-        "iterations": len(steps),
+        "iterations": totals.iterations,
     }
     if slo is not None:
         met = slo.met(done)

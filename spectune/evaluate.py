@@ -136,8 +136,9 @@ def evaluate(task: Task, keep_records: bool = False):
 
     workload, latency, acceptance, kv, slo = seeded_inputs(task)
     policy = make_policy(task.candidate.policy, task.candidate.params_dict)
-    result = simulate(workload, latency, acceptance, policy, kv, task.scheduler)
-    metrics = flat_metrics(summarize(result.requests, result.steps, slo))
+    result = simulate(workload, latency, acceptance, policy, kv, task.scheduler,
+                      keep_steps=keep_records)
+    metrics = flat_metrics(summarize(result.requests, result.totals, slo))
     return (metrics, result) if keep_records else metrics
 
 

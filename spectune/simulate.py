@@ -202,6 +202,37 @@ def build_inputs(spec: SimulationSpec, policy_params: dict[str, str],
     return SimulationInputs(workload, latency, acceptance, policy, kv, build_slo(spec))
 
 
+#: memory per request of a run (workload columns, request records, the frame and summary built
+#: from them): 10M Poisson requests peaked at ~3 GB (docs/design.md, "Memory")
+REQUEST_BYTES = 320
+#: per kept step row (the log's 13 float64 columns and the frame built from them), and the most
+#: rows a request can add: one per output token
+STEP_ROW_BYTES = 2 * 13 * 8
+
+
+def check_memory(workload: Workload, keep_steps: bool) -> None:
+    """Refuse, in one line with the estimate, a run whose records cannot fit in the memory
+    available; note one whose step records may not (their number depends on the batching: up
+    to one row per output token)."""
+    from traces import UserNote
+    from traces.parametric import available_memory_bytes
+
+    have = available_memory_bytes()
+    if have is None:
+        return
+    records = len(workload) * REQUEST_BYTES
+    if records > have:
+        raise ConfigError(f"{len(workload):,} requests need about {records / 2**30:.1f} GiB, "
+                          f"and this machine has {have / 2**30:.1f} GiB available; simulate "
+                          f"fewer requests")
+    steps = int(workload.output_tokens.sum()) * STEP_ROW_BYTES if keep_steps else 0
+    if records + steps > have:
+        warnings.warn(UserNote(
+            f"the step records of {len(workload):,} requests (steps.csv) may need up to "
+            f"{steps / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB available; "
+            f"--no-steps skips them"), stacklevel=2)
+
+
 def build_slo(spec: SimulationSpec) -> Slo | None:
     """The spec's SLOs (--slo-ttft, --slo-tpot), or None when it sets neither."""
     if spec.slo_ttft is None and spec.slo_tpot is None:
@@ -246,13 +277,17 @@ def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, in
 
 
 def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: SchedulerConfig,
-        cluster: ClusterConfig, fast_path: bool = True) -> tuple[SimulationResult, dict]:
-    """Simulate and summarise; the summary carries where each input came from."""
+        cluster: ClusterConfig, fast_path: bool = True,
+        keep_steps: bool = True) -> tuple[SimulationResult, dict]:
+    """Simulate and summarise; the summary carries where each input came from. `keep_steps`
+    False: the step records are not kept (only what the summary needs of them)."""
     from simulator import simulate, summarize
 
     inputs = build_inputs(spec, policy_params, scheduler)
+    check_memory(inputs.workload, keep_steps)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, inputs.policy,
-                      inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path)
-    summary = summarize(result.requests, result.steps, inputs.slo)
+                      inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path,
+                      keep_steps=keep_steps)
+    summary = summarize(result.requests, result.totals, inputs.slo)
     summary["inputs"] = {"spec": asdict(spec), **result.meta}
     return result, summary

@@ -24,6 +24,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sim.add_argument("--format", choices=("table", "json"), default="table")
     sim.add_argument("--no-fast-path", dest="fast_path", action="store_false",
                      help="cost every iteration one by one (slower; same results)")
+    sim.add_argument("--no-steps", dest="steps", action="store_false",
+                     help="with --out, skip steps.csv (a row per iteration: at millions of "
+                          "requests, more memory than the rest of the run)")
     sim.add_argument("--debug", action="store_true", help="show tracebacks")
     return sim
 
@@ -39,10 +42,13 @@ def main(args: argparse.Namespace) -> int:
     cluster = dataclass_from_args(ClusterConfig, args)
     if args.out:
         prepare_out(args.out)
-    result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path)
+    keep_steps = bool(args.out) and args.steps  # the summary needs only the steps' totals
+    result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path,
+                          keep_steps)
     if args.out:
         write_csv(args.out / "requests.csv", result.requests)
-        write_csv(args.out / "steps.csv", result.steps)
+        if keep_steps:
+            write_csv(args.out / "steps.csv", result.steps)
         write_json(args.out / "summary.json", summary)
     if args.format == "json":
         print(to_json(summary))

@@ -14,13 +14,14 @@ from the model's own acceptance probability, not measurements of any drafter.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from traces._checks import count, positive_finite, unit_interval
 from traces.errors import TraceError
-from traces.speculation import SpeculationTrace, runs_by_request
+from traces.speculation import SIGNALS, RequestSpeculation, SpeculationTrace, runs_by_request
 
 DEFAULT_MAX_RUN = 255
 _FORMS = ("'iid:ALPHA' (0 <= ALPHA <= 1), 'beta:A,B' (A, B > 0) or 'markov:A1,A2,...@L' "
@@ -194,13 +195,23 @@ def parse_acceptance(spec: str) -> ParametricAcceptance:
     raise TraceError(f"acceptance spec {spec!r} has {len(values)} values; use {_FORMS}")
 
 
+#: a parametric trace past this many positions is drawn as the simulation reaches its requests
+#: (iid and beta models without '~C': the same numbers; LazyParametricTrace)
+LAZY_POSITIONS = 1 << 24
+#: bytes per position of a trace drawn all at once, at its peak (alpha, p and the gammas,
+#: the matches, the runs, four float32 signals and their temporaries): measured 24 (markov)
+#: and 38 ('~C'), rounded up
+EAGER_BYTES_PER_POSITION = 40
+
+
 def parametric_trace(
     spec: str | ParametricAcceptance,
     output_tokens: np.ndarray,
     rng: np.random.Generator,
     position_concentration: float | None = None,
     max_run: int = DEFAULT_MAX_RUN,
-) -> SpeculationTrace:
+    lazy: bool | None = None,
+) -> SpeculationTrace | LazyParametricTrace:
     """Sample a speculation trace for requests with the given output lengths.
 
     Per position: alpha from the model; if `position_concentration` c is given,
@@ -208,6 +219,11 @@ def parametric_trace(
     match b_t ~ Bernoulli(p_t); run = run_from_matches(b) capped at max_run, never crossing into
     the next request. Everything is drawn in one vectorised call per quantity over all positions,
     so the same rng state gives the same trace. Signals are proxies (see SIGNAL_NOTE).
+
+    `lazy` (None: past LAZY_POSITIONS positions, where the model allows): a LazyParametricTrace,
+    the same trace drawn block by block as it is read. A model that cannot be drawn so (markov,
+    or a '~C' concentration) is drawn at once, and refused with its memory estimate where that
+    is more than the machine has available.
     """
     if isinstance(spec, str):
         spec, suffix = split_concentration(spec.strip())
@@ -221,6 +237,17 @@ def parametric_trace(
     max_run = count("max_run", max_run)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator (got {type(rng).__name__})")
+    total = int(lengths.sum())
+    streams = isinstance(model, (IidAcceptance, BetaAcceptance)) and position_concentration is None
+    if lazy is None:
+        lazy = streams and (total > LAZY_POSITIONS or not fits(total))
+    if lazy:
+        if not streams:
+            raise TraceError(f"acceptance {model.spec!r}: only iid and beta acceptance without "
+                             f"'~C' can be drawn as the simulation reaches each request")
+        return LazyParametricTrace(model, lengths, rng, max_run,
+                                   _meta(model, position_concentration, max_run))
+    check_memory(model.spec, total, len(lengths))
     alpha = model.position_alphas(lengths, rng)
     if position_concentration is None:
         p = alpha
@@ -232,7 +259,13 @@ def parametric_trace(
     run = run.astype(np.int16 if max_run <= np.iinfo(np.int16).max else np.int32)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    meta = {
+    meta = _meta(model, position_concentration, max_run)
+    return SpeculationTrace.from_concatenated(run, offsets, meta, signals=_proxy_signals(p))
+
+
+def _meta(model: ParametricAcceptance, position_concentration: float | None,
+          max_run: int) -> dict:
+    return {
         "parametric": True,
         "spec": model.spec if position_concentration is None
         else f"{model.spec}~{position_concentration:g}",
@@ -247,7 +280,119 @@ def parametric_trace(
         "drafter": None,
         "target": None,
     }
-    return SpeculationTrace.from_concatenated(run, offsets, meta, signals=_proxy_signals(p))
+
+
+def available_memory_bytes() -> int | None:
+    """What the machine has available now (Linux /proc/meminfo MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fits(positions: int) -> bool:
+    """A trace of this many positions drawn at once fits in the memory available."""
+    have = available_memory_bytes()
+    return have is None or positions * EAGER_BYTES_PER_POSITION <= have
+
+
+def check_memory(spec: str, positions: int, requests: int) -> None:
+    """Refuse, in one line with the estimate, a trace drawn at once that cannot fit."""
+    need = positions * EAGER_BYTES_PER_POSITION
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        raise TraceError(
+            f"acceptance {spec!r} is drawn for the whole workload at once: {requests:,} requests "
+            f"({positions:,} output positions) need about {need / 2**30:.1f} GiB, and this "
+            f"machine has {have / 2**30:.1f} GiB available; use iid or beta acceptance without "
+            f"'~C' (drawn as the simulation reaches each request), or fewer requests")
+
+
+class LazyParametricTrace:
+    """parametric_trace's trace for an iid or beta model without a concentration, drawn `block`
+    requests at a time as they are read, to the same numbers: beta's per-request alphas are
+    drawn first for all requests (as the whole trace draws them), then each block's matches
+    continue the generator's float32 stream exactly where the previous block left it. A block
+    read again after it was dropped is drawn again from the generator state saved at its start.
+    Memory: the alphas, the saved states and `keep` blocks."""
+
+    def __init__(self, model: ParametricAcceptance, lengths: np.ndarray,
+                 rng: np.random.Generator, max_run: int, meta: dict, block: int = 4096,
+                 keep: int = 16) -> None:
+        self.model, self.meta, self.max_run = model, meta, max_run
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+        self._rng, self._block, self._keep = rng, block, keep
+        self._alphas = (rng.beta(model.a, model.b, size=len(lengths)).astype(np.float32)
+                        if isinstance(model, BetaAcceptance) else None)
+        self._starts: list[dict] = []  # the generator's state at each block drawn so far
+        self._blocks: dict[int, SpeculationTrace] = {}
+        self.requests = _LazyRequests(self)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def request_lengths(self) -> np.ndarray:
+        return self._lengths
+
+    def signals_available(self) -> frozenset[str]:
+        return frozenset(SIGNALS)
+
+    def request(self, index: int) -> RequestSpeculation:
+        block, at = divmod(index, self._block)
+        if block not in self._blocks:
+            while len(self._starts) < block:  # draw the blocks before it, in order
+                self._draw(len(self._starts), self._rng)
+            self._blocks[block] = self._draw(block, self._rng if block == len(self._starts)
+                                             else self._replay(block))
+            while len(self._blocks) > self._keep:
+                del self._blocks[next(iter(self._blocks))]
+        return self._blocks[block].requests[at]
+
+    def _replay(self, block: int) -> np.random.Generator:
+        rng = np.random.Generator(type(self._rng.bit_generator)())
+        rng.bit_generator.state = self._starts[block]
+        return rng
+
+    def _draw(self, block: int, rng: np.random.Generator) -> SpeculationTrace:
+        first = block * self._block
+        lengths = self._lengths[first:first + self._block]
+        if rng is self._rng:
+            self._starts.append(rng.bit_generator.state)
+        if self._alphas is None:
+            p = np.full(int(lengths.sum()), self.model.alpha, dtype=np.float32)
+        else:
+            p = np.repeat(self._alphas[first:first + len(lengths)], lengths)
+        match = rng.random(p.size, dtype=np.float32) < p
+        run = runs_by_request(match, lengths, self.max_run)
+        run = run.astype(np.int16 if self.max_run <= np.iinfo(np.int16).max else np.int32)
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        keys = [str(i) for i in range(first, first + len(lengths))]
+        return SpeculationTrace.from_concatenated(run, offsets, self.meta, keys=keys,
+                                                  signals=_proxy_signals(p))
+
+
+class _LazyRequests(Sequence):
+    """The lazy trace's requests, read one at a time (`trace.requests[i]`)."""
+
+    def __init__(self, trace: LazyParametricTrace) -> None:
+        self._trace = trace
+
+    def __len__(self) -> int:
+        return len(self._trace)
+
+    def __getitem__(self, index):
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError("a lazy parametric trace's requests are read one at a time")
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._trace.request(int(index))
 
 
 def _beta_around(alpha: np.ndarray, c: float, rng: np.random.Generator) -> np.ndarray:

@@ -146,6 +146,11 @@ class SpeculationTrace:
         """Signals every request carries (the same for all requests, as validated)."""
         return self.requests[0].signals_present()
 
+    def request_lengths(self) -> np.ndarray:
+        """Each request's number of positions."""
+        return np.fromiter((len(r) for r in self.requests), dtype=np.int64,
+                           count=len(self.requests))
+
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write one compressed .npz: concatenated arrays + offsets + keys + meta (as JSON).
 
