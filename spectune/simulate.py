@@ -137,17 +137,19 @@ def build_workload(spec: SimulationSpec, rng: np.random.Generator) -> Workload:
             known = ", ".join([*builtin_names(), *SYNTHETIC])
             raise TraceError(f"unknown workload {spec.workload!r}; use one of {known}, "
                              "or a path to a .csv/.jsonl workload file")
-        wl = load_trace(spec.workload)
+        n = spec.requests or default_n
+        wl = load_trace(spec.workload, n)  # a file: only as far as its first n requests
         note_short_trace(spec, wl)
-        wl = trace_window(wl, spec.requests or default_n, spec.rate)
+        wl = trace_window(wl, n, spec.rate)
     if spec.duration is not None:
         wl = wl.within(spec.duration)
     return wl
 
 
-def load_trace(name: str) -> Workload:
-    """A trace workload: a shipped trace by name, else a .csv/.jsonl workload file."""
-    return builtin_workload(name) if name in builtin_names() else load_workload(name)
+def load_trace(name: str, limit: int | None = None) -> Workload:
+    """A trace workload: a shipped trace by name, else a .csv/.jsonl workload file (only its
+    first `limit` requests read, where given)."""
+    return builtin_workload(name) if name in builtin_names() else load_workload(name, limit)
 
 
 def trace_window(trace: Workload, n: int | None, rate: float | None,
