@@ -25,18 +25,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 #: what tune writes that says how or how fast it ran, not what it found
 NOT_RESULTS = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address",
                "jobs"}
-
-
-def strip(value):
-    if isinstance(value, dict):
-        return {k: strip(v) for k, v in value.items() if k not in NOT_RESULTS}
-    if isinstance(value, list):
-        return [strip(v) for v in value]
-    return value
 
 
 def cluster_env() -> dict:
@@ -93,6 +86,8 @@ def timed_tune(args: list[str], out: Path, env: dict | None = None) -> float:
 
 
 def main() -> int:
+    from spectune.files import without_keys
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--args", default="", help="tune's flags (default: the embedded defaults)")
     ap.add_argument("--port", type=int, default=6391)
@@ -108,9 +103,10 @@ def main() -> int:
                                work / "on-ray", cluster_env())
         finally:
             stop_cluster(temp)
-        same = (strip(json.loads((work / "local" / "tune.json").read_text()))
-                == strip(json.loads((work / "on-ray" / "tune.json").read_text())))
-        sims = json.loads((work / "local" / "tune.json").read_text())["meta"]["simulations"]
+        local, on_ray = (json.loads((work / run / "tune.json").read_text())
+                         for run in ("local", "on-ray"))
+        same = without_keys(local, NOT_RESULTS) == without_keys(on_ray, NOT_RESULTS)
+        sims = local["meta"]["simulations"]
     print(f"spectune tune {' '.join(tune) or '(embedded defaults)'}: {sims} simulations")
     print(f"{'executor':<40} {'wall_s':>7}")
     print(f"{'local processes (--jobs 2)':<40} {local_s:>7.1f}")

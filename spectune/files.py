@@ -64,3 +64,13 @@ def prepare_out(folder: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise ValueError(f"--out {folder}: cannot write there ({exc.strerror})") from None
+
+
+def without_keys(value, keys: set[str]):
+    """`value` (JSON-like) without the dict entries named in `keys`, at any depth: a run's
+    output less what measures the machine or how the run was dispatched, to compare results."""
+    if isinstance(value, dict):
+        return {k: without_keys(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [without_keys(v, keys) for v in value]
+    return value

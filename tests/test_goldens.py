@@ -73,11 +73,9 @@ PLAN = ["plan", "--requests", "60", "--slo-ttft", "1", "--slo-tpot", "0.03", "--
 
 def _strip(value):
     """`value` without the fields that measure the machine (nested)."""
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
+    from spectune.files import without_keys
+
+    return without_keys(value, VOLATILE)
 
 
 def _digests(folder: Path) -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest
 
 from spectune import evaluate
 from spectune.cli import main
+from spectune.files import without_keys
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 
@@ -31,14 +32,7 @@ NOT_RESULTS = {"wall_s", "engine_s", "created", "reused_from_cache", "executor",
 
 
 def results(path: Path):
-    def strip(value):
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in NOT_RESULTS}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return strip(json.loads(path.read_text()))
+    return without_keys(json.loads(path.read_text()), NOT_RESULTS)
 
 
 @pytest.mark.parametrize("argv", [TUNE, PLAN], ids=["tune", "plan"])
