@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,12 +48,19 @@ class _Arrival(simpy.events.Event):
         env.schedule(self, simpy.events.URGENT, delay)
 
 
+#: requests whose Python values the arrival process makes at a time (and flushes steps between)
+ARRIVAL_CHUNK = 4096
+
+
 def arrivals(env: simpy.Environment, workload: Workload, arrival_s: np.ndarray,
-             cluster: _Cluster, chunk: int = 4096):
+             cluster: _Cluster, steps: StepLog):
     """The arrival process: each request reaches the router at its arrival time. A request's
     state is made when it arrives (and dropped when it finishes), so memory holds the requests
-    in flight, not the workload: Python values are taken `chunk` requests at a time."""
+    in flight, not the workload: Python values are taken `chunk` requests at a time, and
+    streamed step records are flushed as often."""
+    chunk = ARRIVAL_CHUNK
     for first in range(0, len(arrival_s), chunk):
+        steps.flush({r.index: env.now if r.idle else None for r in cluster.replicas})
         last = first + chunk
         rows = zip(workload.request_ids[first:last].tolist(), arrival_s[first:last].tolist(),
                    workload.prompt_tokens[first:last].tolist(),
@@ -120,13 +128,15 @@ def simulate(
     fast_path: bool = True,
     policy_cost: StepCost | None = None,
     keep_steps: bool = True,
+    steps_sink: Callable[[pd.DataFrame], None] | None = None,
 ) -> SimulationResult:
     """Serve `workload` under `policy`; each replica gets its own copy of the policy.
 
     `policy_cost` is the cost model policies read (StepContext.cost); by default the one that
     times the iterations. `validate` passes the live engine's, so a policy that reads costs
     decides in simulation from exactly what it was given live. `keep_steps` False keeps the
-    steps' totals only (memory flat in the run's length; `steps` is then empty).
+    steps' totals only (memory flat in the run's length; `steps` is then empty); `steps_sink`
+    receives the steps instead, in order, a frame at a time, as they become final.
     """
     scheduler = scheduler or SchedulerConfig()
     cluster = cluster or ClusterConfig()
@@ -139,7 +149,7 @@ def simulate(
     check_fits(workload.request_ids, workload.prompt_tokens, workload.output_tokens, scheduler,
                kv_capacity_tokens)
     replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
-    steps, requests = StepLog(keep_steps), RequestLog(len(workload))
+    steps, requests = StepLog(keep_steps, steps_sink), RequestLog(len(workload))
     router = _Cluster(arrival_s, cluster.router)
     cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance))
     for r in range(cluster.replicas):
@@ -147,7 +157,7 @@ def simulate(
                           replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)
         router.replicas.append(replica)
         env.process(replica.serve())
-    env.process(arrivals(env, workload, arrival_s, router))
+    env.process(arrivals(env, workload, arrival_s, router, steps))
     env.run()
     engine_s = time.perf_counter() - started
     req_df = requests.frame(workload.request_ids, workload.prompt_tokens, workload.output_tokens)
@@ -164,7 +174,8 @@ def simulate(
                           and not router.replicas[0].planned),
         "engine_s": engine_s,
     }
+    steps.close()
     steps_df = steps.frame()
-    totals = StepTotals.from_frame(steps_df) if keep_steps else steps.totals()
+    totals = StepTotals.from_frame(steps_df) if steps.keep else steps.totals()
     meta["wall_s"] = time.perf_counter() - started
     return SimulationResult(req_df, steps_df, meta, totals)

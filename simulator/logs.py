@@ -8,6 +8,7 @@ flat however long the run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,28 +83,33 @@ class StepLog:
     """Append-only log of iterations, in blocks: tuples (one per iteration) or 2-D arrays.
 
     `keep` False: the steps are folded into totals (every FOLD rows of single iterations, and
-    each block as it comes) and `frame()` is empty."""
+    each block as it comes) and `frame()` is empty. `sink`: the steps are streamed instead,
+    in their final order, to `sink(frame)` as `flush` finds them final, and folded into totals;
+    the buffer holds the rows that a replica could still precede."""
 
     FOLD = 65536
 
-    def __init__(self, keep: bool = True) -> None:
-        self.keep = keep
+    def __init__(self, keep: bool = True,
+                 sink: Callable[[pd.DataFrame], None] | None = None) -> None:
+        self.keep = keep and sink is None
+        self.sink = sink
         self._blocks: list[np.ndarray | list[tuple]] = []
         self._rows: list[tuple] | None = None
         self._folded = StepTotals()
+        self._last_start: dict[int, float] = {}  # per replica, its latest start flushed or held
 
     def add(self, *row: float) -> None:
         if self._rows is None:
             self._rows = []
             self._blocks.append(self._rows)
         self._rows.append(row)
-        if not self.keep and len(self._rows) >= self.FOLD:
+        if not self.keep and self.sink is None and len(self._rows) >= self.FOLD:
             self._fold()
 
     def add_block(self, block: np.ndarray) -> None:
         """`block` has shape (len(STEP_COLUMNS), iterations): one row per column."""
         self._rows = None
-        if self.keep:
+        if self.keep or self.sink is not None:
             self._blocks.append(block)
         else:
             self._fold()
@@ -126,6 +132,37 @@ class StepLog:
             total += StepTotals.of(part)
         return total
 
+    def flush(self, idle_since: dict[int, float | None]) -> None:
+        """Stream the rows no replica can precede any more. Each replica logs its rows in start
+        order, so a replica's next row starts no earlier than its latest, or than `now` for an
+        idle one (`idle_since[r]`: now when replica r is idle, else None); rows starting before
+        the least of those are final (`close` streams the rest at the end)."""
+        if self.sink is None or not self._blocks:
+            return
+        table = _ordered(np.concatenate(self._parts(), axis=1))
+        start, replica = table[STEP_INDEX["start_s"]], table[STEP_INDEX["replica"]]
+        for r in idle_since:
+            mine = start[replica == r]
+            if len(mine):
+                self._last_start[r] = float(mine[-1])
+        watermark = min(now if now is not None else self._last_start.get(r, -np.inf)
+                        for r, now in idle_since.items())
+        final = int(np.searchsorted(start, watermark, side="left"))
+        if final:
+            done = table[:, :final]
+            self._folded += StepTotals.of(done)
+            self.sink(_frame(done))
+        self._blocks, self._rows = ([table[:, final:]] if final < len(start) else []), None
+
+    def close(self) -> None:
+        """Stream every row left (the run is over)."""
+        if self.sink is None or not self._blocks:
+            return
+        table = _ordered(np.concatenate(self._parts(), axis=1))
+        self._folded += StepTotals.of(table)
+        self.sink(_frame(table))
+        self._blocks, self._rows = [], None
+
     def frame(self) -> pd.DataFrame:
         """All iterations as one frame, ordered by start time, then replica (empty when the
         log does not keep its steps).
@@ -136,16 +173,25 @@ class StepLog:
         width = len(STEP_COLUMNS)
         parts = self._parts() if self.keep else []
         table = np.concatenate(parts, axis=1) if parts else np.zeros((width, 0))
-        start, replica = table[STEP_INDEX["start_s"]], table[STEP_INDEX["replica"]]
-        step = np.diff(start)
-        if np.any((step < 0) | ((step == 0) & (np.diff(replica) < 0))):
-            table = table[:, np.lexsort((replica, start))]  # by start time, then replica
-        ints = [c for c in STEP_COLUMNS if c not in _FLOAT_COLUMNS]
-        frame = pd.DataFrame(table[[STEP_INDEX[c] for c in ints]].astype(np.int64).T,
-                             columns=ints, copy=False)
-        for c in _FLOAT_COLUMNS:
-            frame.insert(STEP_INDEX[c], c, table[STEP_INDEX[c]])
-        return frame
+        return _frame(_ordered(table))
+
+
+def _ordered(table: np.ndarray) -> np.ndarray:
+    """The rows by start time, then replica (stable: ties keep their log order)."""
+    start, replica = table[STEP_INDEX["start_s"]], table[STEP_INDEX["replica"]]
+    step = np.diff(start)
+    if np.any((step < 0) | ((step == 0) & (np.diff(replica) < 0))):
+        table = table[:, np.lexsort((replica, start))]
+    return table
+
+
+def _frame(table: np.ndarray) -> pd.DataFrame:
+    ints = [c for c in STEP_COLUMNS if c not in _FLOAT_COLUMNS]
+    frame = pd.DataFrame(table[[STEP_INDEX[c] for c in ints]].astype(np.int64).T,
+                         columns=ints, copy=False)
+    for c in _FLOAT_COLUMNS:
+        frame.insert(STEP_INDEX[c], c, table[STEP_INDEX[c]])
+    return frame
 
 
 class RequestLog:

@@ -88,6 +88,11 @@ class Replica:
         """Requests this replica holds (queued, prefilling, decoding): what a router balances."""
         return self.scheduler.load
 
+    @property
+    def idle(self) -> bool:
+        """Waiting for a request (its next iteration starts no earlier than the next submit)."""
+        return self._idle is not None
+
     def submit(self, request: RequestState) -> None:
         request.run = self.acceptance.run(request.index)
         if self.capped:

@@ -39,8 +39,38 @@ def _finite(value: Any) -> Any:
     return value
 
 
+CSV_FLOATS = "%.9g"
+
+
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    _replace(Path(path), frame.to_csv(index=False, float_format="%.9g"))
+    _replace(Path(path), frame.to_csv(index=False, float_format=CSV_FLOATS))
+
+
+class CsvStream:
+    """A CSV written a frame at a time, to the same text as write_csv of the frames joined, in a
+    temporary file renamed into place by `close` (an interrupted run leaves no partial file)."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...]) -> None:
+        self.path = Path(path)
+        self.columns = columns
+        self._part = self.path.with_name(f".{self.path.name}.part")
+        self._file = self._part.open("w", encoding="utf-8", newline="")
+        self._header = True
+
+    def __call__(self, frame: pd.DataFrame) -> None:
+        self._file.write(frame.to_csv(index=False, float_format=CSV_FLOATS,
+                                      header=self._header))
+        self._header = False
+
+    def close(self) -> None:
+        if self._header:  # no rows: the header alone, as write_csv writes an empty frame
+            self(pd.DataFrame(columns=list(self.columns)))
+        self._file.close()
+        self._part.replace(self.path)
+
+    def abort(self) -> None:
+        self._file.close()
+        self._part.unlink(missing_ok=True)
 
 
 def _plain(value: Any) -> Any:

@@ -230,9 +230,9 @@ def check_memory(workload: Workload, keep_steps: bool) -> None:
     steps = int(workload.output_tokens.sum()) * STEP_ROW_BYTES if keep_steps else 0
     if records + steps > have:
         warnings.warn(UserNote(
-            f"the step records of {len(workload):,} requests (steps.csv) may need up to "
-            f"{steps / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB available; "
-            f"--no-steps skips them"), stacklevel=2)
+            f"the step records of {len(workload):,} requests, kept in memory, may need up to "
+            f"{steps / 2**30:.1f} GiB, and this machine has {have / 2**30:.1f} GiB available"),
+            stacklevel=2)
 
 
 def build_slo(spec: SimulationSpec) -> Slo | None:
@@ -279,17 +279,18 @@ def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, in
 
 
 def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: SchedulerConfig,
-        cluster: ClusterConfig, fast_path: bool = True,
-        keep_steps: bool = True) -> tuple[SimulationResult, dict]:
+        cluster: ClusterConfig, fast_path: bool = True, keep_steps: bool = True,
+        steps_sink=None) -> tuple[SimulationResult, dict]:
     """Simulate and summarise; the summary carries where each input came from. `keep_steps`
-    False: the step records are not kept (only what the summary needs of them)."""
+    False: the step records are not kept (only what the summary needs of them); `steps_sink`:
+    they are streamed to it (simulator.simulate)."""
     from simulator import simulate, summarize
 
     inputs = build_inputs(spec, policy_params, scheduler)
-    check_memory(inputs.workload, keep_steps)
+    check_memory(inputs.workload, keep_steps and steps_sink is None)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, inputs.policy,
                       inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path,
-                      keep_steps=keep_steps)
+                      keep_steps=keep_steps, steps_sink=steps_sink)
     summary = summarize(result.requests, result.totals, inputs.slo)
     summary["inputs"] = {"spec": asdict(spec), **result.meta}
     return result, summary

@@ -25,15 +25,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sim.add_argument("--no-fast-path", dest="fast_path", action="store_false",
                      help="cost every iteration one by one (slower; same results)")
     sim.add_argument("--no-steps", dest="steps", action="store_false",
-                     help="with --out, skip steps.csv (a row per iteration: at millions of "
-                          "requests, more memory than the rest of the run)")
+                     help="with --out, skip steps.csv (a row per iteration, streamed as the run "
+                          "goes: at millions of requests, gigabytes of disk)")
     sim.add_argument("--debug", action="store_true", help="show tracebacks")
     return sim
 
 
 def main(args: argparse.Namespace) -> int:
     from simulator import ClusterConfig, SchedulerConfig
-    from spectune.files import prepare_out, to_json, write_csv, write_json
+    from simulator.logs import STEP_COLUMNS
+    from spectune.files import CsvStream, prepare_out, to_json, write_csv, write_json
     from spectune.flags import dataclass_from_args
     from spectune.simulate import SimulationSpec, run
 
@@ -42,13 +43,19 @@ def main(args: argparse.Namespace) -> int:
     cluster = dataclass_from_args(ClusterConfig, args)
     if args.out:
         prepare_out(args.out)
-    keep_steps = bool(args.out) and args.steps  # the summary needs only the steps' totals
-    result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path,
-                          keep_steps)
+    # the summary needs only the steps' totals; steps.csv is streamed as the run goes
+    stream = CsvStream(args.out / "steps.csv", STEP_COLUMNS) if args.out and args.steps else None
+    try:
+        result, summary = run(spec, _params(args.params), scheduler, cluster, args.fast_path,
+                              keep_steps=False, steps_sink=stream)
+    except BaseException:
+        if stream is not None:
+            stream.abort()
+        raise
+    if stream is not None:
+        stream.close()
     if args.out:
         write_csv(args.out / "requests.csv", result.requests)
-        if keep_steps:
-            write_csv(args.out / "steps.csv", result.steps)
         write_json(args.out / "summary.json", summary)
     if args.format == "json":
         print(to_json(summary))
