@@ -301,7 +301,7 @@ class Runner:
             if self._ray is None:
                 from spectune.ray_pool import RayPool
 
-                self._ray = RayPool(self.ray_address)
+                self._ray = RayPool(self.ray_address, evaluate)
 
             def finished(j: int, metrics: dict) -> None:
                 i = todo[j]

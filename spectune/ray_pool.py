@@ -16,12 +16,8 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from simulator import ConfigError
-
-if TYPE_CHECKING:
-    from spectune.evaluate import Task
 
 INSTALL = "pip install -e '.[ray]'"
 
@@ -34,11 +30,9 @@ def _import_ray():
     return ray
 
 
-def _evaluate_in(cwd: str, task: Task) -> dict:
-    """One simulation on a Ray worker, in the driver's working directory (relative input paths
-    mean what they meant to the driver)."""
-    from spectune.evaluate import evaluate
-
+def _evaluate_in(cwd: str, evaluate: Callable[[object], dict], task: object) -> dict:
+    """One simulation (`evaluate(task)`) on a Ray worker, in the driver's working directory
+    (relative input paths mean what they meant to the driver)."""
     try:
         os.chdir(cwd)
     except OSError:
@@ -65,8 +59,9 @@ class RayPool:
     """Ray, initialised once per runner: a local instance (started here, stopped by close) or
     the cluster at `address` (joined, left running)."""
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, evaluate: Callable[[object], dict]) -> None:
         self.ray = _import_ray()
+        self.evaluate = evaluate
         self.address = address
         self._pending: list = []
         if address is not None:
@@ -86,13 +81,13 @@ class RayPool:
         # the Ray this run started must not outlive it, even killed outright (SIGKILL)
         self._reaper = _Reaper() if address is None else None
 
-    def run(self, tasks: Sequence[Task], done: Callable[[int, dict], None]) -> None:
+    def run(self, tasks: Sequence[object], done: Callable[[int, dict], None]) -> None:
         """Submit every task, then hand each result to `done(index, metrics)` as it finishes."""
         ray = self.ray
         cwd = os.getcwd()
         index = {}
         for i, task in enumerate(tasks):
-            ref = self._remote.remote(cwd, task)
+            ref = self._remote.remote(cwd, self.evaluate, task)
             index[ref] = i
             self._pending.append(ref)
         while self._pending:
