@@ -86,6 +86,8 @@ REDUCE: dict[str, tuple[str, ...]] = {
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
+    # 100k, 1M and 10M requests: an hour; two small sizes show the table
+    "python benchmarks/sim_memory.py": ("--sizes", "1000", "5000"),
     # the default tune twice (local, then on a two-node Ray on this machine): ~2 min
     "python benchmarks/ray_sweep.py": ("--args", "--requests 40 --seeds 2 --points 2 --rates 4"),
 }
