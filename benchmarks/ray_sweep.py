@@ -60,20 +60,15 @@ def stop_cluster(temp: Path) -> None:
     """Kill the processes of this cluster only: those whose command lines name its temp dir
     (its servers and raylets) and every process below them (agents and workers rename
     themselves)."""
-    parents, named = {}, set()
+    from spectune.ray_reaper import descendants
+
+    named = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError):
-            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if str(temp) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
-                named.add(int(proc.name))
-    doomed, grew = set(named), True
-    while grew:
-        below = {pid for pid, parent in parents.items() if parent in doomed} - doomed
-        doomed |= below
-        grew = bool(below)
-    for pid in doomed:
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and str(temp) in (proc / "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode():
+                named.append(int(proc.name))
+    for pid in {*named, *(kid for parent in named for kid in descendants(parent))}:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 

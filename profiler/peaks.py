@@ -14,6 +14,7 @@ import torch
 
 from profiler.timing import time_call
 from simulator.catalog import GpuSpec
+from traces.parametric import available_memory_bytes
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -29,10 +30,8 @@ def available_bytes(device: torch.device) -> int:
     """Memory a profile may still use on the device."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return device_memory_bytes(device) // 2
+    available = available_memory_bytes()
+    return available if available is not None else device_memory_bytes(device) // 2
 
 
 def measure_peaks(device: torch.device, dtype: torch.dtype, name: str) -> GpuSpec:

@@ -147,21 +147,22 @@ class StepLog:
                 self._last_start[r] = float(mine[-1])
         watermark = min(now if now is not None else self._last_start.get(r, -np.inf)
                         for r, now in idle_since.items())
-        final = int(np.searchsorted(start, watermark, side="left"))
+        self._stream(table, int(np.searchsorted(start, watermark, side="left")))
+
+    def close(self) -> None:
+        """Stream every row left (the run is over)."""
+        if self.sink is not None and self._blocks:
+            table = _ordered(np.concatenate(self._parts(), axis=1))
+            self._stream(table, table.shape[1])
+
+    def _stream(self, table: np.ndarray, final: int) -> None:
+        """Hand the ordered `table`'s first `final` rows to the sink (and the totals); hold the
+        rest."""
         if final:
             done = table[:, :final]
             self._folded += StepTotals.of(done)
             self.sink(_frame(done))
-        self._blocks, self._rows = ([table[:, final:]] if final < len(start) else []), None
-
-    def close(self) -> None:
-        """Stream every row left (the run is over)."""
-        if self.sink is None or not self._blocks:
-            return
-        table = _ordered(np.concatenate(self._parts(), axis=1))
-        self._folded += StepTotals.of(table)
-        self.sink(_frame(table))
-        self._blocks, self._rows = [], None
+        self._blocks, self._rows = ([table[:, final:]] if final < table.shape[1] else []), None
 
     def frame(self) -> pd.DataFrame:
         """All iterations as one frame, ordered by start time, then replica (empty when the

@@ -216,9 +216,9 @@ def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -
 
 def step_host_s(latency, steps: pd.DataFrame) -> np.ndarray:
     """The host time the simulator charged each of its steps (the profile's gap model)."""
-    return np.asarray(latency.step_overhead_s(
-        (steps.decode_seqs + steps.prefill_seqs).to_numpy(), steps.drafted.to_numpy()),
-        dtype=np.float64) * np.ones(len(steps))
+    host = latency.step_overhead_s((steps.decode_seqs + steps.prefill_seqs).to_numpy(),
+                                   steps.drafted.to_numpy())
+    return np.broadcast_to(np.asarray(host, dtype=np.float64), len(steps))
 
 
 def load_profile(v: VllmValidation):
