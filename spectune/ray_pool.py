@@ -102,10 +102,9 @@ class RayPool:
             done(index[ready[0]], metrics)
 
     def abort(self) -> None:
-        """Cancel what has not finished and leave Ray (stopping it if this run started it)."""
-        for ref in self._pending:
-            with contextlib.suppress(Exception):  # already finished or already gone
-                self.ray.cancel(ref, force=True)
+        """Leave Ray now (stopping it if this run started it); Ray ends a departed driver's
+        tasks. Not ray.cancel: forcing a task that is just completing crashes Ray 2.60's core
+        ("Tried to complete task that was not pending", 1 Ctrl-C in 4 here)."""
         self._pending = []
         self.close()
 
