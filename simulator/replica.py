@@ -338,10 +338,12 @@ class Replica:
         # drafts per request and step: k, or what the drafter could propose (requests x steps)
         drafts = (np.stack([request.chain_ks[request.chain_at: request.chain_at + n_steps]
                             for request in batch]) if self.capped else None)
-        feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
+        # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
+        # for the next chain, which a later segment's k > 0 pays
+        feeds = self._feeds(batch, k_arr, gen) if self.feeds else None
         durations = np.atleast_1d(self.cost.iteration_s(
             k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
-            feeds=feeds[:, :-1] if feeds is not None else None))
+            feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None))
         start = self.env.now
         if drafts is None:
             ends = np.cumsum(durations)
