@@ -7,7 +7,15 @@ importing the package imports them all, so adding a policy is adding one module.
 import importlib as _importlib
 import pkgutil as _pkgutil
 
-from policies.base import DraftOutcome, Policy, PolicyError, RequestView, StepContext, StepCost
+from policies.base import (
+    DraftOutcome,
+    HeldSteps,
+    Policy,
+    PolicyError,
+    RequestView,
+    StepContext,
+    StepCost,
+)
 from policies.registry import (
     ParamInfo,
     make_policy,
@@ -30,6 +38,7 @@ for _module in _pkgutil.iter_modules(__path__):
 
 __all__ = [
     "DraftOutcome",
+    "HeldSteps",
     "ParamInfo",
     "Policy",
     "PolicyError",

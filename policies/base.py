@@ -51,6 +51,17 @@ class StepCost(Protocol):
         ...
 
 
+def price_steps(cost: StepCost, ks_rows: Sequence[Sequence[int]],
+                context_tokens: Sequence[int]) -> list[float]:
+    """`cost.step_s` of each row of `ks_rows` (alternatives for the same requests): through the
+    cost model's `steps_s` where it has one (the simulator's prices them at once, to the same
+    floats), else one call per row."""
+    many = getattr(cost, "steps_s", None)
+    if many is not None:
+        return many(ks_rows, context_tokens)
+    return [cost.step_s(ks, context_tokens) for ks in ks_rows]
+
+
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """Everything a policy may look at when choosing k for the running requests of one step."""
@@ -90,6 +101,23 @@ class DraftOutcome:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class HeldSteps:
+    """The steps an engine ran on one `choose` of a policy that holds (`Policy.hold`): the
+    first and those held after it, as (requests x steps) integer arrays, the requests in the
+    order of the step's `ctx.requests`. One column is one step's outcomes (`DraftOutcome`)."""
+
+    request_ids: Sequence[int]
+    k: np.ndarray  # drafts proposed: the chosen k, or fewer where the drafter ran out
+    accepted: np.ndarray  # accepted drafts that count (emitted - 1)
+    emitted: np.ndarray
+    position: np.ndarray  # output position of the step's first drafted token
+
+    @property
+    def steps(self) -> int:
+        return self.k.shape[1]
+
+
 class Policy:
     """Base class of speculation-length policies; subclasses are dataclasses of their parameters.
 
@@ -123,6 +151,19 @@ class Policy:
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         """Called after verification with one outcome per request that was in the step."""
+
+    def hold(self) -> int:
+        """After `choose`: how many more steps of the same requests it would give the same ks,
+        whatever those steps reveal. The engine may then run them without asking (costed at once,
+        up to the next arrival or finish) and report them all to `observe_held`. 0 (the
+        default): ask every step. A policy that holds reads no `signals` and no draft stop."""
+        return 0
+
+    def observe_held(self, ctx: StepContext, steps: HeldSteps) -> None:
+        """The steps of one held choice, in order: each stands for one `choose` (the later ones
+        gave the first one's ks) and one `observe` of its column. A policy whose `hold` can be
+        above 0 implements it; `ctx` is the last step's."""
+        raise NotImplementedError(f"policy {self.name!r} holds its k but has no observe_held")
 
     def stop_drafting(
         self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float

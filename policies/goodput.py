@@ -11,14 +11,13 @@ docs/policy-goodput.md.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import DraftOutcome, Policy, StepContext
+from policies.base import DraftOutcome, HeldSteps, Policy, StepContext, price_steps
 from policies.registry import register
 from policies.vocabulary import alpha_from_mean_accepted, expected_emitted
 
@@ -122,6 +121,37 @@ class Goodput(Policy):
         if drafting:  # the prototype skips steps without drafts (its ratio would be NaN)
             self.alpha_hat = self._ema(self.alpha_hat, self._totals, drafting)
 
+    def hold(self) -> int:
+        """Until the next re-plan (every `replan_every` calls) `choose` repeats the last plan."""
+        return self.replan_every - 1 - self._calls % self.replan_every
+
+    def observe_held(self, ctx: StepContext, steps: HeldSteps) -> None:
+        """The held steps' calls, and each step's outcomes as `observe` reads them, in order."""
+        self._calls += steps.steps - 1
+        k, accepted = steps.k, steps.accepted
+        if self.per_request:
+            for rid, ks, accs in zip(steps.request_ids, k.tolist(), accepted.tolist()):
+                if not any(ks):
+                    continue
+                totals = self._totals_r.setdefault(rid, [0, 0, 0])
+                alpha = self._alpha_r.get(rid, self.initial_alpha)
+                for kk, acc in zip(ks, accs):
+                    if kk > 0:
+                        alpha = self._ema_of(alpha, totals, acc, kk, int(acc < kk),
+                                             ((kk, [acc]),))
+                self._alpha_r[rid] = alpha
+            return
+        # a request that drafts nothing accepts nothing and is no rejection: sums over all
+        # requests are the sums over the drafting ones
+        columns = zip(accepted.sum(axis=0).tolist(), k.sum(axis=0).tolist(),
+                      (accepted < k).sum(axis=0).tolist())
+        for step, (acc, drafted, rejected) in enumerate(columns):
+            if drafted:
+                groups = _groups(k[:, step].tolist(), accepted[:, step].tolist()) if (
+                    self.ema_input == "inverted") else ()
+                self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
+                                              rejected, groups)
+
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)
         self._totals_r.pop(request_id, None)
@@ -131,11 +161,19 @@ class Goodput(Policy):
 
     def _ema(self, old: float, totals: list[int], drafting: Sequence[DraftOutcome]) -> float:
         """a <- keep*a + (1-keep)*x, x read from outcomes that drafted (see `ema_input`)."""
-        accepted = sum(o.accepted for o in drafting)
-        drafted = sum(o.k for o in drafting)
+        groups = _groups([o.k for o in drafting], [o.accepted for o in drafting]) if (
+            self.ema_input == "inverted") else ()
+        return self._ema_of(old, totals, sum(o.accepted for o in drafting),
+                            sum(o.k for o in drafting),
+                            sum(1 for o in drafting if o.accepted < o.k), groups)
+
+    def _ema_of(self, old: float, totals: list[int], accepted: int, drafted: int,
+                rejected: int, groups) -> float:
+        """The EMA step from one step's sums over the requests that drafted: accepted drafts,
+        drafts, observed first rejections; `groups` ((k, [accepted, ...]), ...) for `inverted`."""
         totals[0] += accepted
         totals[1] += drafted
-        totals[2] += sum(1 for o in drafting if o.accepted < o.k)  # observed first rejections
+        totals[2] += rejected
         if self.ema_input == "censored":
             x = totals[0] / (totals[0] + totals[2]) if totals[0] + totals[2] else 1.0
         elif self.ema_input == "cumulative":
@@ -143,7 +181,7 @@ class Goodput(Policy):
         elif self.ema_input == "step":
             x = accepted / drafted
         else:
-            x = _inverted(drafting)
+            x = _inverted(groups)
         return min(1.0, max(0.0, self.ema_keep * old + (1.0 - self.ema_keep) * x))
 
     def request_alpha(self, request_id: int) -> float:
@@ -153,12 +191,15 @@ class Goodput(Policy):
     # -- plans -------------------------------------------------------------------------------
 
     def _plan_batch(self, ctx: StepContext, k_cap: int) -> int:
-        """The prototype's `get_draft_propose_len`: scan k upward, stop at the first drop."""
+        """The prototype's `get_draft_propose_len`: scan k upward, stop at the first drop (every
+        k priced in one call, then scanned)."""
         b = len(ctx.requests)
         contexts = [r.context_tokens for r in ctx.requests]
+        ks = range(k_cap + 1)
+        goodputs = self._goodputs(ctx, [b * expected_emitted(self.alpha_hat, k) for k in ks],
+                                  [[k] * b for k in ks], contexts)
         best_goodput, best_k = -1.0, 0
-        for k in range(k_cap + 1):
-            goodput = self._goodput(ctx, b * expected_emitted(self.alpha_hat, k), [k] * b, contexts)
+        for k, goodput in zip(ks, goodputs):
             if k == 0:
                 goodput *= self.k0_bonus
             if goodput > best_goodput:
@@ -167,14 +208,19 @@ class Goodput(Policy):
                 break
         return best_k
 
-    def _goodput(self, ctx: StepContext, tokens: float, ks: Sequence[int],
-                 contexts: Sequence[int]) -> float:
-        """Expected tokens per second of the step; 0 if it would not fit the KV cache."""
-        b = len(ks)
-        kv_need = (sum(contexts) // b * b + sum(ks) + b) * self.kv_headroom
-        if kv_need > ctx.kv_capacity_tokens:
-            return 0.0  # infinite time
-        return tokens / ctx.cost.step_s(ks, contexts)
+    def _goodputs(self, ctx: StepContext, tokens: Sequence[float], ks_rows: Sequence[list[int]],
+                  contexts: Sequence[int]) -> list[float]:
+        """Expected tokens per second of each alternative step (its expected tokens, its ks);
+        0 for one that would not fit the KV cache (infinite time). Priced in one call."""
+        b = len(contexts)
+        base = sum(contexts) // b * b + b  # the need but for the drafts
+        fits = [i for i, ks in enumerate(ks_rows)
+                if (base + sum(ks)) * self.kv_headroom <= ctx.kv_capacity_tokens]
+        out = [0.0] * len(ks_rows)
+        times = price_steps(ctx.cost, [ks_rows[i] for i in fits], contexts)
+        for i, seconds in zip(fits, times):
+            out[i] = tokens[i] / seconds
+        return out
 
     def _plan_per_request(self, ctx: StepContext, k_cap: int) -> list[int]:
         """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (docs/policies.md §3 option).
@@ -192,11 +238,15 @@ class Goodput(Policy):
         alphas = [self.request_alpha(r.request_id) for r in reqs]
         order = sorted(range(b), key=lambda i: (-alphas[i], contexts[i], reqs[i].request_id))
         zeros = [0] * b
-        plans = [(self._goodput(ctx, float(b), zeros, contexts) * self.k0_bonus, zeros)]
-        uniform = max(range(k_cap + 1), key=lambda k: self._goodput(
-            ctx, sum(expected_emitted(a, k) for a in alphas), [k] * b, contexts))
+        # every uniform k priced at once (k = 0: b tokens, as E(0) = 1 exactly)
+        goodputs = self._goodputs(
+            ctx, [sum(expected_emitted(a, k) for a in alphas) for k in range(k_cap + 1)],
+            [[k] * b for k in range(k_cap + 1)], contexts)
+        plans = [(goodputs[0] * self.k0_bonus, zeros)]
+        uniform = max(range(k_cap + 1), key=goodputs.__getitem__)
+        ascent = _Ascent(self, ctx, alphas, order, contexts, k_cap)
         for start in sorted({0, uniform}):
-            plans.append(_Ascent(self, ctx, alphas, order, contexts, k_cap).run(start))
+            plans.append(ascent.run(start))
         return max(plans, key=lambda p: p[0])[1]
 
 
@@ -206,14 +256,17 @@ class _Ascent:
     def __init__(self, policy: Goodput, ctx: StepContext, alphas, order, contexts, k_cap):
         self.policy, self.ctx, self.alphas = policy, ctx, alphas
         self.order, self.contexts, self.k_cap = order, contexts, k_cap
+        self.rank = {i: place for place, i in enumerate(order)}
+        # a_i^j: what request i's j-th draft adds to its expected emitted tokens
+        self.powers = [[a ** j for j in range(k_cap + 1)] for a in alphas]
 
     def run(self, k0: int) -> tuple[float, list[int]]:
         ks = [k0] * len(self.order)
         tokens = sum(expected_emitted(a, k0) for a in self.alphas)
-        current = self.policy._goodput(self.ctx, tokens, ks, self.contexts)
+        current = self.policy._goodputs(self.ctx, [tokens], [ks], self.contexts)[0]
         while True:
             for moves in (self._group_moves(ks), self._transfers(ks)):
-                best = self._best(moves, ks, tokens, current)
+                best = self._best(list(moves), ks, tokens, current)
                 if best is not None:
                     current, ks, gain = best
                     tokens += gain
@@ -222,24 +275,31 @@ class _Ascent:
                 return current, ks
 
     def _best(self, moves, ks, tokens, current):
-        """The move that raises goodput most: (goodput, new ks, token gain), or None."""
-        best = None
+        """The move that raises goodput most: (goodput, new ks, token gain), or None. Every
+        move's step is priced in one call."""
+        if not moves:
+            return None
+        gains, trials = [], []
         for change in moves:
-            gain = sum(self._gain(i, ks[i], k) for i, k in change)
+            gains.append(sum(self._gain(i, ks[i], k) for i, k in change))
             trial = list(ks)
             for i, k in change:
                 trial[i] = k
-            goodput = self.policy._goodput(self.ctx, tokens + gain, trial, self.contexts)
+            trials.append(trial)
+        goodputs = self.policy._goodputs(self.ctx, [tokens + gain for gain in gains], trials,
+                                         self.contexts)
+        best = None
+        for goodput, trial, gain in zip(goodputs, trials, gains):
             if goodput > current * (1.0 + MIN_GAIN) and (best is None or goodput > best[0]):
                 best = (goodput, trial, gain)
         return best
 
     def _gain(self, i: int, old: int, new: int) -> float:
         """E_i(new) - E_i(old) = sum of a_i^j over the drafts added (or minus, removed)."""
-        a = self.alphas[i]
+        powers = self.powers[i]
         if new >= old:
-            return sum(a ** j for j in range(old + 1, new + 1))
-        return -sum(a ** j for j in range(new + 1, old + 1))
+            return sum(powers[j] for j in range(old + 1, new + 1))
+        return -sum(powers[j] for j in range(new + 1, old + 1))
 
     def _levels(self, ks: list[int]) -> dict[int, list[int]]:
         """Level -> its requests, in `order`."""
@@ -271,22 +331,34 @@ class _Ascent:
                     yield [(u, up_level + 1), (d, down_level - 1)]
 
     def _transfer_keeps_order(self, ks: list[int], u: int, d: int) -> bool:
-        trial = list(ks)
-        trial[u] += 1
-        trial[d] -= 1
-        seq = [trial[i] for i in self.order]
-        return all(x >= y for x, y in itertools.pairwise(seq))
+        """Whether k stays nonincreasing along `order` with u raised and d lowered by one. `ks`
+        is (every allocation of the climb is), so only the neighbours of u and d can break it."""
+        order, n = self.order, len(self.order)
+        trial = {u: ks[u] + 1, d: ks[d] - 1}
+        at = lambda place: trial.get(order[place], ks[order[place]])  # noqa: E731
+        for place in {self.rank[u], self.rank[d]}:
+            if place > 0 and at(place - 1) < at(place):
+                return False
+            if place + 1 < n and at(place) < at(place + 1):
+                return False
+        return True
 
 
-def _inverted(drafting: Sequence[DraftOutcome]) -> float:
+def _groups(ks: Sequence[int], accepted: Sequence[int]) -> tuple:
+    """((k, [accepted, ...]), ...) of the requests that drafted, by k in order of appearance."""
+    groups: dict[int, list[int]] = {}
+    for k, acc in zip(ks, accepted):
+        if k > 0:
+            groups.setdefault(k, []).append(acc)
+    return tuple(groups.items())
+
+
+def _inverted(groups) -> float:
     """The i.i.d. alpha whose E[accepted | k] matches the mean accepted of each group of outcomes
     with the same k, averaged over the groups weighted by their drafts."""
-    groups: dict[int, list[int]] = {}
-    for o in drafting:
-        groups.setdefault(o.k, []).append(o.accepted)
-    drafted = sum(k * len(acc) for k, acc in groups.items())
+    drafted = sum(k * len(acc) for k, acc in groups)
     return sum(k * len(acc) * alpha_from_mean_accepted(sum(acc) / len(acc), k)
-               for k, acc in groups.items()) / drafted
+               for k, acc in groups) / drafted
 
 
 def _sizes(n: int) -> list[int]:

@@ -46,6 +46,10 @@ class LatencyModel(ABC):
     #: the static tree a drafter drafts instead of a chain (simulator/draft_tree.py), if any:
     #: how a step's passes are composed (StepCostModel), not a pass's time
     draft_tree: TreeShape | None = None
+    #: `forward_s` and `step_overhead_s` give over arrays, element by element, the very floats
+    #: they give for scalars (the same IEEE operations in the same order): a planner may then
+    #: price its alternatives at once (StepCostModel.steps_s) and decide exactly as one by one
+    arrays_match_scalars: bool = False
 
     def pass_s(
         self,

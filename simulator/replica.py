@@ -23,7 +23,7 @@ from heapq import heappush
 import numpy as np
 import simpy
 
-from policies import DraftOutcome, Policy, StepCost
+from policies import DraftOutcome, HeldSteps, Policy, StepCost
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
@@ -71,7 +71,14 @@ class Replica:
         # the fast path walks those steps too (remaining_chain's cap), but a draft model's
         # catch-up after such steps it does not: with one, step one iteration at a time
         self.capped = acceptance.limits_proposals
-        self.fast_path = (fast_path and type(policy).stateless_per_batch
+        # a policy that holds its k for some steps (Policy.hold) runs those steps as a segment
+        # (its runs were recorded step by step: its segments keep their floats to the bit,
+        # which needs a latency model whose arrays give its scalars' numbers)
+        kind = type(policy)
+        self.holds = (kind.hold is not Policy.hold and not kind.signals
+                      and not kind.uses_draft_stop and not kind.simulation_only
+                      and cost.latency.arrays_match_scalars)
+        self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds)
                           and not (self.capped and self.feeds))
         self.planned = type(self.scheduler).plans_whole_step
         if self.planned and cost.draft_tree is not None:
@@ -326,12 +333,18 @@ class Replica:
         """All decode iterations up to the next arrival or finish, costed at once."""
         scheduler = self.scheduler
         batch = scheduler.running
-        key = tuple(request.request_id for request in batch)
-        if key != self._ks_for:
-            self._ks, self._ks_for = self._choose_uncapped(batch), key
-        ks = self._ks
+        if self.holds:  # asked every segment, which runs at most the steps it holds for
+            ks = self._choose_uncapped(batch)
+            hold = self.policy.hold()
+        else:  # asked once per running set
+            key = tuple(request.request_id for request in batch)
+            if key != self._ks_for:
+                self._ks, self._ks_for = self._choose_uncapped(batch), key
+            ks, hold = self._ks, None
         chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
         n_steps = min(len(c) for c in chains) - 1
+        if hold is not None:
+            n_steps = min(n_steps, hold + 1)
         gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
         prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
@@ -343,9 +356,10 @@ class Replica:
         feeds = self._feeds(batch, k_arr, gen) if self.feeds else None
         durations = np.atleast_1d(self.cost.iteration_s(
             k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
-            feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None))
+            feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None,
+            in_step_order=self.holds))
         start = self.env.now
-        if drafts is None:
+        if drafts is None and hold is None:
             ends = np.cumsum(durations)
             # run through the first iteration that ends at or after the next arrival: the
             # arrival waits for that boundary anyway, and nothing a router reads (the replica's
@@ -355,7 +369,8 @@ class Replica:
             starts = ends[: n - 1] + start
             end = self.env.timeout(float(ends[n - 1]))
         else:
-            # the step path's clock to the bit (it replaces step-by-step runs): np.cumsum adds
+            # the step path's clock to the bit (it replaces step-by-step runs, of capped drafts
+            # and of policies that hold): np.cumsum adds
             # one iteration at a time, as the clock does, and the segment ends at that sum
             clock = np.cumsum(np.concatenate(([start], durations)))
             horizon = self.next_arrival_s(self.index)
@@ -387,6 +402,13 @@ class Replica:
             request.chain_at += n
             if feeds is not None:
                 request.draft_feed = int(feeds[i, n])
+        if self.holds:
+            step_ks = (np.repeat(k_arr[:, None], n, axis=1) if drafts is None
+                       else drafts[:, :n])
+            emitted_each = gen[:, 1:n + 1] - gen[:, :n]
+            self.policy.observe_held(scheduler.context(batch, self.env.now), HeldSteps(
+                [request.request_id for request in batch], step_ks, emitted_each - 1,
+                emitted_each, gen[:, :n]))
         self._finish_done()
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:

@@ -79,6 +79,8 @@ class RooflineLatency(LatencyModel):
     only shrinks the bytes.
     """
 
+    arrays_match_scalars = True  # max/+/* on the same numbers, as Python floats or float64
+
     def __init__(
         self,
         target: ModelShape,

@@ -42,6 +42,7 @@ class StepCostModel:
         prefill_cached: int = 0,
         prefill_pairs: int = 0,
         feeds: Sequence[int] | np.ndarray | None = None,
+        in_step_order: bool = False,
     ):
         """Seconds of one iteration (float), or of each column of `cached` if it is 2-D.
 
@@ -51,6 +52,8 @@ class StepCostModel:
         prefill_*: aggregates of the prompt chunks processed in the same iteration
         feeds   None, or like `cached`: tokens each request feeds in its chain's first draft
                 pass (its catch-up; 1 when None); ignored where k = 0
+        in_step_order: with a 2-D `cached`, add each step's draft passes in the order one
+                step adds them (its floats to the bit, as a run stepped one at a time has them)
         """
         lat, tree = self.latency, self.draft_tree
         # no draft model and a chain: nothing to bucket by k, the verify pass's sums suffice
@@ -104,7 +107,7 @@ class StepCostModel:
                 distinct, counts, sums = _capped(distinct, counts, sums, tree.depth)
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
                                                 prefill_tokens, prefill_cached, prefill_pairs,
-                                                first)
+                                                first, in_step_order)
         return total
 
     def _verify_steps_s(self, ks: np.ndarray, cached: np.ndarray) -> np.ndarray:
@@ -130,7 +133,7 @@ class StepCostModel:
         return tree.expanding(j - 1), 1 + sum(tree.expanding(i) for i in range(1, j - 1))
 
     def _draft_chain_s(self, distinct, counts, sums, prefill_seqs, prefill_tokens,
-                       prefill_cached, prefill_pairs, first):
+                       prefill_cached, prefill_pairs, first, in_step_order=False):
         """Draft passes 1..max k; pass j feeds one token to each request with k_r >= j, which
         holds c_r + j - 1 cached tokens before it (so c_r + j causal pairs). `first`: what the
         catch-up adds to pass 1's (tokens, cached, pairs), or None."""
@@ -138,7 +141,8 @@ class StepCostModel:
         if passes == 0:
             return 0.0
         if sums and np.ndim(sums[0]):
-            return self._draft_chain_per_step(distinct, counts, sums, passes, first)
+            return self._draft_chain_per_step(distinct, counts, sums, passes, first,
+                                              in_step_order)
         forward = self.latency.forward_s
         by_k = dict(zip(distinct, zip(counts, sums)))
         total, n_j, c_j = 0.0, 0, 0
@@ -155,8 +159,10 @@ class StepCostModel:
             total += forward("draft", seqs, tokens, cached, pairs)
         return total
 
-    def _draft_chain_per_step(self, distinct, counts, sums, passes, first):
-        """The same chain for many steps of one batch (no prompt chunks), vectorised."""
+    def _draft_chain_per_step(self, distinct, counts, sums, passes, first, in_step_order):
+        """The same chain for many steps of one batch (no prompt chunks), vectorised. The
+        passes' times are summed down the passes, or, `in_step_order`, from the last pass to
+        the first as `_draft_chain_s` adds them (a pass a step does not run adds 0.0 exactly)."""
         steps = len(sums[0])
         seqs = np.zeros((passes, 1), dtype=np.int64)
         cached = np.zeros((passes, steps), dtype=np.int64)
@@ -174,7 +180,13 @@ class StepCostModel:
             tokens[0] += first[0]
             cached[0] += first[1]
             pairs[0] += first[2]
-        return self.latency.forward_s("draft", seqs, tokens, cached, pairs).sum(axis=0)
+        times = self.latency.forward_s("draft", seqs, tokens, cached, pairs)
+        if not in_step_order:
+            return times.sum(axis=0)
+        total = times[-1].copy()
+        for row in times[-2::-1]:
+            total += row
+        return total
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
                feeds: Sequence[int] | None = None) -> float:
@@ -185,6 +197,21 @@ class StepCostModel:
         context - 1 tokens before the verify pass.
         """
         return self.iteration_s(ks, np.asarray(context_tokens, dtype=np.int64) - 1, feeds=feeds)
+
+    def steps_s(self, ks_rows: Sequence[Sequence[int]], context_tokens: Sequence[int]
+                ) -> list[float]:
+        """Policy-facing: `step_s` of each row of `ks_rows`, alternatives for the same requests
+        (what a planner weighs), priced in one numpy pass where that gives the same floats as
+        one by one (a model-free chain drafter on a latency model whose arrays match its
+        scalars), else one by one."""
+        lat = self.latency
+        if not ks_rows:
+            return []
+        if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
+            return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
+        ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
+        cached = np.asarray(context_tokens, dtype=np.int64) - 1
+        return self._verify_steps_s(ks, np.broadcast_to(cached[:, None], ks.shape)).tolist()
 
     def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
         """An iteration that prefills whole prompts and nothing else."""

@@ -16,6 +16,7 @@ class LinearLatency(LatencyModel):
     """A latency model simple enough to sum by hand: every term linear in its argument."""
 
     source = "test: linear"
+    arrays_match_scalars = True  # numpy either way, the same operations
 
     def __init__(self, draft: bool = True, overhead_s: float = 1e-3) -> None:
         self._draft = draft

@@ -1,0 +1,166 @@
+"""Policies that hold their k for some steps (`Policy.hold`: goodput between re-plans) take
+the fast path, with the same records, to the bit, and the same policy state as one iteration at
+a time: such runs were recorded step by step (tests/golden's goodput cases among them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from support.engine import LinearLatency, workload
+
+from policies import HeldSteps, Policy, make_policy
+from policies.goodput import Goodput
+from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator.profiled import ProfiledLatency
+from simulator.replica import Replica
+from spectune.simulate import SimulationSpec, build_inputs
+from traces import parametric_trace, parse_acceptance
+
+
+class _Keep:
+    """Keeps the policy objects each replica copies, to compare their state after the run."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.policies: list[Policy] = []
+        real = Replica.__init__
+
+        def init(replica, *args, **kwargs):
+            real(replica, *args, **kwargs)
+            self.policies.append(replica.policy)
+
+        monkeypatch.setattr(Replica, "__init__", init)
+
+
+def _both(monkeypatch, inputs, policy, scheduler, cluster=None):
+    keep = _Keep(monkeypatch)
+    runs = [simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
+                     inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast)
+            for fast in (True, False)]
+    n = len(keep.policies) // 2
+    return runs, keep.policies[:n], keep.policies[n:]
+
+
+def _state(policy) -> dict:
+    return {k: v for k, v in vars(policy).items() if k.startswith("_") or k == "alpha_hat"}
+
+
+GOODPUT = [{}, {"per_request": "true"}, {"ema_input": "step", "replan_every": "7"},
+           {"ema_input": "inverted", "replan_every": "5"},
+           {"ema_input": "cumulative", "per_request": "true", "replan_every": "3"},
+           {"replan_every": "1"}]
+
+
+@pytest.mark.parametrize("params", GOODPUT, ids=lambda p: ",".join(f"{k}={v}" for k, v in
+                                                                 p.items()) or "default")
+@pytest.mark.parametrize("acceptance,draft", [("smollm2-ngram", "none"), ("beta:5,3", None),
+                                              ("iid:0.7~20", "none")])
+def test_goodput_takes_the_fast_path_with_the_step_paths_records(monkeypatch, params,
+                                                                 acceptance, draft):
+    spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
+                          acceptance=acceptance, draft=draft, seed=5)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    held, learned, real = [], [], Goodput.observe_held
+
+    def observe_held(policy, ctx, steps):
+        held.append(steps.steps)
+        real(policy, ctx, steps)
+        learned.append(policy.alpha_hat != policy.initial_alpha or bool(policy._alpha_r))
+
+    monkeypatch.setattr(Goodput, "observe_held", observe_held)
+    (fast, slow), fast_policies, slow_policies = _both(
+        monkeypatch, inputs, make_policy("goodput", params), SchedulerConfig(max_num_seqs=24),
+        ClusterConfig(2, "least-loaded"))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    assert [_state(p) for p in fast_policies] == [_state(p) for p in slow_policies]
+    assert any(learned)  # its estimates moved
+    # segments of several steps, never past a re-plan
+    replan = int(params.get("replan_every", 20))
+    assert max(held) == min(replan, max(held)) and (max(held) > 1) == (replan > 1)
+    assert sum(held) == int((fast.steps.decode_seqs > 0).sum())
+
+
+def test_arrivals_on_iteration_boundaries_with_a_policy_that_holds(monkeypatch):
+    """Arrivals at multiples of a power of two land on iteration ends exactly, with ties."""
+    rng = np.random.default_rng(3)
+    n = 80
+    arrivals = np.sort(rng.integers(0, 300, n)) * 2.0**-7
+    wl = workload(arrivals, rng.integers(1, 50, n), rng.integers(1, 40, n))
+    trace = parametric_trace(parse_acceptance("beta:4,2~5"), wl.output_tokens, rng)
+
+    class Inputs:
+        workload, latency, acceptance = wl, LinearLatency(draft=False, overhead_s=2.0**-8), trace
+        kv_capacity_tokens = 100_000
+
+    (fast, slow), fast_policies, slow_policies = _both(
+        monkeypatch, Inputs, make_policy("goodput", {"replan_every": "4"}),
+        SchedulerConfig(max_num_seqs=6), ClusterConfig(2, "round-robin"))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    assert [_state(p) for p in fast_policies] == [_state(p) for p in slow_policies]
+
+
+class _HoldsTwo(Policy):
+    """k = 2 held for 3 steps, recording what the engine tells it."""
+
+    name = "holds-two"
+
+    def __init__(self) -> None:
+        self.calls, self.held = 0, []
+
+    def choose(self, ctx):
+        self.calls += 1
+        return [2] * len(ctx.requests)
+
+    def hold(self) -> int:
+        return 3
+
+    def observe_held(self, ctx, steps: HeldSteps) -> None:
+        self.held.append(steps)
+
+
+def test_the_engine_reports_held_steps_as_one_column_per_step():
+    rng = np.random.default_rng(0)
+    wl = workload(np.zeros(3), np.full(3, 10), np.array([30, 30, 30]))
+    trace = parametric_trace(parse_acceptance("iid:0.5"), wl.output_tokens, rng)
+    policy = _HoldsTwo()
+    keep: list[Policy] = []
+    real = Replica.__init__
+
+    def init(replica, *args, **kwargs):
+        real(replica, *args, **kwargs)
+        keep.append(replica.policy)
+
+    Replica.__init__ = init
+    try:
+        result = simulate(wl, LinearLatency(draft=False), trace, policy, 100_000)
+    finally:
+        Replica.__init__ = real
+    used = keep[0]
+    decode_steps = int((result.steps.decode_seqs > 0).sum())
+    assert sum(h.steps for h in used.held) == decode_steps
+    assert all(1 <= h.steps <= 4 for h in used.held)  # the first step and at most 3 held
+    assert used.calls == len(used.held)  # asked once per segment
+    for h in used.held:
+        assert h.k.shape == h.accepted.shape == h.emitted.shape == h.position.shape
+        assert (h.accepted == h.emitted - 1).all() and (h.accepted <= h.k).all()
+        assert (h.position[:, 1:] == h.position[:, :-1] + h.emitted[:, :-1]).all()
+    emitted = sum(int(h.emitted.sum()) for h in used.held)
+    assert emitted == int(result.steps.emitted.sum())
+
+
+def test_a_profile_keeps_a_policy_that_holds_on_the_step_path():
+    """A profile's arrays agree with its scalars to 1e-9, not to the bit: stepping keeps the
+    floats the step path recorded."""
+    from tests.simulator.test_profiled import make_table
+
+    rng = np.random.default_rng(2)
+    wl = workload(np.arange(12) * 0.01, rng.integers(1, 50, 12), rng.integers(1, 40, 12))
+    trace = parametric_trace(parse_acceptance("iid:0.6"), wl.output_tokens, rng)
+    latency = ProfiledLatency(make_table())
+    assert not latency.arrays_match_scalars
+    result = simulate(wl, latency, trace, make_policy("goodput", {}), 100_000)
+    assert result.meta["fast_path"] is False

@@ -1,0 +1,59 @@
+"""`StepCostModel.steps_s`: alternatives for one batch priced at once give `step_s`'s floats,
+bit for bit (a planner decides the same either way), and fall back to one call each where the
+latency model's arrays might not match its scalars."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.base import price_steps
+from simulator.catalog import get_gpu, get_model
+from simulator.profiled import ProfiledLatency
+from simulator.roofline import RooflineLatency
+from simulator.step_cost import StepCostModel
+from tests.simulator.test_profiled import make_table
+
+
+def _alternatives(rng, batch: int, rows: int, k_max: int = 8) -> list[list[int]]:
+    return [rng.integers(0, k_max + 1, batch).tolist() for _ in range(rows)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_model_free_roofline_prices_every_row_to_the_bit(seed):
+    rng = np.random.default_rng(seed)
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
+    batch = int(rng.integers(1, 65))
+    contexts = rng.integers(2, 9000, batch).tolist()
+    rows = _alternatives(rng, batch, int(rng.integers(1, 40)))
+    got = cost.steps_s(rows, contexts)
+    assert got == [cost.step_s(ks, contexts) for ks in rows]
+    assert all(type(t) is float for t in got)
+
+
+def test_a_draft_model_or_a_profile_is_priced_one_row_at_a_time(monkeypatch):
+    rng = np.random.default_rng(7)
+    contexts = rng.integers(2, 2000, 12).tolist()
+    rows = _alternatives(rng, 12, 5)
+    for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                    get_gpu("h100")), ProfiledLatency(make_table())):
+        cost = StepCostModel(latency)
+        assert not (latency.arrays_match_scalars and not latency.has_draft_model)
+        calls, real = [], cost.step_s
+
+        def counted(ks, c, f=None, calls=calls, real=real):
+            calls.append(ks)
+            return real(ks, c)
+
+        monkeypatch.setattr(cost, "step_s", counted)
+        assert cost.steps_s(rows, contexts) == [real(ks, contexts) for ks in rows]
+        assert calls == rows
+
+
+def test_price_steps_uses_step_s_when_a_cost_model_has_no_steps_s():
+    class OnlyStep:
+        def step_s(self, ks, contexts, feeds=None):
+            return 1.0 + sum(ks) / 10 + sum(contexts) / 1000
+
+    assert price_steps(OnlyStep(), [[0, 0], [1, 2]], [10, 20]) == [1.03, 1.33]
+    assert price_steps(OnlyStep(), [], [10, 20]) == []
