@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from policies.base import Policy, StepContext, StepCost
+from policies.base import Policy, StepContext, StepCost, price_steps
 from policies.registry import register
 from policies.vocabulary import expected_emitted
 
@@ -166,8 +166,8 @@ def derive_table(cost: StepCost, alpha: float, context_tokens: int, max_batch: i
     emitted = [expected_emitted(alpha, k) for k in range(k_max + 1)]
     best: list[int] = []
     for b in range(1, max_batch + 1):
-        contexts = [context_tokens] * b
-        per_token = [cost.step_s([k] * b, contexts) / emitted[k] for k in range(k_max + 1)]
+        times = price_steps(cost, [[k] * b for k in range(k_max + 1)], [context_tokens] * b)
+        per_token = [t / e for t, e in zip(times, emitted)]
         best.append(min(range(k_max + 1), key=per_token.__getitem__))
     return _merge(best)
 

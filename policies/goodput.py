@@ -275,31 +275,23 @@ class _Ascent:
                 return current, ks
 
     def _best(self, moves, ks, tokens, current):
-        """The move that raises goodput most: (goodput, new ks, token gain), or None. Every
-        move's step is priced in one call."""
+        """The move that raises goodput most: (goodput, new ks, token gain), or None. `moves`:
+        (change, its token gain) pairs, every one priced in one call."""
         if not moves:
             return None
-        gains, trials = [], []
-        for change in moves:
-            gains.append(sum(self._gain(i, ks[i], k) for i, k in change))
+        trials = []
+        for change, _ in moves:
             trial = list(ks)
             for i, k in change:
                 trial[i] = k
             trials.append(trial)
-        goodputs = self.policy._goodputs(self.ctx, [tokens + gain for gain in gains], trials,
+        goodputs = self.policy._goodputs(self.ctx, [tokens + gain for _, gain in moves], trials,
                                          self.contexts)
         best = None
-        for goodput, trial, gain in zip(goodputs, trials, gains):
+        for goodput, trial, (_, gain) in zip(goodputs, trials, moves):
             if goodput > current * (1.0 + MIN_GAIN) and (best is None or goodput > best[0]):
                 best = (goodput, trial, gain)
         return best
-
-    def _gain(self, i: int, old: int, new: int) -> float:
-        """E_i(new) - E_i(old) = sum of a_i^j over the drafts added (or minus, removed)."""
-        powers = self.powers[i]
-        if new >= old:
-            return sum(powers[j] for j in range(old + 1, new + 1))
-        return -sum(powers[j] for j in range(new + 1, old + 1))
 
     def _levels(self, ks: list[int]) -> dict[int, list[int]]:
         """Level -> its requests, in `order`."""
@@ -310,25 +302,32 @@ class _Ascent:
 
     def _group_moves(self, ks: list[int]):
         """Raise the first s requests of a level by one, or lower the last s (s = 1, 2, 4, ...,
-        all): the changes [(request, new k), ...] that keep k nonincreasing along `order`."""
+        all): the changes [(request, new k), ...] that keep k nonincreasing along `order`, each
+        with its token gain E(new) - E(old): the a_i^j its drafts add (or minus, remove), summed
+        in the change's order from 0."""
+        powers = self.powers
         for level, group in self._levels(ks).items():
             if level < self.k_cap:
+                up = [powers[i][level + 1] for i in group]
                 for s in _sizes(len(group)):
-                    yield [(i, level + 1) for i in group[:s]]
+                    yield [(i, level + 1) for i in group[:s]], sum(up[:s])
             if level > 0:
+                down = [-powers[i][level] for i in group]
                 for s in _sizes(len(group)):
-                    yield [(i, level - 1) for i in group[-s:]]
+                    yield [(i, level - 1) for i in group[-s:]], sum(down[-s:])
 
     def _transfers(self, ks: list[int]):
         """Move one draft from the last request of a level to the first of another: the
         verified tokens stay level, which is what crosses a knee or a CUDA-graph bucket."""
         levels = self._levels(ks)
+        powers = self.powers
         for up_level, ups in levels.items():
             for down_level, downs in levels.items():
                 u, d = ups[0], downs[-1]
                 if (up_level < self.k_cap and down_level > 0 and u != d
                         and self._transfer_keeps_order(ks, u, d)):
-                    yield [(u, up_level + 1), (d, down_level - 1)]
+                    yield ([(u, up_level + 1), (d, down_level - 1)],
+                           sum((powers[u][up_level + 1], -powers[d][down_level])))
 
     def _transfer_keeps_order(self, ks: list[int], u: int, d: int) -> bool:
         """Whether k stays nonincreasing along `order` with u raised and d lowered by one. `ks`
