@@ -115,6 +115,18 @@ class StepLog:
             self._fold()
             self._folded += StepTotals.of(block)
 
+    @property
+    def records_rows(self) -> bool:
+        """Whether steps are kept or streamed (else only their totals are: a caller may then
+        give `add_totals` what a block would have folded into)."""
+        return self.keep or self.sink is not None
+
+    def add_totals(self, totals: StepTotals) -> None:
+        """The totals of a block not made (`records_rows` False): what `add_block` folds."""
+        self._rows = None
+        self._fold()
+        self._folded += totals
+
     def _fold(self) -> None:
         for part in self._parts():
             self._folded += StepTotals.of(part)

@@ -28,7 +28,7 @@ from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
-from simulator.logs import STEP_INDEX, RequestLog, StepLog
+from simulator.logs import STEP_INDEX, RequestLog, StepLog, StepTotals
 from simulator.request import RequestState, remaining_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
@@ -377,19 +377,12 @@ class Replica:
             n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, n_steps)
             starts = clock[1:n]
             end = _At(self.env, float(clock[n]))
-        tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
-        emitted = tokens[1:] - tokens[:-1]
-        block = np.empty((len(STEP_INDEX), n))
-        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
-                             int(k_arr.max()), 0, 0, *scheduler.snapshot()))[:, None]
-        block[STEP_INDEX["start_s"], 1:] = starts
-        block[STEP_INDEX["duration_s"]] = durations[:n]
-        if drafts is not None:
-            block[STEP_INDEX["drafted"]] = drafts[:, :n].sum(axis=0)
-            block[STEP_INDEX["max_k"]] = drafts[:, :n].max(axis=0)
-        block[STEP_INDEX["accepted"]] = emitted - len(batch)
-        block[STEP_INDEX["emitted"]] = emitted
-        self.steps.add_block(block)
+        if self.steps.records_rows:
+            self._log_segment(batch, start, n, gen, durations, starts, k_arr, drafts)
+        else:  # a run that keeps totals only: the block's sums, without the block
+            self.steps.add_totals(StepTotals(
+                n, len(batch) * n, n, int(gen[:, n].sum() - gen[:, 0].sum()),
+                int(k_arr.sum()) * n if drafts is None else int(drafts[:, :n].sum())))
         yield end
         scheduler.step_index += n
         drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
@@ -410,6 +403,22 @@ class Replica:
                 [request.request_id for request in batch], step_ks, emitted_each - 1,
                 emitted_each, gen[:, :n]))
         self._finish_done()
+
+    def _log_segment(self, batch, start, n, gen, durations, starts, k_arr, drafts) -> None:
+        """The segment's first n iterations, one block of step records."""
+        tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
+        emitted = tokens[1:] - tokens[:-1]
+        block = np.empty((len(STEP_INDEX), n))
+        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
+                             int(k_arr.max()), 0, 0, *self.scheduler.snapshot()))[:, None]
+        block[STEP_INDEX["start_s"], 1:] = starts
+        block[STEP_INDEX["duration_s"]] = durations[:n]
+        if drafts is not None:
+            block[STEP_INDEX["drafted"]] = drafts[:, :n].sum(axis=0)
+            block[STEP_INDEX["max_k"]] = drafts[:, :n].max(axis=0)
+        block[STEP_INDEX["accepted"]] = emitted - len(batch)
+        block[STEP_INDEX["emitted"]] = emitted
+        self.steps.add_block(block)
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
         """Each request's first-pass draft feed before each step of the segment, and after its

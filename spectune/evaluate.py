@@ -317,6 +317,15 @@ class Runner:
                 out[i] = self._finish(keys[i], tasks[i], evaluate(tasks[i]))
         return out  # type: ignore[return-value]
 
+    def map_here(self, fn: Callable, tasks: Sequence[Task], *per_task: Sequence) -> list:
+        """`fn(task, *values)` for each task (and its values in `per_task`), in order, on this
+        machine: over the worker pool where this runner has local workers, else one after
+        another (a Ray runner's too: what `fn` writes must land here). For work that writes
+        local files (tune's samples)."""
+        if self.executor == "local" and self.jobs > 1 and len(tasks) > 1:
+            return list(self._workers(tasks[0]).map(fn, tasks, *per_task))
+        return [fn(*args) for args in zip(tasks, *per_task)]
+
     def _finish(self, key: str, task: Task, metrics: dict) -> dict:
         self._store(key, task, metrics)
         self.done += 1

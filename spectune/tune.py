@@ -304,7 +304,8 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
               "notes": [f"{text} (at {', '.join(f'{r:g}' for r in rates)} req/s)"
                         for text, rates in search.notes.items()]}
     if out is not None:
-        _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out)
+        _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out,
+                      runner)
         result["meta"]["wall_s"] = time.perf_counter() - started
         from spectune.files import write_json
 
@@ -337,20 +338,22 @@ def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bo
             "wall_s": time.perf_counter() - started}
 
 
-def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out: Path):
+def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out: Path,
+                  runner: Runner):
     """Sample runs for the report, and the engines' configs from the best fixed k per rate."""
     from spectune.samples import slug, write_sample
 
-    if spec.samples:
+    if spec.samples:  # simulated over the runner's workers, written where they run: here
+        tasks, folders = [], []
         for rec in recommendations:
             for c in dict.fromkeys([Candidate(rec["policy"], tuple(sorted(rec["params"].items()))),
                                     BASELINE]):
-                folder = out / "samples" / f"rate{rec['rate']:g}" / slug(c.label)
+                folders.append(out / "samples" / f"rate{rec['rate']:g}" / slug(c.label))
                 k_max = rec.get("k_max", scheduler.k_max) if c != BASELINE else scheduler.k_max
-                paths = write_sample(Task(scenario, replace(scheduler, k_max=k_max), c,
-                                          rec["rate"], 0), folder)
-                result["samples"].append({"rate": rec["rate"], "label": c.label, **{
-                    k: str(Path(v).relative_to(out)) for k, v in paths.items()}})
+                tasks.append(Task(scenario, replace(scheduler, k_max=k_max), c, rec["rate"], 0))
+        for task, paths in zip(tasks, runner.map_here(write_sample, tasks, folders)):
+            result["samples"].append({"rate": task.rate, "label": task.candidate.label, **{
+                k: str(Path(v).relative_to(out)) for k, v in paths.items()}})
     if best_fixed:
         from spectune.export import scenario_drafter, schedule_from_points
 

@@ -13,17 +13,19 @@ from simulator.logs import STEP_COLUMNS, StepLog, StepTotals
 from spectune.simulate import SimulationSpec, build_inputs
 
 
+@pytest.mark.parametrize("acceptance", ["smollm2-ngram", "iid:0.7~20"])
 @pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("scheduler,cluster,policy", [
     (SchedulerConfig(max_num_seqs=16), ClusterConfig(1), ("fixed", {"k": 3})),
     (SchedulerConfig(max_batched_tokens=512, chunked_prefill=True), ClusterConfig(1),
      ("goodput", {})),
     (SchedulerConfig(max_num_seqs=8), ClusterConfig(3, "least-loaded"), ("batch_adaptive", {})),
+    (SchedulerConfig(max_num_seqs=12), ClusterConfig(2), ("goodput", {"per_request": True})),
 ])
 def test_totals_without_the_records_equal_those_of_the_records(
-        monkeypatch, fast_path, scheduler, cluster, policy):
+        monkeypatch, acceptance, fast_path, scheduler, cluster, policy):
     monkeypatch.setattr(StepLog, "FOLD", 7)  # fold many times in a short run
-    spec = SimulationSpec(workload="poisson", rate=10.0, requests=120, acceptance="smollm2-ngram",
+    spec = SimulationSpec(workload="poisson", rate=10.0, requests=120, acceptance=acceptance,
                           draft="none", seed=5)
     inputs = build_inputs(spec, {}, scheduler)
     runs = [simulate(inputs.workload, inputs.latency, inputs.acceptance,

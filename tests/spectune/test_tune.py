@@ -161,6 +161,20 @@ def test_tune_writes_samples_exports_and_resumes(tuned):
     assert again["recommendations"] == result["recommendations"]
 
 
+def test_samples_written_by_the_workers_are_those_written_in_turn(tuned, tmp_path):
+    """With two local workers the samples are simulated in the pool, and are the same files."""
+    import dataclasses
+    import shutil
+
+    result, out = tuned
+    shutil.copytree(out / "evals", tmp_path / "evals")  # the search from the cache: samples only
+    pooled = run_tune(dataclasses.replace(SMALL, jobs=2), SCENARIO, SchedulerConfig(), tmp_path)
+    assert pooled["samples"] == result["samples"] and len(result["samples"]) >= 3
+    for sample in result["samples"]:
+        for key in ("requests_csv", "k_trace_csv", "drafts_csv"):
+            assert (tmp_path / sample[key]).read_bytes() == (out / sample[key]).read_bytes()
+
+
 def test_cli_json_and_bad_input(tmp_path, capsys):
     args = ["tune", "--workload", "poisson", "--requests", "40", "--lengths", "fixed:100,30",
             "--acceptance", "iid:0.7", "--rates", "4", "--policies", "fixed", "--seeds", "1",
