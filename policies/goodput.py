@@ -11,6 +11,7 @@ docs/policy-goodput.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -222,6 +223,20 @@ class Goodput(Policy):
             out[i] = tokens[i] / seconds
         return out
 
+    def _goodputs_of_sums(self, ctx: StepContext, tokens: Sequence[float], moved, chain_sums,
+                          contexts: Sequence[int], cached: int) -> list[float]:
+        """`_goodputs` of alternatives given by their verify pass's (drafts, causal pairs)."""
+        requests = len(contexts)
+        base = sum(contexts) // requests * requests + requests  # the need but for the drafts
+        fits = [i for i, (d, _) in enumerate(moved)
+                if (base + d) * self.kv_headroom <= ctx.kv_capacity_tokens]
+        out = [0.0] * len(moved)
+        times = chain_sums(requests, [moved[i][0] for i in fits], cached,
+                           [moved[i][1] for i in fits]) if fits else []
+        for i, seconds in zip(fits, times):
+            out[i] = tokens[i] / seconds
+        return out
+
     def _plan_per_request(self, ctx: StepContext, k_cap: int) -> list[int]:
         """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (docs/policies.md §3 option).
 
@@ -251,7 +266,11 @@ class Goodput(Policy):
 
 
 class _Ascent:
-    """Hill climbing over allocations that are nonincreasing along `order` (see above)."""
+    """Hill climbing over allocations that are nonincreasing along `order` (see above).
+
+    Where the cost model prices a step from its verify pass's sums (`chain_sums_s`: a
+    model-free chain drafter), a move is priced from the sums it changes (drafts, causal pairs),
+    kept as the climb goes: the same integers, so the same floats, as pricing each trial's ks."""
 
     def __init__(self, policy: Goodput, ctx: StepContext, alphas, order, contexts, k_cap):
         self.policy, self.ctx, self.alphas = policy, ctx, alphas
@@ -259,39 +278,53 @@ class _Ascent:
         self.rank = {i: place for place, i in enumerate(order)}
         # a_i^j: what request i's j-th draft adds to its expected emitted tokens
         self.powers = [[a ** j for j in range(k_cap + 1)] for a in alphas]
+        self.cached = [c - 1 for c in contexts]  # each request's KV before the verify pass
+        self.total_cached = sum(self.cached)
+        chain_sums = getattr(ctx.cost, "chain_sums_s", None)
+        self.chain_sums = chain_sums if chain_sums is not None and chain_sums(
+            len(contexts), [0], self.total_cached, [0]) is not None else None
+        # the verify pass's causal pairs of a request at k, less (k + 1) c: (k + 1)(k + 2) / 2
+        self.own = [(k + 1) * (k + 2) // 2 for k in range(k_cap + 1)]
 
     def run(self, k0: int) -> tuple[float, list[int]]:
         ks = [k0] * len(self.order)
         tokens = sum(expected_emitted(a, k0) for a in self.alphas)
         current = self.policy._goodputs(self.ctx, [tokens], [ks], self.contexts)[0]
+        sums = (k0 * len(ks), sum((k0 + 1) * c + self.own[k0] for c in self.cached))
         while True:
             for moves in (self._group_moves(ks), self._transfers(ks)):
-                best = self._best(list(moves), ks, tokens, current)
+                best = self._best(list(moves), ks, sums, tokens, current)
                 if best is not None:
-                    current, ks, gain = best
+                    current, ks, sums, gain = best
                     tokens += gain
                     break
             else:
                 return current, ks
 
-    def _best(self, moves, ks, tokens, current):
-        """The move that raises goodput most: (goodput, new ks, token gain), or None. `moves`:
-        (change, its token gain) pairs, every one priced in one call."""
+    def _best(self, moves, ks, sums, tokens, current):
+        """The move that raises goodput most: (goodput, new ks, new sums, token gain), or
+        None. `moves`: (requests, their new k's, token gain, change of drafts, change of causal
+        pairs), every one priced in one call."""
         if not moves:
             return None
-        trials = []
-        for change, _ in moves:
-            trial = list(ks)
-            for i, k in change:
-                trial[i] = k
-            trials.append(trial)
-        goodputs = self.policy._goodputs(self.ctx, [tokens + gain for _, gain in moves], trials,
-                                         self.contexts)
+        gains = [tokens + move[2] for move in moves]
+        drafted, pairs = sums
+        moved = [(drafted + move[3], pairs + move[4]) for move in moves]
+        if self.chain_sums is not None:
+            goodputs = self.policy._goodputs_of_sums(self.ctx, gains, moved, self.chain_sums,
+                                                     self.contexts, self.total_cached)
+        else:
+            goodputs = self.policy._goodputs(self.ctx, gains,
+                                             [_changed(ks, *move[:2]) for move in moves],
+                                             self.contexts)
         best = None
-        for goodput, trial, (_, gain) in zip(goodputs, trials, moves):
+        for m, goodput in enumerate(goodputs):
             if goodput > current * (1.0 + MIN_GAIN) and (best is None or goodput > best[0]):
-                best = (goodput, trial, gain)
-        return best
+                best = (goodput, m)
+        if best is None:
+            return None
+        goodput, m = best
+        return goodput, _changed(ks, *moves[m][:2]), moved[m], moves[m][2]
 
     def _levels(self, ks: list[int]) -> dict[int, list[int]]:
         """Level -> its requests, in `order`."""
@@ -302,32 +335,38 @@ class _Ascent:
 
     def _group_moves(self, ks: list[int]):
         """Raise the first s requests of a level by one, or lower the last s (s = 1, 2, 4, ...,
-        all): the changes [(request, new k), ...] that keep k nonincreasing along `order`, each
-        with its token gain E(new) - E(old): the a_i^j its drafts add (or minus, remove), summed
-        in the change's order from 0."""
-        powers = self.powers
+        all): the moves that keep k nonincreasing along `order`. A move's token gain E(new) -
+        E(old) is the a_i^j its drafts add (or minus, remove), summed in order from 0; its
+        causal pairs change by (new - old) c_i + own(new) - own(old) per request."""
+        powers, cached, own = self.powers, self.cached, self.own
         for level, group in self._levels(ks).items():
+            before = list(itertools.accumulate((cached[i] for i in group), initial=0))
             if level < self.k_cap:
                 up = [powers[i][level + 1] for i in group]
+                step = own[level + 1] - own[level]
                 for s in _sizes(len(group)):
-                    yield [(i, level + 1) for i in group[:s]], sum(up[:s])
+                    yield group[:s], level + 1, sum(up[:s]), s, before[s] + s * step
             if level > 0:
                 down = [-powers[i][level] for i in group]
-                for s in _sizes(len(group)):
-                    yield [(i, level - 1) for i in group[-s:]], sum(down[-s:])
+                step, n = own[level - 1] - own[level], len(group)
+                for s in _sizes(n):
+                    yield (group[-s:], level - 1, sum(down[-s:]), -s,
+                           before[n - s] - before[n] + s * step)
 
     def _transfers(self, ks: list[int]):
         """Move one draft from the last request of a level to the first of another: the
         verified tokens stay level, which is what crosses a knee or a CUDA-graph bucket."""
         levels = self._levels(ks)
-        powers = self.powers
+        powers, cached, own = self.powers, self.cached, self.own
         for up_level, ups in levels.items():
             for down_level, downs in levels.items():
                 u, d = ups[0], downs[-1]
                 if (up_level < self.k_cap and down_level > 0 and u != d
                         and self._transfer_keeps_order(ks, u, d)):
-                    yield ([(u, up_level + 1), (d, down_level - 1)],
-                           sum((powers[u][up_level + 1], -powers[d][down_level])))
+                    yield ([u, d], [up_level + 1, down_level - 1],
+                           sum((powers[u][up_level + 1], -powers[d][down_level])), 0,
+                           cached[u] + own[up_level + 1] - own[up_level]
+                           - cached[d] + own[down_level - 1] - own[down_level])
 
     def _transfer_keeps_order(self, ks: list[int], u: int, d: int) -> bool:
         """Whether k stays nonincreasing along `order` with u raised and d lowered by one. `ks`
@@ -341,6 +380,18 @@ class _Ascent:
             if place + 1 < n and at(place) < at(place + 1):
                 return False
         return True
+
+
+def _changed(ks: list[int], requests: list[int], news) -> list[int]:
+    """`ks` with each of `requests` set to its new k (`news`: one each, or one for all)."""
+    trial = list(ks)
+    if isinstance(news, int):
+        for i in requests:
+            trial[i] = news
+    else:
+        for i, k in zip(requests, news):
+            trial[i] = k
+    return trial
 
 
 def _groups(ks: Sequence[int], accepted: Sequence[int]) -> tuple:

@@ -114,14 +114,29 @@ class StepCostModel:
         """Many steps of one batch whose drafter has no model (so no draft passes) and drafts
         a chain: each step's verify aggregates summed directly, not per k (the same integers
         as the buckets', with fewer numpy calls: the fast path's hot spot)."""
-        lat = self.latency
-        seqs = len(cached)
         k = ks if ks.ndim == 2 else ks[:, None]
-        drafted = k.sum(axis=0)
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         pairs = ((k + 1) * cached).sum(axis=0) + ((k + 1) * (k + 2) // 2).sum(axis=0)
-        total = lat.forward_s("target", seqs, drafted + seqs, cached.sum(axis=0), pairs)
+        return self._chain_step_s(len(cached), k.sum(axis=0), cached.sum(axis=0), pairs)
+
+    def _chain_step_s(self, seqs, drafted, cached, pairs):
+        """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
+        lat = self.latency
+        total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         return total + lat.step_overhead_s(seqs, drafted)
+
+    def chain_sums_s(self, requests: int, drafted: Sequence[int], cached: int,
+                     pairs: Sequence[int]) -> list[float] | None:
+        """Policy-facing: `step_s` of alternative steps of the same `requests` requests (their
+        cached tokens summing to `cached`), each given by its verify pass's sums: drafted tokens
+        and causal pairs, sum_r (k_r + 1) c_r + (k_r + 1)(k_r + 2) / 2. The same floats as
+        `steps_s` of their ks; None where a step's price is not a function of those sums (a
+        draft model, a tree, a latency model whose arrays might not match its scalars)."""
+        lat = self.latency
+        if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
+            return None
+        return self._chain_step_s(requests, np.asarray(drafted, dtype=np.int64), cached,
+                                  np.asarray(pairs, dtype=np.int64)).tolist()
 
     def _pass_shape(self, j: int) -> tuple[int, int]:
         """Pass j's (entries fed per request, entries each request holds before it beyond its

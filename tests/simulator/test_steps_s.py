@@ -57,3 +57,24 @@ def test_price_steps_uses_step_s_when_a_cost_model_has_no_steps_s():
 
     assert price_steps(OnlyStep(), [[0, 0], [1, 2]], [10, 20]) == [1.03, 1.33]
     assert price_steps(OnlyStep(), [], [10, 20]) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_chain_step_priced_from_its_sums_is_steps_s_to_the_bit(seed):
+    """goodput's per-request climb prices moves from the verify pass's sums it keeps."""
+    rng = np.random.default_rng(seed)
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
+    batch = int(rng.integers(1, 65))
+    contexts = rng.integers(2, 9000, batch).tolist()
+    rows = _alternatives(rng, batch, int(rng.integers(1, 30)))
+    cached = [c - 1 for c in contexts]
+    drafted = [sum(ks) for ks in rows]
+    pairs = [sum((k + 1) * c + (k + 1) * (k + 2) // 2 for k, c in zip(ks, cached))
+             for ks in rows]
+    assert cost.chain_sums_s(batch, drafted, sum(cached), pairs) == cost.steps_s(rows, contexts)
+
+
+def test_no_sums_pricing_with_a_draft_model_or_a_profile():
+    for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                    get_gpu("h100")), ProfiledLatency(make_table())):
+        assert StepCostModel(latency).chain_sums_s(2, [0], 10, [2]) is None
