@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from policies.base import Policy, StepContext, StepCost, price_steps
 from policies.registry import register
 from policies.vocabulary import expected_emitted
@@ -164,12 +166,31 @@ def derive_table(cost: StepCost, alpha: float, context_tokens: int, max_batch: i
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0, got {k_max}")
     emitted = [expected_emitted(alpha, k) for k in range(k_max + 1)]
+    every = _uniform_steps_s(cost, context_tokens, max_batch, k_max)
     best: list[int] = []
     for b in range(1, max_batch + 1):
-        times = price_steps(cost, [[k] * b for k in range(k_max + 1)], [context_tokens] * b)
+        times = every[b - 1] if every is not None else price_steps(
+            cost, [[k] * b for k in range(k_max + 1)], [context_tokens] * b)
         per_token = [t / e for t, e in zip(times, emitted)]
         best.append(min(range(k_max + 1), key=per_token.__getitem__))
     return _merge(best)
+
+
+def _uniform_steps_s(cost: StepCost, context_tokens: int, max_batch: int,
+                     k_max: int) -> list[list[float]] | None:
+    """T_step of B requests at k for every B in 1..max_batch and k in 0..k_max, in one call
+    where the cost model prices a step from its verify pass's sums (`chain_sums_s`); None
+    where it does not."""
+    chain_sums = getattr(cost, "chain_sums_s", None)
+    if chain_sums is None:
+        return None
+    b = np.repeat(np.arange(1, max_batch + 1, dtype=np.int64), k_max + 1)
+    k = np.tile(np.arange(k_max + 1, dtype=np.int64), max_batch)
+    c = context_tokens - 1  # each request's KV before the verify pass
+    times = chain_sums(b, b * k, b * c, b * ((k + 1) * c + (k + 1) * (k + 2) // 2))
+    if times is None:
+        return None
+    return [times[i:i + k_max + 1] for i in range(0, len(times), k_max + 1)]
 
 
 def _merge(ks_by_batch: Sequence[int]) -> list[Row]:

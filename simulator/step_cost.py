@@ -125,18 +125,24 @@ class StepCostModel:
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         return total + lat.step_overhead_s(seqs, drafted)
 
-    def chain_sums_s(self, requests: int, drafted: Sequence[int], cached: int,
+    def chain_sums_s(self, requests, drafted: Sequence[int], cached,
                      pairs: Sequence[int]) -> list[float] | None:
-        """Policy-facing: `step_s` of alternative steps of the same `requests` requests (their
-        cached tokens summing to `cached`), each given by its verify pass's sums: drafted tokens
-        and causal pairs, sum_r (k_r + 1) c_r + (k_r + 1)(k_r + 2) / 2. The same floats as
-        `steps_s` of their ks; None where a step's price is not a function of those sums (a
-        draft model, a tree, a latency model whose arrays might not match its scalars)."""
+        """Policy-facing: `step_s` of steps given by their verify pass's sums: requests, drafted
+        tokens, cached tokens (sum_r c_r) and causal pairs, sum_r (k_r + 1) c_r + (k_r + 1)
+        (k_r + 2) / 2; one step per element of `drafted` (`requests` and `cached` may be one
+        for all). The same floats as `step_s` of their ks; None where a step's price is not a
+        function of those sums (a draft model, a tree, a latency model whose arrays might not
+        match its scalars)."""
         lat = self.latency
         if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
             return None
-        return self._chain_step_s(requests, np.asarray(drafted, dtype=np.int64), cached,
-                                  np.asarray(pairs, dtype=np.int64)).tolist()
+        if not isinstance(requests, int):
+            requests = np.asarray(requests, dtype=np.int64)
+        if not isinstance(cached, int):
+            cached = np.asarray(cached, dtype=np.int64)
+        return np.atleast_1d(self._chain_step_s(
+            requests, np.asarray(drafted, dtype=np.int64), cached,
+            np.asarray(pairs, dtype=np.int64))).tolist()
 
     def _pass_shape(self, j: int) -> tuple[int, int]:
         """Pass j's (entries fed per request, entries each request holds before it beyond its

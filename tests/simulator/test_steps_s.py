@@ -78,3 +78,16 @@ def test_no_sums_pricing_with_a_draft_model_or_a_profile():
     for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                     get_gpu("h100")), ProfiledLatency(make_table())):
         assert StepCostModel(latency).chain_sums_s(2, [0], 10, [2]) is None
+
+
+def test_batch_adaptive_prices_its_whole_table_from_sums_to_the_bit():
+    from policies.batch_adaptive import _uniform_steps_s
+
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
+    every = _uniform_steps_s(cost, 700, 40, 6)
+    assert len(every) == 40
+    for b in (1, 2, 17, 40):
+        assert every[b - 1] == price_steps(cost, [[k] * b for k in range(7)], [700] * b)
+    drafting = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                             get_gpu("h100")))
+    assert _uniform_steps_s(drafting, 700, 40, 6) is None
