@@ -354,10 +354,13 @@ class Replica:
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
         # for the next chain, which a later segment's k > 0 pays
         feeds = self._feeds(batch, k_arr, gen) if self.feeds else None
-        durations = np.atleast_1d(self.cost.iteration_s(
-            k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
-            feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None,
-            in_step_order=self.holds))
+        durations = self.cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
+                                              gen[:, :-1])
+        if durations is None:
+            durations = np.atleast_1d(self.cost.iteration_s(
+                k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
+                feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None,
+                in_step_order=self.holds))
         start = self.env.now
         if drafts is None and hold is None:
             ends = np.cumsum(durations)

@@ -119,6 +119,27 @@ class StepCostModel:
         pairs = ((k + 1) * cached).sum(axis=0) + ((k + 1) * (k + 2) // 2).sum(axis=0)
         return self._chain_step_s(len(cached), k.sum(axis=0), cached.sum(axis=0), pairs)
 
+    def chain_segment_s(self, ks: np.ndarray, prompts: np.ndarray, gen: np.ndarray
+                        ) -> np.ndarray | None:
+        """`iteration_s(ks, prompts[:, None] + gen - 1)` for a model-free chain drafter (None
+        for any other), from the batch's sums: ks (R,) or (R, S), prompts (R,), gen (R, S)
+        tokens generated before each step. The same integer arrays reach the latency model, so
+        the same floats, with fewer numpy passes over (R, S) arrays: the fast path's hot spot."""
+        if self.draft_tree is not None or self.latency.has_draft_model:
+            return None
+        seqs = len(prompts)
+        cached = gen.sum(axis=0) + (int(prompts.sum()) - seqs)
+        if ks.ndim == 1:  # (k + 1)(p - 1 + g) summed over the requests, for every step at once
+            k1 = ks + 1
+            drafted = np.array([int(ks.sum())], dtype=np.int64)
+            pairs = k1 @ gen + (int(k1 @ (prompts - 1)) + int((k1 * (ks + 2) // 2).sum()))
+        else:
+            k1 = ks + 1
+            drafted = ks.sum(axis=0)
+            pairs = (k1 * (gen + (prompts - 1)[:, None])).sum(axis=0) + (
+                k1 * (ks + 2) // 2).sum(axis=0)
+        return self._chain_step_s(seqs, drafted, cached, pairs)
+
     def _chain_step_s(self, seqs, drafted, cached, pairs):
         """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
         lat = self.latency

@@ -91,3 +91,20 @@ def test_batch_adaptive_prices_its_whole_table_from_sums_to_the_bit():
     drafting = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                              get_gpu("h100")))
     assert _uniform_steps_s(drafting, 700, 40, 6) is None
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_segment_of_a_model_free_chain_is_priced_from_sums_to_the_bit(per_step):
+    """The fast path's segments: chain_segment_s gives iteration_s's floats."""
+    rng = np.random.default_rng(int(per_step))
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
+    batch, steps = 23, 17
+    prompts = rng.integers(1, 4000, batch)
+    gen = np.cumsum(rng.integers(1, 6, (batch, steps)), axis=1) + rng.integers(0, 300, (batch, 1))
+    ks = rng.integers(0, 8, (batch, steps) if per_step else batch)
+    got = cost.chain_segment_s(ks, prompts, gen)
+    want = cost.iteration_s(ks, prompts[:, None] + gen - 1)
+    assert got.tolist() == want.tolist()
+    drafting = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                             get_gpu("h100")))
+    assert drafting.chain_segment_s(ks, prompts, gen) is None
