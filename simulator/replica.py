@@ -345,11 +345,12 @@ class Replica:
         n_steps = min(len(c) for c in chains) - 1
         if hold is not None:
             n_steps = min(n_steps, hold + 1)
-        gen = np.stack([c[: n_steps + 1] for c in chains])  # tokens generated before each step
+        # tokens generated before each step (np.array of equal rows: a quarter of np.stack's time)
+        gen = np.array([c[: n_steps + 1] for c in chains])
         prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         k_arr = np.asarray(ks, dtype=np.int64)
         # drafts per request and step: k, or what the drafter could propose (requests x steps)
-        drafts = (np.stack([request.chain_ks[request.chain_at: request.chain_at + n_steps]
+        drafts = (np.array([request.chain_ks[request.chain_at: request.chain_at + n_steps]
                             for request in batch]) if self.capped else None)
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
         # for the next chain, which a later segment's k > 0 pays
@@ -389,8 +390,8 @@ class Replica:
         yield end
         scheduler.step_index += n
         drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
-        for i, request in enumerate(batch):
-            before, after = request.generated, int(gen[i, n])
+        for i, (request, after) in enumerate(zip(batch, gen[:, n].tolist())):
+            before = request.generated
             request.generated = after
             request.steps += n
             request.drafted += drafted[i]
