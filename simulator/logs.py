@@ -96,6 +96,7 @@ class StepLog:
         self._blocks: list[np.ndarray | list[tuple]] = []
         self._rows: list[tuple] | None = None
         self._folded = StepTotals()
+        self._counts = [0, 0, 0, 0, 0]  # add_totals' sums, in StepTotals' order
         self._last_start: dict[int, float] = {}  # per replica, its latest start flushed or held
 
     def add(self, *row: float) -> None:
@@ -121,11 +122,19 @@ class StepLog:
         give `add_totals` what a block would have folded into)."""
         return self.keep or self.sink is not None
 
-    def add_totals(self, totals: StepTotals) -> None:
-        """The totals of a block not made (`records_rows` False): what `add_block` folds."""
-        self._rows = None
-        self._fold()
-        self._folded += totals
+    def add_totals(self, iterations: int, request_steps: int, decode_iterations: int,
+                   emitted: int, drafted: int) -> None:
+        """The totals of a block not made (`records_rows` False): what `add_block` folds
+        (counted in place: the fast path calls this once a segment)."""
+        if self._rows is not None or self._blocks:
+            self._rows = None
+            self._fold()
+        counts = self._counts
+        counts[0] += iterations
+        counts[1] += request_steps
+        counts[2] += decode_iterations
+        counts[3] += emitted
+        counts[4] += drafted
 
     def _fold(self) -> None:
         for part in self._parts():
@@ -139,7 +148,7 @@ class StepLog:
 
     def totals(self) -> StepTotals:
         """The totals of every step logged so far."""
-        total = self._folded
+        total = self._folded + StepTotals(*self._counts)
         for part in self._parts():
             total += StepTotals.of(part)
         return total

@@ -28,7 +28,7 @@ from simulator.acceptance import AcceptanceReplay
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
-from simulator.logs import STEP_INDEX, RequestLog, StepLog, StepTotals
+from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, remaining_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
@@ -381,16 +381,16 @@ class Replica:
             n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, n_steps)
             starts = clock[1:n]
             end = _At(self.env, float(clock[n]))
+        afters = gen[:, n].tolist()  # each request's tokens after the segment
+        drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
         if self.steps.records_rows:
             self._log_segment(batch, start, n, gen, durations, starts, k_arr, drafts)
         else:  # a run that keeps totals only: the block's sums, without the block
-            self.steps.add_totals(StepTotals(
-                n, len(batch) * n, n, int(gen[:, n].sum() - gen[:, 0].sum()),
-                int(k_arr.sum()) * n if drafts is None else int(drafts[:, :n].sum())))
+            self.steps.add_totals(n, len(batch) * n, n, sum(afters) - sum(
+                request.generated for request in batch), sum(drafted))
         yield end
         scheduler.step_index += n
-        drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
-        for i, (request, after) in enumerate(zip(batch, gen[:, n].tolist())):
+        for i, (request, after) in enumerate(zip(batch, afters)):
             before = request.generated
             request.generated = after
             request.steps += n
