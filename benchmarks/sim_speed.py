@@ -10,6 +10,11 @@ k=0 and k=4, for 1k, 10k and 100k requests. Columns:
 Second table (`--recorded N`): what `tune` runs, the shipped n-gram recording (its lookup's
 proposal caps included) on a model-free draft at 8 req/s, per policy, with the fast path and
 one iteration at a time side by side (us/iter: engine time per simulated iteration).
+Third table (`--targets`): the scale issue's targets side by side, each measured here, in one
+run: 10k-request recorded-trace runs (fixed k=4 and goodput, 8 req/s) by engine time and by
+the wall of the `spectune simulate` command; 100k of them (fixed k=4) by engine time; the
+default `spectune tune` by its wall on every core. `--target-requests N` scales the rows (N,
+10N; the tune row then runs N/33 requests per seed instead of its default 300).
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -25,7 +30,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 import argparse  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -90,6 +98,44 @@ def recorded_table(n: int, repeats: int) -> None:
               f"{r['e2e_mean']:>11.6f}", flush=True)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED_ARGS = ["--workload", "poisson", "--rate", "8", "--lengths", "azure-conv",
+                 "--acceptance", "smollm2-ngram", "--draft", "none", "--seed", "0"]
+
+
+def _command_s(args: list[str]) -> float:
+    """Wall seconds of one `spectune` command in a fresh interpreter, output discarded."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "spectune", *args], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def targets_table(n: int) -> None:
+    """Each target, what it measures here, and whether it holds."""
+    print(f"\nTargets (recorded rows: smollm2-ngram, model-free draft, 8 req/s; "
+          f"{os.cpu_count()} cores for tune)")
+    _header(f"{'run':>50} {'measured':>9} {'target':>7} {'met':>4}")
+    rows = []
+    for policy, k in (("fixed", 4), ("goodput", 0)):
+        r = measure(n, k, "smollm2-ngram", 8.0, policy, True, draft="none")
+        rows.append((f"{n:,} requests {policy}{' k=4' if k else ''}: engine s", r["engine_s"],
+                     1.5))
+        flags = ["--policy", policy, *(["--set", f"k={k}"] if k else [])]
+        rows.append((f"{n:,} requests {policy}: `spectune simulate` wall s",
+                     _command_s(["simulate", *RECORDED_ARGS, "--requests", str(n), *flags,
+                                 "--format", "json"]), 2.0))
+    r = measure(10 * n, 4, "smollm2-ngram", 8.0, "fixed", True, draft="none")
+    rows.append((f"{10 * n:,} requests fixed k=4: engine s", r["engine_s"], 15.0))
+    tune = [] if n == 10_000 else ["--requests", str(max(10, n // 33))]
+    with tempfile.TemporaryDirectory() as out:
+        rows.append((f"default `spectune tune`{' (scaled)' if tune else ''}: wall s",
+                     _command_s(["tune", *tune, "--no-report", "--out", out]), 15.0))
+    for name, measured, target in rows:
+        print(f"{name:>50} {measured:>9.2f} {target:>7.1f} "
+              f"{'yes' if measured <= target else 'no':>4}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
@@ -97,6 +143,10 @@ def main() -> None:
     parser.add_argument("--recorded", type=int, default=10_000,
                         help="requests of the recorded-trace table (0: skip it)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per recorded-trace row")
+    parser.add_argument("--targets", action="store_true",
+                        help="also the targets table (a few minutes)")
+    parser.add_argument("--target-requests", type=int, default=10_000,
+                        help="requests of the targets' recorded rows (the 100k row: 10x)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, python "
           f"{platform.python_version()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
@@ -111,6 +161,8 @@ def main() -> None:
                   f"{r['iterations']:>11,} {r['mean_batch']:>6.2f}", flush=True)
     if args.recorded:
         recorded_table(args.recorded, args.repeats)
+    if args.targets:
+        targets_table(args.target_requests)
 
 
 if __name__ == "__main__":

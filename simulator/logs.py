@@ -125,10 +125,8 @@ class StepLog:
     def add_totals(self, iterations: int, request_steps: int, decode_iterations: int,
                    emitted: int, drafted: int) -> None:
         """The totals of a block not made (`records_rows` False): what `add_block` folds
-        (counted in place: the fast path calls this once a segment)."""
-        if self._rows is not None or self._blocks:
-            self._rows = None
-            self._fold()
+        (counted in place: the fast path calls this once a segment; totals need no order, so
+        the rows `add` holds stay until FOLD of them are folded)."""
         counts = self._counts
         counts[0] += iterations
         counts[1] += request_steps

@@ -81,6 +81,8 @@ class Replica:
         self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds)
                           and not (self.capped and self.feeds))
         self.planned = type(self.scheduler).plans_whole_step
+        # every decode step is a fast-path segment's (none read a position at a time)
+        self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -103,8 +105,11 @@ class Replica:
     def submit(self, request: RequestState) -> None:
         request.run = self.acceptance.run(request.index)
         if self.capped:
-            # a list: the step path reads one position per step, and numpy scalars are slow
-            request.cap = self.acceptance.proposable(request.index).astype(np.int64).tolist()
+            cap = self.acceptance.proposable(request.index)
+            # a list where steps read one position at a time (numpy scalars are slow), an
+            # array where only the fast path's chains read it (in slices)
+            request.cap = (np.asarray(cap, dtype=np.int64) if self.segments_only
+                           else cap.astype(np.int64).tolist())
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now

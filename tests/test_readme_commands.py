@@ -86,6 +86,9 @@ REDUCE: dict[str, tuple[str, ...]] = {
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
+    # the targets: 10k and 100k recorded runs and the default tune, ~3 min; scaled to 300
+    "python benchmarks/sim_speed.py --targets": ("--sizes", "1000", "--recorded", "0",
+                                                 "--target-requests", "300"),
     # 100k, 1M and 10M requests: an hour; two small sizes show the table
     "python benchmarks/sim_memory.py": ("--sizes", "1000", "5000"),
     # the default tune twice (local, then on a two-node Ray on this machine): ~2 min
