@@ -127,18 +127,17 @@ class StepCostModel:
         the same floats, with fewer numpy passes over (R, S) arrays: the fast path's hot spot."""
         if self.draft_tree is not None or self.latency.has_draft_model:
             return None
-        seqs = len(prompts)
-        cached = gen.sum(axis=0) + (int(prompts.sum()) - seqs)
+        before = prompts - 1  # each request's cached tokens before its first generated one
+        cached = gen.sum(axis=0) + int(before.sum())
+        own = _own_pairs(ks)  # (k + 1)(k + 2) / 2
         if ks.ndim == 1:  # (k + 1)(p - 1 + g) summed over the requests, for every step at once
             k1 = ks + 1
             drafted = np.array([int(ks.sum())], dtype=np.int64)
-            pairs = k1 @ gen + (int(k1 @ (prompts - 1)) + int((k1 * (ks + 2) // 2).sum()))
+            pairs = k1 @ gen + (int(k1 @ before) + int(own.sum()))
         else:
-            k1 = ks + 1
             drafted = ks.sum(axis=0)
-            pairs = (k1 * (gen + (prompts - 1)[:, None])).sum(axis=0) + (
-                k1 * (ks + 2) // 2).sum(axis=0)
-        return self._chain_step_s(seqs, drafted, cached, pairs)
+            pairs = ((ks + 1) * (gen + before[:, None]) + own).sum(axis=0)
+        return self._chain_step_s(len(prompts), drafted, cached, pairs)
 
     def _chain_step_s(self, seqs, drafted, cached, pairs):
         """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
@@ -265,6 +264,18 @@ class StepCostModel:
         if lat.has_draft_model:
             total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)
+
+
+#: (k + 1)(k + 2) / 2 for k = 0..1023: a verify pass's own causal pairs, looked up
+_OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2
+
+
+def _own_pairs(ks: np.ndarray) -> np.ndarray:
+    """(k + 1)(k + 2) / 2 elementwise: one lookup instead of three array operations."""
+    try:
+        return _OWN_PAIRS[ks]
+    except IndexError:  # a k past the table (or negative: the formula's answer, as ever)
+        return (ks + 1) * (ks + 2) // 2
 
 
 def _catch_up(ks, cached, feeds) -> tuple[int, int, int]:

@@ -137,3 +137,14 @@ def test_params_are_validated_and_described(lat):
     }
     expected = "roofline: Llama-3.1-8B target + Llama-68M draft on H100-SXM, bf16"
     assert lat.source.startswith(expected)
+
+
+def test_a_pass_with_no_query_costs_nothing_beside_passes_that_run(lat):
+    """Arrays of passes with a scalar batch: those that feed no token cost 0, the others what
+    they cost alone (the all-running case skips the mask; the mask still applies here)."""
+    mixed = lat.forward_s("target", 3, np.array([0, 5]), np.array([10, 10]), np.array([0, 40]))
+    assert mixed[0] == 0.0 and mixed[1] == lat.forward_s("target", 3, 5, 10, 40) > 0
+    assert lat.forward_s("target", 3, 0, np.array([10]), np.array([0])).tolist() == [0.0]
+    running = lat.forward_s("target", 3, np.array([3, 5]), np.array([10, 10]), np.array([9, 40]))
+    assert running.tolist() == [lat.forward_s("target", 3, 3, 10, 9),
+                                lat.forward_s("target", 3, 5, 10, 40)]
