@@ -197,8 +197,8 @@ class Goodput(Policy):
         b = len(ctx.requests)
         contexts = [r.context_tokens for r in ctx.requests]
         ks = range(k_cap + 1)
-        goodputs = self._goodputs(ctx, [b * expected_emitted(self.alpha_hat, k) for k in ks],
-                                  [[k] * b for k in ks], contexts)
+        goodputs = self._uniform_goodputs(
+            ctx, [b * expected_emitted(self.alpha_hat, k) for k in ks], contexts)
         best_goodput, best_k = -1.0, 0
         for k, goodput in zip(ks, goodputs):
             if k == 0:
@@ -208,6 +208,23 @@ class Goodput(Policy):
             else:
                 break
         return best_k
+
+    def _uniform_goodputs(self, ctx: StepContext, tokens: Sequence[float],
+                          contexts: Sequence[int]) -> list[float]:
+        """`_goodputs` of every request at k, for k = 0, 1, ... (one per entry of `tokens`):
+        from the verify pass's sums where the cost model prices steps from them."""
+        chain_sums = getattr(ctx.cost, "chain_sums_s", None)
+        if chain_sums is not None:
+            b = len(contexts)
+            cached = sum(contexts) - b  # each request's KV before the verify pass
+            # sum_r (k + 1) c_r + (k + 1)(k + 2) / 2 = (k + 1) C + b (k + 1)(k + 2) / 2
+            moved = [(b * k, (k + 1) * cached + b * ((k + 1) * (k + 2) // 2))
+                     for k in range(len(tokens))]
+            goodputs = self._goodputs_of_sums(ctx, tokens, moved, chain_sums, contexts, cached)
+            if goodputs is not None:
+                return goodputs
+        return self._goodputs(ctx, tokens, [[k] * len(contexts) for k in range(len(tokens))],
+                              contexts)
 
     def _goodputs(self, ctx: StepContext, tokens: Sequence[float], ks_rows: Sequence[list[int]],
                   contexts: Sequence[int]) -> list[float]:
@@ -224,8 +241,9 @@ class Goodput(Policy):
         return out
 
     def _goodputs_of_sums(self, ctx: StepContext, tokens: Sequence[float], moved, chain_sums,
-                          contexts: Sequence[int], cached: int) -> list[float]:
-        """`_goodputs` of alternatives given by their verify pass's (drafts, causal pairs)."""
+                          contexts: Sequence[int], cached: int) -> list[float] | None:
+        """`_goodputs` of alternatives given by their verify pass's (drafts, causal pairs);
+        None where the cost model does not price steps from those sums."""
         requests = len(contexts)
         base = sum(contexts) // requests * requests + requests  # the need but for the drafts
         fits = [i for i, (d, _) in enumerate(moved)
@@ -233,6 +251,8 @@ class Goodput(Policy):
         out = [0.0] * len(moved)
         times = chain_sums(requests, [moved[i][0] for i in fits], cached,
                            [moved[i][1] for i in fits]) if fits else []
+        if times is None:  # the cost model does not price these steps from sums
+            return None
         for i, seconds in zip(fits, times):
             out[i] = tokens[i] / seconds
         return out
@@ -254,9 +274,9 @@ class Goodput(Policy):
         order = sorted(range(b), key=lambda i: (-alphas[i], contexts[i], reqs[i].request_id))
         zeros = [0] * b
         # every uniform k priced at once (k = 0: b tokens, as E(0) = 1 exactly)
-        goodputs = self._goodputs(
+        goodputs = self._uniform_goodputs(
             ctx, [sum(expected_emitted(a, k) for a in alphas) for k in range(k_cap + 1)],
-            [[k] * b for k in range(k_cap + 1)], contexts)
+            contexts)
         plans = [(goodputs[0] * self.k0_bonus, zeros)]
         uniform = max(range(k_cap + 1), key=goodputs.__getitem__)
         ascent = _Ascent(self, ctx, alphas, order, contexts, k_cap)
