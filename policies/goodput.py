@@ -130,6 +130,9 @@ class Goodput(Policy):
         """The held steps' calls, and each step's outcomes as `observe` reads them, in order."""
         self._calls += steps.steps - 1
         k, accepted = steps.k, steps.accepted
+        if self.per_request and self.ema_input == "censored":  # the default, inlined
+            self._observe_held_censored(steps.request_ids, k.tolist(), accepted.tolist())
+            return
         if self.per_request:
             for rid, ks, accs in zip(steps.request_ids, k.tolist(), accepted.tolist()):
                 if not any(ks):
@@ -152,6 +155,28 @@ class Goodput(Policy):
                     self.ema_input == "inverted") else ()
                 self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
                                               rejected, groups)
+
+    def _observe_held_censored(self, request_ids, ks_rows, accepted_rows) -> None:
+        """Per-request mode's EMA over held steps for `censored` (`_ema_of`'s arithmetic, step
+        by step, without a call per outcome: the same floats, tests/simulator/
+        test_fast_path_hold.py compares the policy's state with stepping)."""
+        keep = self.ema_keep
+        fresh = 1.0 - keep
+        for rid, ks, accs in zip(request_ids, ks_rows, accepted_rows):
+            if not any(ks):
+                continue
+            totals = self._totals_r.setdefault(rid, [0, 0, 0])
+            alpha = self._alpha_r.get(rid, self.initial_alpha)
+            accepted, drafted, rejected = totals
+            for k, acc in zip(ks, accs):
+                if k > 0:
+                    accepted += acc
+                    drafted += k
+                    rejected += acc < k
+                    x = accepted / (accepted + rejected) if accepted + rejected else 1.0
+                    alpha = min(1.0, max(0.0, keep * alpha + fresh * x))
+            totals[:] = accepted, drafted, rejected
+            self._alpha_r[rid] = alpha
 
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)
@@ -389,17 +414,12 @@ class _Ascent:
                            - cached[d] + own[down_level - 1] - own[down_level])
 
     def _transfer_keeps_order(self, ks: list[int], u: int, d: int) -> bool:
-        """Whether k stays nonincreasing along `order` with u raised and d lowered by one. `ks`
-        is (every allocation of the climb is), so only the neighbours of u and d can break it."""
-        order, n = self.order, len(self.order)
-        trial = {u: ks[u] + 1, d: ks[d] - 1}
-        at = lambda place: trial.get(order[place], ks[order[place]])  # noqa: E731
-        for place in {self.rank[u], self.rank[d]}:
-            if place > 0 and at(place - 1) < at(place):
-                return False
-            if place + 1 < n and at(place) < at(place + 1):
-                return False
-        return True
+        """Whether k stays nonincreasing along `order` with u raised and d lowered by one.
+        `ks` is (every allocation of the climb is), u is the first of its level and d the last
+        of its own: raising u stays at or below whatever precedes it (a higher level) and
+        lowering d at or above what follows it (a lower one), unless d comes right before u
+        and ends up below it (tests/policies/test_goodput.py checks this against every pair)."""
+        return not (self.rank[u] == self.rank[d] + 1 and ks[d] - 1 < ks[u] + 1)
 
 
 def _changed(ks: list[int], requests: list[int], news) -> list[int]:

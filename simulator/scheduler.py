@@ -217,15 +217,15 @@ class Scheduler:
     def choose(self, batch: Sequence, now: float,
                lookahead: Callable[[int], np.ndarray] | None = None) -> list[int]:
         """The policy's k for every request of `batch`, checked against the engine's k_max."""
-        ks = [int(k) for k in self.policy.choose(self.context(batch, now, lookahead))]
+        ks = list(map(int, self.policy.choose(self.context(batch, now, lookahead))))
         if len(ks) != len(batch):
             raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
                                f"{len(batch)} requests")
         k_max = self.config.k_max
-        for k in ks:
-            if not 0 <= k <= k_max:
-                raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
-                                  f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k")
+        if ks and not 0 <= min(ks) <= max(ks) <= k_max:
+            k = next(k for k in ks if not 0 <= k <= k_max)
+            raise ConfigError(f"policy {self.policy.name!r} chose k={k}, outside the "
+                              f"engine's 0..k_max={k_max}; raise k_max or lower the policy's k")
         return ks
 
     # -- finishing ---------------------------------------------------------------------------

@@ -347,3 +347,39 @@ def test_censored_input_is_the_maximum_likelihood_per_token_rate():
         acc = [int(min(4, rng.geometric(0.3) - 1)) for _ in range(2)]
         policy.observe(ctx, [outcome(0, 4, acc[0]), outcome(1, 4, acc[1])])
     assert policy.alpha_hat == pytest.approx(0.7, abs=0.02)
+
+
+def _keeps_order_in_full(ks, order, u, d) -> bool:
+    trial = list(ks)
+    trial[u] += 1
+    trial[d] -= 1
+    seq = [trial[i] for i in order]
+    return all(x >= y for x, y in itertools.pairwise(seq))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_transfer_order_check_is_the_full_check(seed):
+    """The climb's O(1) order check of a transfer (from the first request of a level to the
+    last of another) agrees with checking the whole allocation."""
+    from policies.goodput import _Ascent
+
+    rng = np.random.default_rng(seed)
+    b, k_cap = int(rng.integers(2, 12)), int(rng.integers(1, 6))
+    order = rng.permutation(b).tolist()
+    levels = sorted(rng.integers(0, k_cap + 1, b).tolist(), reverse=True)
+    ks = [0] * b
+    for place, i in enumerate(order):
+        ks[i] = levels[place]
+    ascent = _Ascent.__new__(_Ascent)
+    ascent.order, ascent.k_cap = order, k_cap
+    ascent.rank = {i: place for place, i in enumerate(order)}
+    groups = ascent._levels(ks)
+    checked = 0
+    for up_level, ups in groups.items():
+        for down_level, downs in groups.items():
+            u, d = ups[0], downs[-1]
+            if up_level < k_cap and down_level > 0 and u != d:
+                checked += 1
+                assert ascent._transfer_keeps_order(ks, u, d) == _keeps_order_in_full(
+                    ks, order, u, d), (ks, order, u, d)
+    assert checked or len(groups) == 1 or k_cap == 0
