@@ -359,14 +359,14 @@ class Replica:
                             for request in batch]) if self.capped else None)
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
         # for the next chain, which a later segment's k > 0 pays
-        feeds = self._feeds(batch, k_arr, gen) if self.feeds else None
+        # (a segment where nothing drafts only grows the backlog: its end is enough, below)
+        feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
         durations = self.cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
                                               gen[:, :-1])
         if durations is None:
             durations = np.atleast_1d(self.cost.iteration_s(
                 k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
-                feeds=feeds[:, :-1] if feeds is not None and k_arr.any() else None,
-                in_step_order=self.holds))
+                feeds=feeds[:, :-1] if feeds is not None else None, in_step_order=self.holds))
         start = self.env.now
         if drafts is None and hold is None:
             ends = np.cumsum(durations)
@@ -404,6 +404,9 @@ class Replica:
             request.chain_at += n
             if feeds is not None:
                 request.draft_feed = int(feeds[i, n])
+            elif self.feeds:  # no chain: the committed tokens pile up for the next (_feeds)
+                request.draft_feed = 1 if self.catch_up == "one" else (
+                    request.draft_feed + after - before)
         if self.holds:
             step_ks = (np.repeat(k_arr[:, None], n, axis=1) if drafts is None
                        else drafts[:, :n])
