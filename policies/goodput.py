@@ -58,6 +58,11 @@ class Goodput(Policy):
         "bounds": (1.0, 1.3)})
     kv_headroom: float = field(default=1.1, metadata={
         "help": "k is infeasible if B*(mean context + k + 1)*headroom exceeds the KV capacity"})
+    faithful: bool = field(default=False, metadata={
+        "help": "the prototype's k = 0, for good: once a plan is 0 nothing is drafted, so "
+                "nothing updates the acceptance estimate again. false (default): a step that "
+                "re-plans a request (or the batch) to k = 0 drafts k = 1 there, a probe every "
+                "replan_every steps, so the estimate keeps learning (docs/policy-goodput.md)"})
     per_request: bool = field(default=False, metadata={
         "help": "per-request k from each request's own acceptance estimate (a local search on "
                 "predicted goodput) instead of one k for the batch",
@@ -89,6 +94,7 @@ class Goodput(Policy):
         self._totals_r: dict[int, list[int]] = {}
         self._plan_r: dict[int, int] = {}
         self._k_new = 0
+        self._probing = False  # this call's ks probe k = 0 plans with k = 1 (see `faithful`)
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -102,13 +108,17 @@ class Goodput(Policy):
         if not self.per_request:
             if replan:
                 self._k = self._plan_batch(ctx, k_cap)
-            return [min(self._k, ctx.k_max)] * b
-        if replan:
-            ks = self._plan_per_request(ctx, k_cap)
-            self._plan_r = {r.request_id: k for r, k in zip(ctx.requests, ks)}
-            self._k_new = statistics.median_low(ks)
-        return [min(self._plan_r.get(r.request_id, self._k_new), ctx.k_max)
-                for r in ctx.requests]
+            ks = [min(self._k, ctx.k_max)] * b
+        else:
+            if replan:
+                plan = self._plan_per_request(ctx, k_cap)
+                self._plan_r = {r.request_id: k for r, k in zip(ctx.requests, plan)}
+                self._k_new = statistics.median_low(plan)
+            ks = [min(self._plan_r.get(r.request_id, self._k_new), ctx.k_max)
+                  for r in ctx.requests]
+        # a k = 0 plan drafts nothing, so it would learn nothing: its re-planning step probes
+        self._probing = replan and not self.faithful and k_cap >= 1 and 0 in ks
+        return [k or 1 for k in ks] if self._probing else ks
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         if self.per_request:
@@ -123,7 +133,10 @@ class Goodput(Policy):
             self.alpha_hat = self._ema(self.alpha_hat, self._totals, drafting)
 
     def hold(self) -> int:
-        """Until the next re-plan (every `replan_every` calls) `choose` repeats the last plan."""
+        """Until the next re-plan (every `replan_every` calls) `choose` repeats the last plan;
+        a probing step (see `faithful`) holds for nothing: the next step goes back to the plan."""
+        if self._probing:
+            return 0
         return self.replan_every - 1 - self._calls % self.replan_every
 
     def observe_held(self, ctx: StepContext, steps: HeldSteps) -> None:

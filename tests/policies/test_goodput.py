@@ -22,10 +22,13 @@ def _reqs(n: int, first_id: int = 0, prompt: int = 100) -> list[FakeRequest]:
 
 
 def _plan(policy: Goodput, reqs, **ctx_kw) -> list[int]:
-    """Call `choose` until the policy re-plans (every `replan_every` calls); return that plan."""
-    ks = []
+    """Call `choose` until the policy re-plans (every `replan_every` calls); return that plan
+    (as the prototype drafts it: no probe of a k = 0 plan)."""
+    ks, probes = [], policy.faithful
+    policy.faithful = True
     for _ in range(policy.replan_every):
         ks = list(policy.choose(context(reqs, **ctx_kw)))
+    policy.faithful = probes
     return ks
 
 
@@ -171,6 +174,38 @@ def test_the_estimate_drives_the_next_plan():
     assert policy.alpha_hat == before and _plan(policy, reqs, cost=cost) == [0]
 
 
+def test_a_zero_plan_probes_with_one_draft_and_recovers_when_drafts_are_accepted():
+    """By default k = 0 is not for good: each re-planning step drafts k = 1 where the plan is 0,
+    so an estimate an unlucky start drove down learns again; `faithful=true` never probes."""
+    cost = LinearCost(draft_s=0.5e-3, knee_tokens=NO_KNEE)
+    reqs = _reqs(2)
+    for faithful in (False, True):
+        policy = Goodput(initial_alpha=0.8, replan_every=4, faithful=faithful)
+        for _ in range(30):  # an unlucky start: nothing accepted
+            policy.observe(context(reqs), [outcome(r.request_id, k=4, accepted=0) for r in reqs])
+        drafted = []
+        for _ in range(200):
+            ks = list(policy.choose(context(reqs, cost=cost)))
+            assert policy.hold() == (0 if policy._probing else 3 - policy._calls % 4)
+            drafted.append(ks[0])
+            # the drafter is in fact good: every draft it makes is accepted
+            policy.observe(context(reqs), [outcome(r.request_id, k=k, accepted=k)
+                                           for r, k in zip(reqs, ks)])
+        if faithful:
+            assert set(drafted) == {0}  # the prototype's absorbing k = 0
+        else:
+            assert drafted[3] == 1 and drafted[:3] == [0, 0, 0]  # the first re-plan probes
+            assert drafted[-1] > 1 and policy.alpha_hat > 0.8  # and speculation came back
+
+
+def test_per_request_zero_plans_probe_too():
+    cost = LinearCost(draft_s=0.5e-3, knee_tokens=NO_KNEE)
+    reqs = _reqs(3)
+    policy = Goodput(initial_alpha=0.05, replan_every=2, per_request=True)
+    ks = [list(policy.choose(context(reqs, cost=cost))) for _ in range(3)]
+    assert ks[1] == [1, 1, 1] and ks[2] == [0, 0, 0] and policy._plan_r == {0: 0, 1: 0, 2: 0}
+
+
 # -- the re-plan cadence ---------------------------------------------------------------------------
 
 def test_replans_only_every_replan_every_steps():
@@ -182,8 +217,9 @@ def test_replans_only_every_replan_every_steps():
     assert ks[19] == 6
     for _ in range(40):
         policy.observe(context(reqs), [outcome(0, k=6, accepted=0)])
-    ks = [policy.choose(context(reqs, cost=cost))[0] for _ in range(20)]
-    assert ks[:19] == [6] * 19 and ks[19] == 0  # the new estimate shows at call 40
+    ks = [policy.choose(context(reqs, cost=cost))[0] for _ in range(21)]
+    # the new estimate shows at call 40: a plan of 0, which that step probes with one draft
+    assert ks[:19] == [6] * 19 and ks[19] == 1 and ks[20] == 0 and policy._k == 0
 
 
 def test_the_plan_applies_to_whoever_is_running():
