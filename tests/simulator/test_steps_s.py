@@ -19,13 +19,18 @@ def _alternatives(rng, batch: int, rows: int, k_max: int = 8) -> list[list[int]]
     return [rng.integers(0, k_max + 1, batch).tolist() for _ in range(rows)]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_model_free_roofline_prices_every_row_to_the_bit(seed):
+def _model_free_case(seed: int, most_rows: int):
+    """A model-free roofline's cost, and a random batch's contexts and alternative ks."""
     rng = np.random.default_rng(seed)
     cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
     batch = int(rng.integers(1, 65))
     contexts = rng.integers(2, 9000, batch).tolist()
-    rows = _alternatives(rng, batch, int(rng.integers(1, 40)))
+    return cost, contexts, _alternatives(rng, batch, int(rng.integers(1, most_rows)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_model_free_roofline_prices_every_row_to_the_bit(seed):
+    cost, contexts, rows = _model_free_case(seed, 40)
     got = cost.steps_s(rows, contexts)
     assert got == [cost.step_s(ks, contexts) for ks in rows]
     assert all(type(t) is float for t in got)
@@ -62,11 +67,8 @@ def test_price_steps_uses_step_s_when_a_cost_model_has_no_steps_s():
 @pytest.mark.parametrize("seed", range(4))
 def test_a_chain_step_priced_from_its_sums_is_steps_s_to_the_bit(seed):
     """goodput's per-request climb prices moves from the verify pass's sums it keeps."""
-    rng = np.random.default_rng(seed)
-    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
-    batch = int(rng.integers(1, 65))
-    contexts = rng.integers(2, 9000, batch).tolist()
-    rows = _alternatives(rng, batch, int(rng.integers(1, 30)))
+    cost, contexts, rows = _model_free_case(seed, 30)
+    batch = len(contexts)
     cached = [c - 1 for c in contexts]
     drafted = [sum(ks) for ks in rows]
     pairs = [sum((k + 1) * c + (k + 1) * (k + 2) // 2 for k, c in zip(ks, cached))
