@@ -358,8 +358,8 @@ class Replica:
         drafts = (np.array([request.chain_ks[request.chain_at: request.chain_at + n_steps]
                             for request in batch]) if self.capped else None)
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
-        # for the next chain, which a later segment's k > 0 pays
-        # (a segment where nothing drafts only grows the backlog: its end is enough, below)
+        # for the next chain, which a later segment's k > 0 pays; a segment where nothing
+        # drafts only grows the backlog, and its end is enough (set below)
         feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
         durations = self.cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
                                               gen[:, :-1])
@@ -379,8 +379,8 @@ class Replica:
             end = self.env.timeout(float(ends[n - 1]))
         else:
             # the step path's clock to the bit (it replaces step-by-step runs, of capped drafts
-            # and of policies that hold): np.cumsum adds
-            # one iteration at a time, as the clock does, and the segment ends at that sum
+            # and of policies that hold): np.cumsum adds one iteration at a time, as the clock
+            # does, and the segment ends at that sum
             clock = np.cumsum(np.concatenate(([start], durations)))
             horizon = self.next_arrival_s(self.index)
             n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, n_steps)
