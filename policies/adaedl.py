@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
 from policies.heuristic import below
 from policies.registry import register
@@ -82,6 +84,15 @@ class AdaEDL(Policy):
     ) -> bool:
         bound = acceptance_bound(float(draft_entropy), self.gamma)
         return below(bound, self.threshold(request.request_id))
+
+    def stop_chains(self, requests: Sequence[RequestView], ks: Sequence[int],
+                    draft_top1: np.ndarray, draft_entropy: np.ndarray) -> list[int]:
+        """`stop_drafting` over the whole batch at once: the same bound (sqrt is correctly
+        rounded in numpy as in math; NaN stays NaN and counts as below), the same first stop."""
+        lam = np.array([self.threshold(r.request_id) for r in requests])[:, None]
+        bound = 1.0 - np.sqrt(np.maximum(self.gamma * draft_entropy, 0.0))
+        stop = ~(bound >= lam) & (np.arange(draft_entropy.shape[1]) < np.asarray(ks)[:, None])
+        return np.where(stop.any(axis=1), stop.argmax(axis=1) + 1, ks).tolist()
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         cap = min(self.max_k, ctx.k_max)

@@ -176,6 +176,22 @@ class Policy:
         """
         return False
 
+    def stop_chains(self, requests: Sequence[RequestView], ks: Sequence[int],
+                    draft_top1: np.ndarray, draft_entropy: np.ndarray) -> list[int]:
+        """`stop_drafting` over whole chains: each request's chain length under the rule, at
+        most its k. Row i of the (requests x max k) float64 arrays holds request i's signals at
+        the positions its chain drafts. An engine calls this instead of `stop_drafting` token by
+        token only where a policy overrides it (with an array form that decides the same)."""
+        out = []
+        for request, k, top1, entropy in zip(requests, ks, draft_top1.tolist(),
+                                             draft_entropy.tolist()):
+            for d in range(k):
+                if self.stop_drafting(request, d, top1[d], entropy[d]):
+                    k = d + 1
+                    break
+            out.append(k)
+        return out
+
     def finish(self, request_id: int) -> None:
         """The request left the system: drop any per-request state."""
 

@@ -214,7 +214,10 @@ class Replica:
         """Cut each chain after the draft token where the policy's stop rule fires.
 
         The rule sees each token's signals from the trace (teacher-forced: exact while the
-        chain matches the target, an approximation past its first mismatch)."""
+        chain matches the target, an approximation past its first mismatch). A policy with an
+        array form of its rule (`Policy.stop_chains`) gets the batch's signals at once."""
+        if type(self.policy).stop_chains is not Policy.stop_chains:
+            return self._stop_chains(batch, ks)
         out = []
         for request, k in zip(batch, ks):
             top1 = self.acceptance.signal(request.index, "draft_top1")
@@ -227,6 +230,21 @@ class Replica:
                     break
             out.append(k)
         return out
+
+    def _stop_chains(self, batch: list[RequestState], ks: list[int]) -> list[int]:
+        """`_draft_stop` through `Policy.stop_chains`: each request's signals at the positions
+        its chain drafts (the last position repeated past its end), as (requests x max k)."""
+        width = max(ks, default=0)
+        if width == 0:
+            return list(ks)
+        depth = np.arange(width)
+        top1, entropy = [], []
+        for request in batch:
+            at = np.minimum(request.generated + depth, request.output_tokens - 1)
+            top1.append(self.acceptance.signal(request.index, "draft_top1")[at])
+            entropy.append(self.acceptance.signal(request.index, "draft_entropy")[at])
+        return self.policy.stop_chains(batch, ks, np.array(top1, dtype=np.float64),
+                                       np.array(entropy, dtype=np.float64))
 
     def _apply_decode(self, batch: list[RequestState], ks: list[int]) -> tuple[int, int]:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""

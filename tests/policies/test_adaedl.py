@@ -12,7 +12,7 @@ from support.engine import LinearLatency, workload
 from support.policy_fakes import FakeRequest, context, outcome
 
 from policies import PolicyError, make_policy
-from policies.adaedl import acceptance_bound
+from policies.adaedl import AdaEDL, acceptance_bound
 from simulator import SchedulerConfig, simulate
 from traces import parametric_trace
 
@@ -148,3 +148,26 @@ def test_k_and_lambda_stay_sane_whatever_is_observed(data, k_max):
             gone = data.draw(st.sampled_from(sorted(live)))
             policy.finish(gone)
             live[gone] = FakeRequest(gone)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_array_stop_rule_decides_as_token_by_token(seed):
+    """AdaEDL.stop_chains (the batch at once) gives the chain lengths the base class's
+    token-by-token `stop_drafting` gives, NaN, negative and infinite entropies included."""
+    from policies import Policy
+
+    rng = np.random.default_rng(seed)
+    policy = AdaEDL(gamma=float(rng.uniform(0.05, 1.0)))
+    reqs = [FakeRequest(i) for i in range(int(rng.integers(1, 20)))]
+    for r in reqs:  # thresholds of their own
+        policy._lambda[r.request_id] = float(rng.uniform(0.0, 1.0))
+    ks = rng.integers(0, 11, len(reqs)).tolist()
+    width = max(max(ks), 1)
+    entropy = rng.exponential(1.5, (len(reqs), width))
+    entropy[rng.random(entropy.shape) < 0.05] = np.nan
+    entropy[rng.random(entropy.shape) < 0.05] = -0.0
+    entropy[rng.random(entropy.shape) < 0.02] = np.inf
+    top1 = rng.random((len(reqs), width))
+    got = policy.stop_chains(reqs, ks, top1, entropy)
+    assert got == Policy.stop_chains(policy, reqs, ks, top1, entropy)
+    assert all(0 <= g <= k for g, k in zip(got, ks)) and any(g < k for g, k in zip(got, ks))
