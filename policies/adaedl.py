@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
-from policies.heuristic import below
+from policies.heuristic import below, chain_lengths
 from policies.registry import register
 
 _K_LIMIT = 64
@@ -91,8 +91,7 @@ class AdaEDL(Policy):
         rounded in numpy as in math; NaN stays NaN and counts as below), the same first stop."""
         lam = np.array([self.threshold(r.request_id) for r in requests])[:, None]
         bound = 1.0 - np.sqrt(np.maximum(self.gamma * draft_entropy, 0.0))
-        stop = ~(bound >= lam) & (np.arange(draft_entropy.shape[1]) < np.asarray(ks)[:, None])
-        return np.where(stop.any(axis=1), stop.argmax(axis=1) + 1, ks).tolist()
+        return chain_lengths(~(bound >= lam), ks)
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         cap = min(self.max_k, ctx.k_max)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
 from policies.registry import register
 
@@ -23,6 +25,13 @@ _K_LIMIT = 64
 def below(value: float, threshold: float) -> bool:
     """value < threshold, with NaN counted as below (an unreadable signal is no confidence)."""
     return not value >= threshold
+
+
+def chain_lengths(stop: np.ndarray, ks: Sequence[int]) -> list[int]:
+    """Each chain's length under a stop rule, for `Policy.stop_chains`: through its first stop
+    (`stop`: requests x max k, True where the rule fires after that token) within its k, else k."""
+    stop = stop & (np.arange(stop.shape[1]) < np.asarray(ks)[:, None])
+    return np.where(stop.any(axis=1), stop.argmax(axis=1) + 1, ks).tolist()
 
 
 def _check_int(name: str, value: int, lo: int, hi: int) -> None:
