@@ -143,9 +143,6 @@ class Goodput(Policy):
         """The held steps' calls, and each step's outcomes as `observe` reads them, in order."""
         self._calls += steps.steps - 1
         k, accepted = steps.k, steps.accepted
-        if self.per_request and self.ema_input == "censored":  # the default, inlined
-            self._observe_held_censored(steps.request_ids, k.tolist(), accepted.tolist())
-            return
         if self.per_request:
             for rid, ks, accs in zip(steps.request_ids, k.tolist(), accepted.tolist()):
                 if not any(ks):
@@ -168,28 +165,6 @@ class Goodput(Policy):
                     self.ema_input == "inverted") else ()
                 self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
                                               rejected, groups)
-
-    def _observe_held_censored(self, request_ids, ks_rows, accepted_rows) -> None:
-        """Per-request mode's EMA over held steps for `censored` (`_ema_of`'s arithmetic, step
-        by step, without a call per outcome: the same floats, tests/simulator/
-        test_fast_path_hold.py compares the policy's state with stepping)."""
-        keep = self.ema_keep
-        fresh = 1.0 - keep
-        for rid, ks, accs in zip(request_ids, ks_rows, accepted_rows):
-            if not any(ks):
-                continue
-            totals = self._totals_r.setdefault(rid, [0, 0, 0])
-            alpha = self._alpha_r.get(rid, self.initial_alpha)
-            accepted, drafted, rejected = totals
-            for k, acc in zip(ks, accs):
-                if k > 0:
-                    accepted += acc
-                    drafted += k
-                    rejected += acc < k
-                    x = accepted / (accepted + rejected) if accepted + rejected else 1.0
-                    alpha = min(1.0, max(0.0, keep * alpha + fresh * x))
-            totals[:] = accepted, drafted, rejected
-            self._alpha_r[rid] = alpha
 
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)
@@ -268,29 +243,33 @@ class Goodput(Policy):
                   contexts: Sequence[int]) -> list[float]:
         """Expected tokens per second of each alternative step (its expected tokens, its ks);
         0 for one that would not fit the KV cache (infinite time). Priced in one call."""
-        b = len(contexts)
-        base = sum(contexts) // b * b + b  # the need but for the drafts
-        fits = [i for i, ks in enumerate(ks_rows)
-                if (base + sum(ks)) * self.kv_headroom <= ctx.kv_capacity_tokens]
-        out = [0.0] * len(ks_rows)
-        times = price_steps(ctx.cost, [ks_rows[i] for i in fits], contexts)
-        for i, seconds in zip(fits, times):
-            out[i] = tokens[i] / seconds
-        return out
+        return self._fitting_goodputs(
+            ctx, tokens, [sum(ks) for ks in ks_rows], contexts,
+            lambda fits: price_steps(ctx.cost, [ks_rows[i] for i in fits], contexts))
 
     def _goodputs_of_sums(self, ctx: StepContext, tokens: Sequence[float], moved, chain_sums,
                           contexts: Sequence[int], cached: int) -> list[float] | None:
         """`_goodputs` of alternatives given by their verify pass's (drafts, causal pairs);
         None where the cost model does not price steps from those sums."""
-        requests = len(contexts)
-        base = sum(contexts) // requests * requests + requests  # the need but for the drafts
-        fits = [i for i, (d, _) in enumerate(moved)
+        return self._fitting_goodputs(
+            ctx, tokens, [d for d, _ in moved], contexts,
+            lambda fits: chain_sums(len(contexts), [moved[i][0] for i in fits], cached,
+                                    [moved[i][1] for i in fits]) if fits else [])
+
+    def _fitting_goodputs(self, ctx: StepContext, tokens: Sequence[float],
+                          drafts: Sequence[int], contexts: Sequence[int],
+                          price) -> list[float] | None:
+        """Tokens per second of each alternative with `drafts` drafts in all; 0 for one that
+        would not fit the KV cache. `price(indices)` gives the fitting ones' step times (or
+        None: then so is the answer)."""
+        b = len(contexts)
+        base = sum(contexts) // b * b + b  # the need but for the drafts
+        fits = [i for i, d in enumerate(drafts)
                 if (base + d) * self.kv_headroom <= ctx.kv_capacity_tokens]
-        out = [0.0] * len(moved)
-        times = chain_sums(requests, [moved[i][0] for i in fits], cached,
-                           [moved[i][1] for i in fits]) if fits else []
-        if times is None:  # the cost model does not price these steps from sums
+        times = price(fits)
+        if times is None:  # the cost model does not price these steps that way
             return None
+        out = [0.0] * len(drafts)
         for i, seconds in zip(fits, times):
             out[i] = tokens[i] / seconds
         return out

@@ -170,8 +170,7 @@ def simulate(
         "scheduler": scheduler.__dict__,
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
-        "fast_path": bool(router.replicas[0].fast_path and not scheduler.chunked_prefill
-                          and not router.replicas[0].planned),
+        "fast_path": router.replicas[0].segments_only,
         "engine_s": engine_s,
     }
     steps.close()
