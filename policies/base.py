@@ -19,7 +19,11 @@ class PolicyError(ValueError):
 
 
 class RequestView(Protocol):
-    """Read-only view of one running request (the engine's own state object; do not mutate)."""
+    """Read-only view of one running request (the engine's own state object; do not mutate).
+
+    An engine whose drafter knows before verification how many tokens it can propose at the
+    next position (an n-gram lookup's match) also gives `draftable` (None: no limit); read it
+    with getattr, as not every engine has it."""
 
     request_id: int
     prompt_tokens: int

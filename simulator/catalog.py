@@ -171,6 +171,11 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
     (replace(_llama("SmolLM2-135M-EE4", 4, 576, 9, 3, 1536, 49152, "HuggingFaceTB/SmolLM2-135M",
                     tied=True), source="first 4 layers of HuggingFaceTB/SmolLM2-135M"),
      ("smollm2-135m-ee4",)),
+    # Llama-3.1-8B's early exit at the recorded one's depth (`smollm2-early-exit-24-lens`: 24 of
+    # 30 layers): its first 26 of 32 layers, final norm and head, charged as a draft model.
+    (replace(_llama("Llama-3.1-8B-EE26", 26, 4096, 32, 8, 14336, 128256,
+                    "meta-llama/Llama-3.1-8B"), source="first 26 layers of meta-llama/Llama-3.1-8B"),
+     ("llama3.1-8b-ee26",)),
 )  # fmt: skip
 
 _MIB = 2**20

@@ -54,6 +54,12 @@ class RequestState:
     def context_tokens(self) -> int:
         return self.prompt_tokens + self.generated
 
+    @property
+    def draftable(self) -> int | None:
+        """Drafts the drafter can propose at the next position (None: no limit): an n-gram
+        lookup's match, known to an engine before it verifies, as a proposer runs first."""
+        return None if self.cap is None else self.cap[self.generated]
+
 
 def remaining_chain(request: RequestState, k: int) -> np.ndarray:
     """Tokens generated before each remaining step if the request asks for k drafts every step.

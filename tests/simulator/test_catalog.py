@@ -32,6 +32,10 @@ PUBLISHED_PARAMS = {
     # not published: the tied embedding (49152 x 576) + 4 of SmolLM2's 30 layers + final norm
     "SmolLM2-135M-EE4": 49152 * 576 + 4 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
                                            + 2 * 576) + 576,
+    # not published: Llama-3.1-8B's embedding and head (128256 x 4096 each) + 26 of its 32 layers
+    # + final norm
+    "Llama-3.1-8B-EE26": 2 * 128256 * 4096 + 26 * (2 * 4096 * 4096 + 2 * 4096 * 1024
+                                                   + 3 * 4096 * 14336 + 2 * 4096) + 4096,
 }
 
 

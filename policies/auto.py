@@ -1,0 +1,338 @@
+"""`auto`: spectune's own speculation policy (docs/policy-auto.md).
+
+Each step it drafts, for every request, the tokens whose expected worth beats their price on this
+step's cost curve. A draft's worth is the chance it is accepted, from a survival model over the
+request's state (new, cold, fresh, or a streak of drafts accepted in a row across steps: an
+n-gram lookup that is copying keeps copying), learnt online from every verified position and
+censoring-aware (only the accepted drafts and the first rejection count; nothing past it was
+seen), scaled by the request's own accepted-over-expected ratio and, while drafting, by the
+drafter's confidence. A first draft outside a streak is also worth the streak it may find.
+The price is the latency model's: every "draft the D most likely tokens" is priced in one call and
+the step takes the D with the most tokens per second, so load, batch size and context decide how
+far to go without a parameter saying so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from policies.base import DraftOutcome, Policy, RequestView, StepContext, price_steps
+from policies.registry import register
+
+#: a request's state before a step: new (nothing verified yet), cold (its last chain's first draft
+#: was rejected), fresh (its last chain accepted some, then a rejection) or a streak of L >= 1
+#: drafts accepted in a row. Acceptance is learnt per bin: the first draft of a chain by the
+#: request's state, a later one by its streak so far (streaks of MAX_STREAK or more share one)
+NEW, COLD, FRESH = -2, -1, 0
+MAX_STREAK = 16
+STREAK_BINS = MAX_STREAK + 3  # new, cold, fresh, then streaks 1..MAX_STREAK
+TOP1_BINS = 10  # the drafter's top-1 probability in tenths
+ALPHA_MAX = 0.98  # no draft is certain: a chain's survival keeps falling
+#: where the cost model does not price steps from their sums (a draft model, a tree, a profile),
+#: the draft totals tried (one cost-model call each) are those of these survival thresholds and
+#: TOTALS_TRIED totals spaced geometrically from 1 to all
+THRESHOLDS = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
+TOTALS_TRIED = 12
+
+
+@register
+@dataclass
+class Auto(Policy):
+    """Per request, per step: the drafts worth their price, from streak survival and the cost
+    curve (module docstring). No parameter is searched by `spectune tune`: the defaults are
+    meant to work as they are (the policy matrix ran them); pin one to try another value."""
+
+    name: ClassVar[str] = "auto"
+    description: ClassVar[str] = (
+        "spectune's own: per-request k from each request's acceptance streak and the drafter's "
+        "confidence, priced on this step's cost curve; works without tuning")
+    signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
+    uses_draft_stop: ClassVar[bool] = True
+
+    k_max: int = field(default=10, metadata={
+        "help": "largest k considered (also capped by the engine's k_max): the cost curve, not "
+                "this cap, is meant to decide"})
+    prior_alpha: float = field(default=0.6, metadata={
+        "help": "acceptance of a draft assumed before any is verified"})
+    prior_weight: float = field(default=4.0, metadata={
+        "help": "pseudo-observations behind the prior: in each streak bin, behind a request's "
+                "own ratio and behind each confidence bin's"})
+    k0_bonus: float = field(default=1.0, metadata={
+        "help": "tokens per second of drafting nothing are multiplied by this: speculation must "
+                "win by that margin"})
+    stop_slack: float = field(default=0.5, metadata={
+        "help": "chains are drafted up to where their survival falls to this fraction of the "
+                "step's threshold; the drafter's confidence then decides where each stops"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k_max, bool) or not 0 <= self.k_max <= 64:
+            raise ValueError(f"k_max must be in 0..64, got {self.k_max}")
+        if not 0.0 < self.prior_alpha < 1.0:
+            raise ValueError(f"prior_alpha must be in (0, 1), got {self.prior_alpha}")
+        for name in ("prior_weight", "k0_bonus"):
+            value = getattr(self, name)
+            if not value > 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        if not 0.0 < self.stop_slack <= 1.0:
+            raise ValueError(f"stop_slack must be in (0, 1], got {self.stop_slack}")
+        w = self.prior_weight
+        self._seen = np.full(STREAK_BINS, w)  # verified positions by bin (see NEW)
+        self._accepted = np.full(STREAK_BINS, w * self.prior_alpha)
+        self._streak: dict[int, int] = {}  # each request's state: NEW, COLD, FRESH or L >= 1
+        self._observed: dict[int, float] = {}  # a request's accepted drafts
+        self._expected: dict[int, float] = {}  # ... and what the population predicted for them
+        self._top1_observed = np.zeros(TOP1_BINS)
+        self._top1_expected = np.zeros(TOP1_BINS)
+        # the last plan, for the draft stop: its requests, acceptance rows and threshold
+        self._plan_ids: list[int] = []
+        self._plan_rows: dict[int, int] = {}
+        self._plan_alpha = np.zeros((0, 0))
+        self._through: dict[int, float] = {}  # stop_drafting's chain so far, per request
+        self._threshold = math.inf
+        self._pricer_of: object = None  # the cost model `_pricer` was read from
+        self._pricer = None
+
+    # -- estimates ---------------------------------------------------------------------------
+
+    def _ratio(self, request_id: int) -> float:
+        """The request's accepted drafts over the population's prediction for them, shrunk
+        to 1 by `prior_weight` pseudo-observations."""
+        w = self.prior_weight
+        return (self._observed.get(request_id, 0.0) + w) / (
+            self._expected.get(request_id, 0.0) + w)
+
+    def acceptance(self, requests: Sequence[RequestView], depth: int) -> np.ndarray:
+        """(requests x depth) chance that each request accepts its draft at each depth given it
+        accepted those before: its bin's, times its ratio, at the drafter's mean confidence."""
+        return self._acceptance_in(self._states(requests), self._scales(requests), depth)
+
+    def _states(self, requests: Sequence[RequestView]) -> np.ndarray:
+        return np.array([self._streak.get(r.request_id, NEW) for r in requests], dtype=np.int64)
+
+    def _scales(self, requests: Sequence[RequestView]) -> np.ndarray:
+        """Each request's ratio times the mean confidence lift: a draft's own confidence is
+        known only once it is drafted (`stop_chains` uses it)."""
+        return np.array([self._ratio(r.request_id) for r in requests]) * self._mean_lift()
+
+    def _acceptance_in(self, states: np.ndarray, scales: np.ndarray, depth: int) -> np.ndarray:
+        """`acceptance` of requests in the given states with the given `_scales`."""
+        bins = _BIN_TABLE[np.minimum(states, MAX_STREAK) - NEW, :depth]
+        return np.minimum((self._accepted / self._seen)[bins] * scales[:, None], ALPHA_MAX)
+
+    def _mean_lift(self) -> float:
+        """The confidence factor of a draft whose confidence is not known yet: all of them."""
+        w = self.prior_weight
+        return (float(self._top1_observed.sum()) + w) / (float(self._top1_expected.sum()) + w)
+
+    def _discovery(self, ctx: StepContext, states: np.ndarray, scales: np.ndarray,
+                   survival: np.ndarray) -> np.ndarray:
+        """What accepting its first draft adds for a request outside a streak: how much more
+        the next step's chain is worth in a streak than in its state now (each draft's chance
+        less its price at this step, the drafts that pay summed). Where acceptance comes in
+        spans (text being copied) a request that never drafts would never learn a span began;
+        where it does not (i.i.d. drafts), a streak predicts nothing and this is 0."""
+        outside = states <= FRESH
+        if not outside.any():
+            return np.zeros(len(states))
+        price = self._draft_price(ctx)
+        depth = survival.shape[1]
+        hot = np.cumprod(self._acceptance_in(np.ones_like(states), scales, depth), axis=1)
+        gain = (np.maximum(hot - price, 0.0).sum(axis=1)
+                - np.maximum(survival - price, 0.0).sum(axis=1))
+        return np.where(outside, np.maximum(gain, 0.0), 0.0)
+
+    def _draft_price(self, ctx: StepContext) -> float:
+        """One more draft's price in tokens: the tokens this step would have to emit in the
+        time it adds, at the rate of a step without drafts."""
+        requests = ctx.requests
+        b = len(requests)
+        sums = self._sums_pricer(ctx.cost)
+        if sums is not None:  # the same floats as pricing the two rows of ks
+            cached = sum(r.context_tokens for r in requests) - b
+            first = requests[0].context_tokens - 1
+            times = sums(b, [0, 1], cached, [cached + b, cached + b + first + 2])
+        else:
+            times = price_steps(ctx.cost, [[0] * b, [1] + [0] * (b - 1)],
+                                [r.context_tokens for r in requests])
+        return b * (times[1] - times[0]) / times[0]
+
+    def _sums_pricer(self, cost):
+        """The cost model's `chain_sums_s` where it prices steps from their sums, else None
+        (asked once per cost model)."""
+        if self._pricer_of is not cost:
+            sums = getattr(cost, "chain_sums_s", None)
+            self._pricer_of = cost
+            self._pricer = sums if sums is not None and sums(1, [0], 0, [0]) is not None else None
+        return self._pricer
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def choose(self, ctx: StepContext) -> Sequence[int]:
+        requests = ctx.requests
+        b, depth = len(requests), min(self.k_max, ctx.k_max)
+        self._plan_ids = [r.request_id for r in requests]
+        self._plan_rows = {rid: row for row, rid in enumerate(self._plan_ids)}
+        self._threshold = math.inf
+        if b == 0 or depth == 0:
+            return [0] * b
+        states, scales = self._states(requests), self._scales(requests)
+        alpha = self._acceptance_in(states, scales, depth)
+        survival = np.cumprod(alpha, axis=1)  # the chance the j-th draft is accepted
+        # ... and what finding a streak adds to a first draft (column 0 stays the largest)
+        survival[:, 0] *= 1.0 + self._discovery(ctx, states, scales, survival)
+        # drafts past the request's end, or past what the drafter can propose, are worth nothing
+        reach = [min(depth, r.output_tokens - r.generated - 1,
+                     depth if getattr(r, "draftable", None) is None else r.draftable)
+                 for r in requests]
+        survival[np.arange(depth) >= np.array(reach)[:, None]] = 0.0
+        self._plan_alpha = alpha
+        worth = survival.ravel()
+        order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
+        totals, times = self._price(ctx, worth[order], order // depth, order % depth)
+        tokens = b + np.concatenate(([0.0], np.cumsum(worth[order])))[totals]
+        rates = tokens / times
+        rates[0] *= self.k0_bonus  # totals[0] is always 0 drafts
+        drafts = int(totals[int(np.argmax(rates))])
+        if drafts == 0:
+            return [0] * b
+        self._threshold = float(worth[order[drafts - 1]])
+        # plan past the threshold by `stop_slack`: the draft stop cuts each chain back
+        return np.count_nonzero(survival >= self._threshold * self.stop_slack, axis=1).tolist()
+
+    def _price(self, ctx: StepContext, worth: np.ndarray, rows: np.ndarray, cols: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Draft totals D to weigh (the D most likely drafts each) and each one's step time:
+        every D where the cost model prices a step from its verify pass's sums, else the totals
+        of THRESHOLDS and TOTALS_TRIED. No KV check: the engine holds each request's look-ahead
+        up to its k_max (a policy's own check refused drafts the reservation already covers)."""
+        requests = ctx.requests
+        b = len(requests)
+        contexts = [r.context_tokens for r in requests]
+        cached = np.array(contexts, dtype=np.int64) - 1  # each request's KV before the verify
+        chain_sums = self._sums_pricer(ctx.cost)
+        if chain_sums is not None:
+            totals = np.arange(len(worth) + 1)
+            # the j-th draft of request r (j from 1) adds c_r + j + 1 causal pairs to the verify
+            pairs = int(cached.sum()) + b + np.concatenate(
+                ([0], np.cumsum(cached[rows] + cols + 2)))
+            times = np.array(chain_sums(b, totals, int(cached.sum()), pairs), dtype=np.float64)
+        else:
+            n = len(worth)
+            totals = np.unique(np.concatenate((
+                [0, n], np.searchsorted(-worth, -np.array(THRESHOLDS), side="right"),
+                np.geomspace(1, max(n, 1), TOTALS_TRIED).round().astype(np.int64))))
+            totals = totals[totals <= n]
+            ks_rows = [np.bincount(rows[:d], minlength=b).tolist() for d in totals.tolist()]
+            times = np.array(price_steps(ctx.cost, ks_rows, contexts), dtype=np.float64)
+        return totals, times
+
+    def stop_chains(self, requests: Sequence[RequestView], ks: Sequence[int],
+                    draft_top1: np.ndarray, draft_entropy: np.ndarray) -> list[int]:
+        """Each chain drafts on while its next draft's worth, given the drafter's confidence in
+        the drafts before it, reaches the step's threshold (`stop_drafting` token by token)."""
+        width = draft_top1.shape[1] if draft_top1.ndim == 2 else 0
+        if width <= 1 or [r.request_id for r in requests] != self._plan_ids:
+            return list(ks)  # a chain of one draft has nothing to stop
+        plan = self._plan_alpha[:, :width]
+        # the chance the chain is right through each draft, confidence known
+        through = np.cumprod(np.minimum(plan * self._confidence()[_top1_bins(draft_top1)],
+                                        ALPHA_MAX), axis=1)
+        stops = through[:, :-1] * plan[:, 1:] < self._threshold  # stop after that draft
+        lengths = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, width)
+        return np.minimum(lengths, ks).tolist()
+
+    def stop_drafting(self, request: RequestView, depth: int, draft_top1: float,
+                      draft_entropy: float) -> bool:
+        """Stop after this draft when the next one's worth, the chance the chain is right
+        through this one (its confidence known) times the next one's planned acceptance, falls
+        below the step's threshold: the same decisions as `stop_chains`, asked token by token
+        in depth order."""
+        row = self._plan_rows.get(request.request_id)
+        if row is None or depth >= self._plan_alpha.shape[1]:
+            return False
+        alpha = min(float(self._plan_alpha[row, depth]
+                          * self._confidence()[_top1_bin(draft_top1)]), ALPHA_MAX)
+        through = alpha if depth == 0 else self._through.get(request.request_id, 1.0) * alpha
+        self._through[request.request_id] = through
+        if depth + 1 >= self._plan_alpha.shape[1]:
+            return True
+        return through * float(self._plan_alpha[row, depth + 1]) < self._threshold
+
+    def _confidence(self) -> np.ndarray:
+        """Per tenth of confidence, its factor over the mean one the plan assumed."""
+        return self._lift() / self._mean_lift()
+
+    def _lift(self) -> np.ndarray:
+        """Acceptance by the drafter's confidence over the model's prediction, per tenth."""
+        w = self.prior_weight
+        return (self._top1_observed + w) / (self._top1_expected + w)
+
+    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        """Each verified position updates the three factors of the acceptance model, bin x
+        request's ratio x confidence lift, fitted online as a multiplicative model: every
+        factor counts a position as the exposure the other two give it. Counting plainly would
+        credit a factor with what another explains (good requests reach long streaks more
+        often, and draft with more confidence) and over-predict where all three are high."""
+        a_pop = (self._accepted / self._seen).tolist()
+        lift = self._lift().tolist()
+        for o in outcomes:
+            if o.k == 0:
+                continue
+            rid, state = o.request_id, self._streak.get(o.request_id, NEW)
+            ratio = self._ratio(rid)
+            seen = min(o.accepted + 1, o.k)  # the accepted drafts and the first rejection
+            top1 = o.signals.get("draft_top1")
+            expected = 0.0
+            for i in range(seen):
+                b = _bin(state, i)
+                hit = i < o.accepted
+                t = _top1_bin(float(top1[i])) if top1 is not None and i < len(top1) else -1
+                confidence = lift[t] if t >= 0 else 1.0
+                self._seen[b] += ratio * confidence
+                self._accepted[b] += hit
+                expected += a_pop[b] * confidence
+                if t >= 0:
+                    self._top1_observed[t] += hit
+                    self._top1_expected[t] += a_pop[b] * ratio
+            self._observed[rid] = self._observed.get(rid, 0.0) + o.accepted
+            self._expected[rid] = self._expected.get(rid, 0.0) + expected
+            if o.accepted == o.k:
+                self._streak[rid] = max(state, 0) + o.accepted
+            else:
+                self._streak[rid] = FRESH if o.accepted else COLD
+
+    def finish(self, request_id: int) -> None:
+        self._streak.pop(request_id, None)
+        self._observed.pop(request_id, None)
+        self._expected.pop(request_id, None)
+
+
+def _bin(state: int, depth: int) -> int:
+    """The acceptance bin of a chain's draft at `depth` (from 0) for a request in `state`."""
+    if depth == 0:
+        return state - NEW if state <= FRESH else min(state, MAX_STREAK) + 2
+    return min(max(state, 0) + depth, MAX_STREAK) + 2
+
+
+#: `_bin` of every state NEW..MAX_STREAK (row state - NEW) at every depth below 64 (a longer
+#: streak's bins are MAX_STREAK's)
+_BIN_TABLE = np.array([[_bin(state, depth) for depth in range(64)]
+                       for state in range(NEW, MAX_STREAK + 1)], dtype=np.int64)
+
+
+def _top1_bin(value: float) -> int:
+    """A top-1 probability's tenth (NaN: the lowest, an unreadable signal is no confidence)."""
+    if not value >= 0.0:
+        return 0
+    return TOP1_BINS - 1 if value >= 1.0 else int(value * TOP1_BINS)
+
+
+def _top1_bins(values: np.ndarray) -> np.ndarray:
+    """`_top1_bin` of every element."""
+    values = np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0)
+    return np.clip(values * TOP1_BINS, 0, TOP1_BINS - 1).astype(np.int64)
