@@ -3,9 +3,9 @@
 The live engine serves the same requests (held-out Spec-Bench questions, odd ids, one per
 category then the next, 128 output tokens each, all arriving at 0; max_num_seqs = the batch size)
 once per policy, side by side in one process: plain decoding is fixed(k=0) with no drafter
-pass; each of --drafters (eagle, eagle+ngram) runs fixed(k) for each --ks and, with --goodput, the
-goodput policy reading a latency profile of this device timed first (target and head passes,
-DriftProbe; one per head). Printed per batch size:
+pass; each of --drafters (eagle, eagle+ngram) runs fixed(k) for each --ks and, with --goodput and
+--auto, the goodput and auto policies reading a latency profile of this device timed first
+(target and head passes, DriftProbe; one per head). Printed per batch size:
 decode tokens/s (output tokens after the first / seconds in decode iterations), whole-run wall
 time, tokens per step and the speedup over plain decoding. Then, in fp32, whether EAGLE's output
 equals plain greedy decoding token for token.
@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--goodput", action="store_true")
+    ap.add_argument("--auto", action="store_true", help="also spectune's own policy")
     ap.add_argument("--drafters", nargs="+", default=["eagle"],
                     help="drafters run side by side (same head: eagle, eagle+ngram)")
     ap.add_argument("--out", type=Path, default=Path("runs/eagle-live"))
@@ -174,12 +175,14 @@ def main() -> None:
         for name, drafter in drafters.items():
             runs += [(f"{name} k={k}", drafter, make_policy("fixed", {"k": k}), None)
                      for k in args.ks]
-            if args.goodput:
+            adaptive = [p for p, on in (("goodput", args.goodput), ("auto", args.auto)) if on]
+            if adaptive:
                 key = head_file(name)
                 if key not in profiles:
                     profiles[key] = goodput_cost(target, drafter, batch, prompts, args.tokens,
                                                  args.out)
-                runs.append((f"{name} goodput", drafter, make_policy("goodput"), profiles[key]))
+                runs += [(f"{name} {p}", drafter, make_policy(p), profiles[key])
+                         for p in adaptive]
         speedups: dict[str, list[float]] = {}
         for repeat in range(args.repeats):
             base = None
