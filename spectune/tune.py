@@ -46,7 +46,7 @@ from spectune.search import (
 )
 from spectune.simulate import SimulationSpec, build_slo, note_short_trace
 
-DEFAULT_POLICIES = "fixed,batch_adaptive,goodput"
+DEFAULT_POLICIES = "fixed,batch_adaptive,goodput,auto"
 DEFAULT_RATES = (4.0, 12.0, 24.0)
 BASELINE = Candidate("fixed", (("k", 0),))
 #: the embedded default scenario of `spectune tune` (where it differs from `simulate`'s): the
