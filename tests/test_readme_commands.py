@@ -85,6 +85,11 @@ REDUCE: dict[str, tuple[str, ...]] = {
     "spectune validate": ("--requests", "2", "--output-tokens", "8", "--max-num-seqs", "2",
                           "--rates", "4"),
     "python benchmarks/policies.py": ("--requests", "100", "--workers", "2"),
+    # 80 cells x 3 seeds x 23 policies of 800 requests: ~40 min on 2 cores as written
+    "python benchmarks/policy_matrix.py": ("--requests", "40", "--seeds", "0", "--acceptances",
+                                           "smollm2-ngram", "--gpus", "H100-SXM", "--workloads",
+                                           "azure-conv", "--loads", "0.4", "--policies", "auto",
+                                           "goodput", "--jobs", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
     # the targets: 10k and 100k recorded runs and the default tune, ~3 min; scaled to 300
     "python benchmarks/sim_speed.py --targets": ("--sizes", "1000", "--recorded", "0",
