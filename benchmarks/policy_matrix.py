@@ -228,7 +228,7 @@ def report(results: list[dict], policies: list[str]) -> str:
         served = [arms for arms in table.values() if name in arms]
         slo = statistics.fmean(a[name]["slo_attainment"] for a in served) if served else 0.0
         lines.append(f"| {name} | {worst[name] * 100:+.1f}% | {over_k0[name]} of {len(served)} "
-                     f"| {share * 100:.0f}% ({pooled * 100:.0f}%) | {slo * 100:.1f}% |")
+                     f"| {_share(share, pooled)} | {slo * 100:.1f}% |")
     slo_fixed = statistics.fmean(
         max(v["slo_attainment"] for n, v in arms.items() if n.startswith("k="))
         for arms in table.values())
@@ -240,6 +240,11 @@ def report(results: list[dict], policies: list[str]) -> str:
               f"SLO: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms; the best "
               f"fixed k's attainment per cell averages {slo_fixed * 100:.1f}%.", ""]
     return "\n".join(lines)
+
+
+def _share(mean: float, pooled: float) -> str:
+    """The distance closed, or n/a where no cell's oracle was far enough ahead."""
+    return "n/a" if mean != mean else f"{mean * 100:.0f}% ({pooled * 100:.0f}%)"
 
 
 def _rel(value: float, best: float) -> str:
