@@ -174,7 +174,8 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
     # Llama-3.1-8B's early exit at the recorded one's depth (`smollm2-early-exit-24-lens`: 24 of
     # 30 layers): its first 26 of 32 layers, final norm and head, charged as a draft model.
     (replace(_llama("Llama-3.1-8B-EE26", 26, 4096, 32, 8, 14336, 128256,
-                    "meta-llama/Llama-3.1-8B"), source="first 26 layers of meta-llama/Llama-3.1-8B"),
+                    "meta-llama/Llama-3.1-8B"),
+             source="first 26 layers of meta-llama/Llama-3.1-8B"),
      ("llama3.1-8b-ee26",)),
 )  # fmt: skip
 
