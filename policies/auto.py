@@ -92,6 +92,7 @@ class Auto(Policy):
         self._plan_ids: list[int] = []
         self._plan_rows: dict[int, int] = {}
         self._plan_alpha = np.zeros((0, 0))
+        self._plan_confidence = np.ones(TOP1_BINS)
         self._through: dict[int, float] = {}  # stop_drafting's chain so far, per request
         self._threshold = math.inf
         self._pricer_of: object = None  # the cost model `_pricer` was read from
@@ -177,6 +178,7 @@ class Auto(Policy):
         b, depth = len(requests), min(self.k_max, ctx.k_max)
         self._plan_ids = [r.request_id for r in requests]
         self._plan_rows = {rid: row for row, rid in enumerate(self._plan_ids)}
+        self._plan_confidence = self._confidence()  # fixed until the step's outcomes arrive
         self._threshold = math.inf
         if b == 0 or depth == 0:
             return [0] * b
@@ -240,7 +242,7 @@ class Auto(Policy):
             return list(ks)  # a chain of one draft has nothing to stop
         plan = self._plan_alpha[:, :width]
         # the chance the chain is right through each draft, confidence known
-        through = np.cumprod(np.minimum(plan * self._confidence()[_top1_bins(draft_top1)],
+        through = np.cumprod(np.minimum(plan * self._plan_confidence[_top1_bins(draft_top1)],
                                         ALPHA_MAX), axis=1)
         stops = through[:, :-1] * plan[:, 1:] < self._threshold  # stop after that draft
         lengths = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, width)
@@ -256,7 +258,7 @@ class Auto(Policy):
         if row is None or depth >= self._plan_alpha.shape[1]:
             return False
         alpha = min(float(self._plan_alpha[row, depth]
-                          * self._confidence()[_top1_bin(draft_top1)]), ALPHA_MAX)
+                          * self._plan_confidence[_top1_bin(draft_top1)]), ALPHA_MAX)
         through = alpha if depth == 0 else self._through.get(request.request_id, 1.0) * alpha
         self._through[request.request_id] = through
         if depth + 1 >= self._plan_alpha.shape[1]:
