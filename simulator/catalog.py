@@ -3,6 +3,8 @@
 Shapes are Llama-style decoders (q/k/v/o projections, SwiGLU gate/up/down MLP, RMSNorm), taken
 from each model's Hugging Face `config.json`. GPU numbers are the vendor's datasheet peaks, dense
 bf16 (no 2:4 sparsity): the roofline derates them with measured efficiencies, never the reverse.
+Each GPU names the link between the GPUs of a server (its `interconnect`), over which a
+tensor-parallel group's all-reduces travel (simulator/tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -95,14 +97,34 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class Interconnect:
+    """The GPU-to-GPU link of a server, as one GPU sees it: `bytes_per_s` is what one GPU can
+    send in one direction (datasheets quote the sum of both directions; it is halved here),
+    which is what bounds a ring all-reduce (every GPU sends and receives at once)."""
+
+    name: str
+    bytes_per_s: float
+    source: str  # datasheet citation
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.source:
+            raise ConfigError(f"interconnect needs a name and a source, got {self.name!r}")
+        if not self.bytes_per_s > 0:
+            raise ConfigError(f"interconnect {self.name}: bytes_per_s must be > 0")
+
+
+@dataclass(frozen=True)
 class GpuSpec:
-    """One accelerator's datasheet peaks; `bf16_flops_per_s` is dense (no sparsity)."""
+    """One accelerator's datasheet peaks; `bf16_flops_per_s` is dense (no sparsity).
+    `interconnect`: the link between GPUs of one server (None: not known, and no tensor
+    parallelism is priced on it)."""
 
     name: str
     memory_bytes: int
     bandwidth_bytes_per_s: float
     bf16_flops_per_s: float
     source: str  # datasheet citation
+    interconnect: Interconnect | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
@@ -180,24 +202,46 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 _MIB = 2**20
+# Datasheets give NVLink and PCIe bandwidth as the sum of both directions (NVLink 4: 18 links x
+# 50 GB/s = 900 GB/s); a ring all-reduce sends and receives at once, so one direction's half is
+# the rate each GPU's share of it moves at. HGX/DGX boards join their 8 SXM GPUs through NVSwitch,
+# so every GPU reaches any other at that full rate.
+_NVLINK3 = Interconnect(
+    "NVLink 3 via NVSwitch", 300e9,
+    "NVIDIA A100 datasheet (SXM4): NVLink 600 GB/s (both directions): 300 GB/s each way per GPU; "
+    "HGX A100 joins 8 GPUs through NVSwitch")
+_NVLINK4_H100 = Interconnect(
+    "NVLink 4 via NVSwitch", 450e9,
+    "NVIDIA H100 datasheet (SXM5): NVLink 900 GB/s (both directions): 450 GB/s each way per GPU; "
+    "HGX H100 joins 8 GPUs through NVSwitch")
+_NVLINK4_H200 = Interconnect(
+    "NVLink 4 via NVSwitch", 450e9,
+    "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions): 450 GB/s each way per GPU; "
+    "HGX H200 joins 8 GPUs through NVSwitch")
+_PCIE4 = Interconnect(
+    "PCIe Gen4 x16", 32e9,
+    "NVIDIA L4 datasheet: PCIe Gen4 x16, 64 GB/s (both directions): 32 GB/s each way; the L4 has "
+    "no NVLink, so a group's all-reduces cross PCIe")
+
 # memory_bytes is the total the driver reports (nvidia-smi memory.total), which is what a serving
 # engine's memory-utilization fraction applies to; the datasheet's round figure is in `source`.
 _GPUS: tuple[tuple[GpuSpec, tuple[str, ...]], ...] = (
     (GpuSpec("A100-80GB", 81920 * _MIB, 2.039e12, 312e12,
              "NVIDIA A100 datasheet (SXM4 80GB): 2,039 GB/s HBM2e, 312 TFLOP/s bf16 dense "
-             "(624 with sparsity), 80 GB; nvidia-smi reports 81920 MiB"),
+             "(624 with sparsity), 80 GB; nvidia-smi reports 81920 MiB", _NVLINK3),
      ("a100", "a100-sxm", "a100-sxm4-80gb", "a100-80gb-sxm")),
     (GpuSpec("H100-SXM", 81559 * _MIB, 3.35e12, 989e12,
              "NVIDIA H100 datasheet (SXM5): 3.35 TB/s HBM3, 989 TFLOP/s bf16 dense (the "
-             "datasheet's 1,979 is with sparsity), 80 GB; nvidia-smi reports 81559 MiB"),
+             "datasheet's 1,979 is with sparsity), 80 GB; nvidia-smi reports 81559 MiB",
+             _NVLINK4_H100),
      ("h100", "h100-sxm5", "h100-80gb", "h100-80gb-hbm3", "h100-sxm5-80gb")),
     (GpuSpec("H200", 143771 * _MIB, 4.8e12, 989e12,
              "NVIDIA H200 datasheet (SXM): 4.8 TB/s HBM3e, 989 TFLOP/s bf16 dense (1,979 with "
-             "sparsity), 141 GB; nvidia-smi reports 143771 MiB"),
+             "sparsity), 141 GB; nvidia-smi reports 143771 MiB", _NVLINK4_H200),
      ("h200-sxm", "h200-141gb")),
     (GpuSpec("L4", 23034 * _MIB, 300e9, 121e12,
              "NVIDIA L4 datasheet: 300 GB/s GDDR6, 121 TFLOP/s bf16 dense (242 with sparsity), "
-             "24 GB; nvidia-smi reports 23034 MiB"),
+             "24 GB; nvidia-smi reports 23034 MiB", _PCIE4),
      ("l4-24gb",)),
 )  # fmt: skip
 

@@ -100,7 +100,8 @@ class ServedSchedulerConfig(SchedulerConfig):
 class ClusterConfig:
     """Replicas behind one router."""
 
-    replicas: int = field(default=1, metadata={"help": "model replicas (one GPU each)"})
+    replicas: int = field(default=1, metadata={
+        "help": "model replicas (one GPU each, or --tp GPUs each)"})
     router: str = field(default="round-robin", metadata={"help": "round-robin or least-loaded"})
 
     def __post_init__(self) -> None:

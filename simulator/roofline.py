@@ -12,6 +12,16 @@ Activations are left out of the bytes: per token they are a few hidden-sized vec
 against megabytes of weights, and at the sizes where they would count the pass is compute-bound.
 The LM head is charged for every query token; a prefill that computes logits only for its last
 position costs slightly less than this (the LM head is ~7% of Llama-3.1-8B's matmul weights).
+
+A model served tensor-parallel over N GPUs (`tp`, `draft_tp`: simulator/tensor_parallel.py) is
+priced per GPU: its share of the bytes over one GPU's bandwidth, its share of the FLOPs over one
+GPU's peak, and then the 2 x layers ring all-reduces of its query tokens' hidden states over the
+GPU's interconnect, which wait for the pass and are not overlapped with it:
+
+    time += 2 * layers * (2(N-1)/N * query_tokens * hidden * activation bytes / link
+                          + allreduce_latency_s)
+
+At N = 1 none of this applies and a pass costs what it always did, to the bit.
 """
 
 from __future__ import annotations
@@ -23,6 +33,13 @@ import numpy as np
 from simulator.catalog import GpuSpec, ModelShape
 from simulator.errors import ConfigError
 from simulator.latency import ArrayLike, LatencyModel, Role
+from simulator.tensor_parallel import (
+    ALLREDUCES_PER_LAYER,
+    check_degree,
+    kv_bytes_per_token_per_gpu,
+    matmul_params_per_gpu,
+    params_read_per_gpu,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,12 @@ class RooflineParams:
     step_overhead_s 200 us + per_seq_overhead_s 2 us: host work per iteration outside the
       passes (scheduling, input metadata, sampling and acceptance bookkeeping), which engines
       that overlap scheduling with the GPU partly hide. Assumption.
+    allreduce_latency_s 6 us: the fixed part of one all-reduce of a tensor-parallel group
+      (tp > 1 only), whatever its size. On an H100 node, SGLang's measurements of decode-sized
+      all-reduces (512 B to 32 KB, TP 2/4/8, without CUDA graphs) took 3.7-5.9 us with its
+      custom kernel and 8.5-11.8 us with vLLM's (sgl-project/sglang pull request 2904); 6 us
+      sits between them, for an engine replaying CUDA graphs. An assumption, the same for
+      every interconnect: over PCIe it is optimistic.
     """
 
     bandwidth_efficiency: float = 0.85
@@ -53,13 +76,15 @@ class RooflineParams:
     per_layer_s: float = 5e-6
     step_overhead_s: float = 200e-6
     per_seq_overhead_s: float = 2e-6
+    allreduce_latency_s: float = 6e-6
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_efficiency", "flops_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(f"RooflineParams.{name} must be in (0, 1], got {value}")
-        for name in ("pass_fixed_s", "per_layer_s", "step_overhead_s", "per_seq_overhead_s"):
+        for name in ("pass_fixed_s", "per_layer_s", "step_overhead_s", "per_seq_overhead_s",
+                     "allreduce_latency_s"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ConfigError(f"RooflineParams.{name} must be >= 0, got {value}")
@@ -72,11 +97,12 @@ _SCALARS = (int, float, np.integer, np.floating)
 
 
 class RooflineLatency(LatencyModel):
-    """Roofline pass times for a target, an optional draft model, and one GPU.
+    """Roofline pass times for a target, an optional draft model, and one GPU or a group.
 
     `draft=None` stands for a model-free drafter (n-gram lookup): its passes cost nothing.
     The FLOP rate is the GPU's dense bf16 peak whatever `dtype_bytes` says; a narrower dtype
-    only shrinks the bytes.
+    only shrinks the bytes. `tp`: the target's tensor-parallel degree (GPUs per replica);
+    `draft_tp`: the draft model's (1: it runs on one GPU of the group).
     """
 
     arrays_match_scalars = True  # max/+/* on the same numbers, as Python floats or float64
@@ -88,17 +114,34 @@ class RooflineLatency(LatencyModel):
         gpu: GpuSpec,
         dtype_bytes: int = 2,
         params: RooflineParams | None = None,
+        tp: int = 1,
+        draft_tp: int = 1,
     ) -> None:
         if dtype_bytes not in _DTYPE_NAMES:
             known = sorted(_DTYPE_NAMES)
             raise ConfigError(f"dtype_bytes must be one of {known}, got {dtype_bytes}")
+        check_degree(target, tp)
+        if draft is not None:
+            check_degree(draft, draft_tp, "--draft-tp")
+            if draft_tp > tp:
+                raise ConfigError(f"--draft-tp {draft_tp} is more GPUs than the replica's "
+                                  f"--tp {tp}")
+        else:
+            draft_tp = 1  # a model-free drafter runs on no GPU
+        if max(tp, draft_tp) > 1 and gpu.interconnect is None:
+            raise ConfigError(f"--tp {tp}: {gpu.name} names no interconnect, so its "
+                              "all-reduces cannot be priced; use --tp 1")
         self.target = target
         self.draft = draft
         self.gpu = gpu
         self.dtype_bytes = dtype_bytes
         self.params = params or RooflineParams()
-        self._coef_target = self._shape_coefficients(target)
-        self._coef_draft = self._shape_coefficients(draft)
+        self.tp = tp
+        self.draft_tp = draft_tp
+        self._coef_target = self._shape_coefficients(target, tp)
+        self._coef_draft = self._shape_coefficients(draft, draft_tp)
+        self._comm_target = self._allreduce_coefficients(target, tp)
+        self._comm_draft = self._allreduce_coefficients(draft, draft_tp)
         p = self.params
         drafter = f"{draft.name} draft" if draft else "model-free draft"
         self.source = (
@@ -106,6 +149,15 @@ class RooflineLatency(LatencyModel):
             f"{_DTYPE_NAMES[dtype_bytes]} (datasheet peaks x efficiency: "
             f"{p.bandwidth_efficiency:g} of bandwidth, {p.flops_efficiency:g} of dense FLOP/s)"
         )
+        if max(tp, draft_tp) > 1:
+            link = gpu.interconnect
+            assert link is not None
+            where = "on one GPU" if draft_tp == 1 else f"at TP {draft_tp}"
+            self.source += (
+                f"; tensor parallel: target on {tp} GPUs" + (f", draft {where}" if draft else "")
+                + f", all-reduces over {link.name} ({link.bytes_per_s / 1e9:g} GB/s each way, "
+                f"{p.allreduce_latency_s * 1e6:g} us each)"
+            )
 
     @property
     def has_draft_model(self) -> bool:
@@ -126,6 +178,9 @@ class RooflineLatency(LatencyModel):
         m0, m1, f_q, f_pair, fixed = coef
         memory_s = m0 + m1 * (cached_tokens + query_tokens)
         compute_s = f_q * query_tokens + f_pair * attn_pairs
+        comm = self._comm_target if role == "target" else self._comm_draft
+        if comm is not None:  # a tensor-parallel pass: its all-reduces follow the work
+            fixed = fixed + comm[0] + comm[1] * query_tokens
         if isinstance(memory_s, _SCALARS) and isinstance(compute_s, _SCALARS):
             if num_seqs == 0 or query_tokens == 0:
                 return 0.0
@@ -145,19 +200,51 @@ class RooflineLatency(LatencyModel):
             return self._coef_draft
         raise ConfigError(f"role must be 'target' or 'draft', got {role!r}")
 
-    def _shape_coefficients(self, m: ModelShape | None):
+    def _shape_coefficients(self, m: ModelShape | None, degree: int = 1):
+        """The five coefficients of `forward_s`, for one GPU's share of `m` over `degree`."""
         if m is None:
             return None
         p, gpu = self.params, self.gpu
         bandwidth = gpu.bandwidth_bytes_per_s * p.bandwidth_efficiency
         rate = gpu.bf16_flops_per_s * p.flops_efficiency
+        if degree == 1:  # one GPU: the expressions as they always were, for the same floats
+            return (
+                m.weight_params_read_per_pass * self.dtype_bytes / bandwidth,
+                m.kv_bytes_per_token(self.dtype_bytes) / bandwidth,
+                m.flops_per_token / rate,
+                4.0 * m.layers * m.heads * m.head_dim / rate,
+                p.pass_fixed_s + m.layers * p.per_layer_s,
+            )
         return (
-            m.weight_params_read_per_pass * self.dtype_bytes / bandwidth,
-            m.kv_bytes_per_token(self.dtype_bytes) / bandwidth,
-            m.flops_per_token / rate,
-            4.0 * m.layers * m.heads * m.head_dim / rate,
-            p.pass_fixed_s + m.layers * p.per_layer_s,
+            params_read_per_gpu(m, degree) * self.dtype_bytes / bandwidth,
+            kv_bytes_per_token_per_gpu(m, degree, self.dtype_bytes) / bandwidth,
+            2 * matmul_params_per_gpu(m, degree) / rate,
+            4.0 * m.layers * (m.heads // degree) * m.head_dim / rate,  # its heads' pairs
+            p.pass_fixed_s + m.layers * p.per_layer_s,  # the same kernels, each on a share
         )
+
+    def _allreduce_coefficients(self, m: ModelShape | None, degree: int
+                                ) -> tuple[float, float] | None:
+        """(seconds per pass, seconds per query token) of a pass's all-reduces: 2 per layer,
+        each a ring over `degree` GPUs of query tokens x hidden activations (bf16 also under
+        8-bit weights); None on one GPU."""
+        if m is None or degree == 1:
+            return None
+        link = self.gpu.interconnect
+        assert link is not None  # checked in __init__
+        calls = ALLREDUCES_PER_LAYER * m.layers
+        per_token_bytes = m.hidden * max(self.dtype_bytes, 2)
+        return (calls * self.params.allreduce_latency_s,
+                calls * 2 * (degree - 1) / degree * per_token_bytes / link.bytes_per_s)
+
+    def allreduce_s(self, role: Role, query_tokens: ArrayLike) -> ArrayLike:
+        """Seconds of one pass's all-reduces (0 on one GPU): the part of `forward_s` that is
+        communication, for a pass feeding `query_tokens` tokens."""
+        self._coefficients(role)  # a clear error for an unknown role
+        comm = self._comm_target if role == "target" else self._comm_draft
+        q = np.asarray(query_tokens, dtype=np.float64)
+        t = np.zeros(q.shape) if comm is None else comm[0] + comm[1] * q
+        return float(t) if t.ndim == 0 else t
 
     def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
         """Host seconds per iteration: a fixed part plus a part per running request (0 if idle;
@@ -179,4 +266,6 @@ class RooflineLatency(LatencyModel):
             "gpu": asdict(self.gpu),
             "dtype_bytes": self.dtype_bytes,
             "params": asdict(self.params),
+            "tp": self.tp,
+            "draft_tp": self.draft_tp,
         }

@@ -6,7 +6,8 @@ import argparse
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    return subparsers.add_parser("catalog", help="list the known model shapes and GPUs")
+    return subparsers.add_parser("catalog", help="list the known model shapes and GPUs (with "
+                                 "the links between GPUs that --tp groups use)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -23,4 +24,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"    {g.name:12} {g.memory_bytes / 2**30:6.1f} GiB  "
               f"{g.bandwidth_bytes_per_s / 1e12:5.2f} TB/s  "
               f"{g.bf16_flops_per_s / 1e12:6.0f} TFLOP/s bf16   [{g.source}]")
+        if g.interconnect is not None:  # what a --tp group's all-reduces cross
+            link = g.interconnect
+            print(f"    {'':12} GPU to GPU: {link.name}, {link.bytes_per_s / 1e9:g} GB/s each way"
+                  f"   [{link.source}]")
     return 0

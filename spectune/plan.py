@@ -2,6 +2,11 @@
 rate one replica sustains with the SLOs met for `attainment` of the requests, and how many
 replicas a target rate needs (and what they cost per hour, given a price per GPU-hour).
 
+With `tp_options`, a hardware option is a shape: a GPU and a tensor-parallel degree (a replica
+of N GPUs, docs/tensor-parallel.md). Every shape the model fits is planned like a GPU (GPUs
+needed = replicas x N, cost = GPUs x price), the others are skipped with the reason, and the
+shape with the fewest GPUs (or the lowest cost, given prices) is each policy's choice.
+
 The maximum rate is bracketed by doubling from 1 req/s, then bisected to `tolerance` (relative)
 with in-process simulations (every probe cached like tune's). All (policy, hardware) pairs move in
 lockstep, so each round's probes run in parallel. The result is checked, not assumed: the plan
@@ -20,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from simulator import ConfigError, SchedulerConfig, get_gpu
+from simulator.tensor_parallel import TP_DEGREES
 from spectune.console import seconds
 from spectune.evaluate import (
     EXECUTOR_HELP,
@@ -30,7 +36,7 @@ from spectune.evaluate import (
     seeded_inputs,
 )
 from spectune.search import Candidate
-from spectune.simulate import SimulationSpec, build_slo, note_short_trace
+from spectune.simulate import SimulationSpec, build_latency, build_slo, note_short_trace
 
 MAX_RATE = 4096.0
 MIN_RATE = 0.01  # below this a replica serves nothing useful: reported as no capacity
@@ -48,6 +54,10 @@ class PlanSpec:
         "help": "request rate to plan replicas for (req/s)"})
     prices: str | None = field(default=None, metadata={
         "help": "price per GPU-hour per hardware, e.g. H100-SXM=3.5,A100-80GB=2.0"})
+    tp_options: str | None = field(default=None, metadata={
+        "help": "tensor-parallel degrees to compare on each hardware option, comma-separated "
+                "(e.g. 1,2,4,8): replicas of N GPUs, GPUs needed = replicas x N; a shape the "
+                "model does not fit is skipped with the reason", "unset": "--tp alone"})
     tolerance: float = field(default=0.02, metadata={"help": "relative precision of the rate"})
     jobs: int = field(default=0, metadata={"help": "worker processes (0: one per core)"})
     executor: str = field(default="local", metadata={"help": EXECUTOR_HELP})
@@ -69,9 +79,29 @@ class PlanSpec:
             if name not in self.hardware_list():
                 raise ConfigError(f"--prices: {name!r} is not among --hardware-options "
                                   f"({self.hardware_options}); price the hardware you compare")
+        self.tp_list(1)  # a clear error for a malformed --tp-options
 
     def hardware_list(self) -> list[str]:
         return [h.strip() for h in self.hardware_options.split(",") if h.strip()]
+
+    def tp_list(self, tp: int) -> list[int]:
+        """The tensor-parallel degrees to plan: --tp-options, else the scenario's --tp."""
+        if self.tp_options is None:
+            return [tp]
+        out = []
+        for item in (t.strip() for t in self.tp_options.split(",")):
+            if not item.isdigit() or int(item) not in TP_DEGREES or int(item) in out:
+                raise ConfigError(f"--tp-options: {item!r}: give distinct degrees among "
+                                  f"{', '.join(map(str, TP_DEGREES))}, e.g. 1,2,4,8")
+            out.append(int(item))
+        return out
+
+    def as_record(self) -> dict:
+        """The spec as plan.json records it: --tp-options only where given."""
+        record = asdict(self)
+        if record["tp_options"] is None:
+            del record["tp_options"]
+        return record
 
     def price_map(self) -> dict[str, float]:
         out = {}
@@ -88,10 +118,12 @@ class PlanSpec:
 
 @dataclass
 class _Bracket:
-    """One (policy, hardware) search: `lo` met the SLOs, `hi` did not (None: not found yet)."""
+    """One (policy, hardware, TP degree) search: `lo` met the SLOs, `hi` did not (None: not
+    found yet)."""
 
     candidate: Candidate
     hardware: str | None
+    tp: int = 1
     lo: float = 0.0
     hi: float | None = None
 
@@ -123,22 +155,28 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
     if slo is None:
         raise ConfigError("plan needs an SLO: give --slo-ttft and/or --slo-tpot")
     started = time.perf_counter()
+    if scenario.profile and spec.tp_options is not None:
+        raise ConfigError("--tp-options compares GPU groups on the roofline; a --profile was "
+                          "timed on one device: drop --tp-options")
     options = [None] if scenario.profile else spec.hardware_list()
-    brackets = [_Bracket(c, h) for c in _candidates(spec.policies) for h in options]
-    first = Task(_scenario(scenario, options[0]), scheduler, BASELINE, 1.0, 0)
+    shapes, skipped = _shapes(scenario, scheduler, options, spec.tp_list(scenario.tp))
+    grouped = _grouped(spec, scenario)
+    brackets = [_Bracket(c, h, tp) for c in _candidates(spec.policies) for h, tp in shapes]
+    first = Task(_scenario(scenario, *shapes[0]), scheduler, BASELINE, 1.0, 0)
     note_short_trace(scenario, seeded_inputs(first)[0])
     curves: list[dict] = []
     with Runner(out / "evals" if out else None, spec.jobs, progress,
                 spec.executor, spec.ray_address) as runner:
 
         def attain(pairs: list[tuple[_Bracket, float]]) -> list[dict]:
-            tasks = [Task(_scenario(scenario, b.hardware),
+            tasks = [Task(_scenario(scenario, b.hardware, b.tp),
                           scheduler_for(scheduler, b.candidate, k_max_given), b.candidate, r, 0)
                      for b, r in pairs]
             results = runner.run(tasks)
             for (b, r), m in zip(pairs, results):
                 curves.append({"policy": b.candidate.policy, "label": b.candidate.label,
-                               "hardware": _hw(scenario, b.hardware), "rate": r, **m})
+                               "hardware": _hw(scenario, b.hardware, b.tp, grouped),
+                               "rate": r, **m})
             return results
 
         while open_ := [b for b in brackets if not b.done(spec.tolerance)]:
@@ -151,7 +189,7 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
         probes = [(b, f * b.lo) for b in brackets for f in (0.95, 1.05) if b.lo > 0]
         checks = {(id(b), "below" if r < b.lo else "above"): {"rate": r, "slo_attainment":
                   m["slo_attainment"]} for (b, r), m in zip(probes, attain(probes))}
-    plans = _plans(spec, scenario, brackets, checks)
+    plans = _plans(spec, scenario, brackets, checks, grouped)
     for plan in plans:
         if plan["max_rate_per_replica"] is None:
             plan["why_no_capacity"] = why_no_capacity(plan, curves, slo, spec.attainment)
@@ -159,12 +197,16 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
         "workload": scenario.workload, "acceptance": scenario.acceptance,
         "slo": {k: v for k, v in asdict(slo).items() if v is not None},
         "attainment_target": spec.attainment, "target_rate": spec.target_rate,
-        "scheduler": asdict(scheduler), "spec": asdict(spec), "scenario": asdict(scenario),
-        "simulations": runner.total,
+        "scheduler": asdict(scheduler), "spec": spec.as_record(),
+        "scenario": scenario.as_record(), "simulations": runner.total,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - started},
         "plans": plans, "curves": sorted(curves, key=lambda c: (c["label"], c["hardware"],
                                                                  c["rate"]))}
+    if skipped:
+        result["skipped"] = skipped
+    if grouped:
+        result["choices"] = _choices(plans)
     if out is not None:
         from spectune.files import write_json
 
@@ -187,15 +229,49 @@ def why_no_capacity(plan: dict, curves: list[dict], slo, attainment: float) -> s
     return f"even at the lowest rate tried, {lowest['rate']:.3g} req/s, " + "; ".join(parts)
 
 
-def _scenario(scenario: SimulationSpec, hardware: str | None) -> SimulationSpec:
-    return scenario if hardware is None else replace(scenario, hardware=hardware)
+def _scenario(scenario: SimulationSpec, hardware: str | None, tp: int = 1) -> SimulationSpec:
+    if hardware is None:
+        return scenario
+    return replace(scenario, hardware=hardware, tp=tp)
 
 
-def _hw(scenario: SimulationSpec, hardware: str | None) -> str:
-    return hardware or f"profile {scenario.profile}"
+def _grouped(spec: PlanSpec, scenario: SimulationSpec) -> bool:
+    """The plan compares GPU groups (its rows say TP and GPUs): --tp-options or a --tp > 1."""
+    return spec.tp_options is not None or scenario.tp != 1
 
 
-def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict) -> list[dict]:
+def _hw(scenario: SimulationSpec, hardware: str | None, tp: int = 1,
+        grouped: bool = False) -> str:
+    """The name of a plan's hardware option: the GPU, or with groups the shape "H100-SXM TP4"."""
+    if hardware is None:
+        return f"profile {scenario.profile}"
+    return f"{hardware} TP{tp}" if grouped else hardware
+
+
+def _shapes(scenario: SimulationSpec, scheduler: SchedulerConfig, options: list[str | None],
+            degrees: list[int]) -> tuple[list[tuple[str | None, int]], list[dict]]:
+    """(the (hardware, TP) shapes to plan, the skipped ones with why). A shape is skipped when
+    the roofline refuses it: a degree that does not split the model's heads, weights that leave
+    no room for KV. None planned: the reasons, as one error."""
+    if options == [None]:  # a profile brings its own device
+        return [(None, 1)], []
+    shapes, skipped = [], []
+    for hardware in options:
+        for tp in degrees:
+            try:
+                build_latency(_scenario(scenario, hardware, tp), scheduler)
+            except ConfigError as exc:
+                skipped.append({"hardware": hardware, "tp": tp, "why": str(exc)})
+                continue
+            shapes.append((hardware, tp))
+    if not shapes:
+        raise ConfigError("no hardware option fits: " + " | ".join(
+            f"{s['hardware']} at TP {s['tp']}: {s['why']}" for s in skipped))
+    return shapes, skipped
+
+
+def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict,
+           grouped: bool = False) -> list[dict]:
     prices = spec.price_map()
     out = []
     for b in brackets:
@@ -203,14 +279,35 @@ def _plans(spec: PlanSpec, scenario, brackets: list[_Bracket], checks: dict) -> 
         if spec.target_rate is not None and b.lo > 0:
             replicas = math.ceil(spec.target_rate / b.lo)
         price = prices.get(b.hardware or "")
+        gpus = replicas * b.tp if replicas else None
         row = {"policy": b.candidate.policy, "params": b.candidate.params_dict,
-               "label": b.candidate.label, "hardware": _hw(scenario, b.hardware),
+               "label": b.candidate.label, "hardware": _hw(scenario, b.hardware, b.tp, grouped),
                "max_rate_per_replica": b.lo if b.lo > 0 else None,
                "replicas_needed": replicas,
-               "cost_per_hour": replicas * price if replicas and price is not None else None,
+               "cost_per_hour": gpus * price if gpus and price is not None else None,
                "checks": {side: checks[(id(b), side)] for side in ("below", "above")
                           if (id(b), side) in checks}}
+        if grouped:
+            row.update({"gpu": b.hardware, "tp": b.tp, "gpus_needed": gpus})
         out.append(row)
+    return out
+
+
+def _choices(plans: list[dict]) -> list[dict]:
+    """Per policy, the shape that serves the target rate with the lowest cost per hour where
+    every shape is priced, else with the fewest GPUs (ties: the first listed); none without a
+    target rate or where no shape has capacity."""
+    out = []
+    for label in dict.fromkeys(p["label"] for p in plans):
+        mine = [p for p in plans if p["label"] == label and p["gpus_needed"]]
+        if not mine:
+            continue
+        priced = all(p["cost_per_hour"] is not None for p in mine)
+        best = min(mine, key=lambda p: p["cost_per_hour"] if priced else p["gpus_needed"])
+        out.append({"label": label, "hardware": best["hardware"], "gpu": best["gpu"],
+                    "tp": best["tp"], "replicas_needed": best["replicas_needed"],
+                    "gpus_needed": best["gpus_needed"], "cost_per_hour": best["cost_per_hour"],
+                    "by": "cost per hour" if priced else "GPUs"})
     return out
 
 
@@ -298,7 +395,13 @@ def main(args: argparse.Namespace) -> int:
     if args.format == "json":
         keys = ("policy", "params", "hardware", "max_rate_per_replica", "replicas_needed",
                 "cost_per_hour", "why_no_capacity")
-        print(to_json({"plans": [{k: p.get(k) for k in keys} for p in result["plans"]]}))
+        if "choices" in result:  # GPU groups: each row's degree and GPUs, and the choices
+            keys = (*keys[:3], "gpu", "tp", *keys[3:5], "gpus_needed", *keys[5:])
+        doc = {"plans": [{k: p.get(k) for k in keys} for p in result["plans"]]}
+        for extra in ("skipped", "choices"):
+            if extra in result:
+                doc[extra] = result[extra]
+        print(to_json(doc))
         return 0
     print(format_plan(result))
     m = result["meta"]
@@ -314,7 +417,11 @@ def format_plan(result: dict) -> str:
     slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {seconds(v)}" for k, v in m["slo"].items())
     lines = [f"SLO {slo} met by {m['attainment_target']:.0%} of requests; workload "
              f"{m['workload']}, acceptance {m['acceptance']}"]
+    grouped = "choices" in result  # GPU groups: TP and GPUs columns, each policy's choice
     header = ("hardware", "max req/s", "replicas", "cost/h", "at 0.95x", "at 1.05x")
+    if grouped:
+        header = ("hardware", "TP", "max req/s", "replicas", "GPUs", "cost/h", "at 0.95x",
+                  "at 1.05x")
 
     def fmt(v, f):
         return "-" if v is None else format(v, f)
@@ -326,6 +433,9 @@ def format_plan(result: dict) -> str:
         cells[id(p)] = (p["hardware"], fmt(p["max_rate_per_replica"], ".2f"),
                         fmt(p["replicas_needed"], "d"), fmt(p["cost_per_hour"], ".2f"),
                         fmt(below, ".1%"), fmt(above, ".1%"))
+        if grouped:
+            cells[id(p)] = (p["gpu"], str(p["tp"]), *cells[id(p)][1:3],
+                            fmt(p["gpus_needed"], "d"), *cells[id(p)][3:])
     widths = [max(len(h), *(len(c[i]) for c in cells.values())) for i, h in enumerate(header)]
 
     def row(values) -> str:
@@ -333,10 +443,18 @@ def format_plan(result: dict) -> str:
                                   for i, (v, w) in enumerate(zip(values, widths)))
 
     lines.append(row(header))
+    choices = {c["label"]: c for c in result.get("choices", [])}
     for label in dict.fromkeys(p["label"] for p in result["plans"]):
         lines.append(label)
         for p in (p for p in result["plans"] if p["label"] == label):
             lines.append(row(cells[id(p)]))
             if p.get("why_no_capacity"):
                 lines.append(f"      no capacity: {p['why_no_capacity']}")
+        if label in choices:
+            c = choices[label]
+            cost = "" if c["cost_per_hour"] is None else f", {c['cost_per_hour']:.2f}/h"
+            lines.append(f"      choice ({c['by']}): {c['replicas_needed']} x {c['gpu']} TP "
+                         f"{c['tp']} = {c['gpus_needed']} GPUs{cost}")
+    for s in result.get("skipped", []):
+        lines.append(f"skipped {s['hardware']} at TP {s['tp']}: {s['why']}")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +27,7 @@ from simulator import (
     get_model,
     kv_capacity_tokens,
 )
+from simulator.tensor_parallel import TP_DEGREES, group_kv_capacity_tokens
 from traces import (
     SpeculationTrace,
     TraceError,
@@ -76,6 +77,13 @@ class SimulationSpec:
                 "(a --profile brings its own)", "unset": "Llama-68M"})
     hardware: str | None = field(default=None, metadata={
         "help": "GPU of each replica, for the roofline", "unset": "H100-SXM"})
+    tp: int = field(default=1, metadata={
+        "help": "tensor-parallel degree: GPUs per replica (1, 2, 4 or 8), the target's weights, "
+                "KV heads and FLOPs split over them, two all-reduces per layer over the GPU's "
+                "interconnect (docs/tensor-parallel.md)"})
+    draft_tp: str | None = field(default=None, metadata={
+        "help": "the draft model's tensor-parallel degree: 1 (on one GPU of the replica), "
+                "'same' (the target's --tp), or 2/4/8 up to --tp", "unset": "1"})
     profile: str | None = field(default=None, metadata={
         "help": "latency from a profile instead of the roofline: a folder written by "
                 "`spectune profile`, or a shipped one (cpu-smollm2-135m)"})
@@ -105,9 +113,42 @@ class SimulationSpec:
         if self.profile is not None and (self.target or self.draft or self.hardware):
             raise ConfigError("--profile brings its own models and device; drop --target, "
                               "--draft and --hardware (or profile the models you want)")
+        if isinstance(self.tp, bool) or self.tp not in TP_DEGREES:
+            raise ConfigError(f"--tp must be one of {', '.join(map(str, TP_DEGREES))} (GPUs per "
+                              f"replica), got {self.tp!r}")
+        if self.profile is not None and (self.tp != 1 or self.draft_tp is not None):
+            raise ConfigError("--tp and --draft-tp price the roofline's passes on a GPU group; "
+                              "a profile was timed on one device and is not scaled to a group: "
+                              "drop --tp/--draft-tp, or profile on the group itself")
+        self.draft_degree()  # a clear error for a malformed --draft-tp
         if self.lengths is not None and self.workload not in SYNTHETIC:
             raise ConfigError(f"--lengths applies to --workload poisson/gamma only; "
                               f"{self.workload!r} brings its own lengths")
+
+    def draft_degree(self) -> int:
+        """The draft model's tensor-parallel degree: --draft-tp resolved ('same': --tp)."""
+        text = (self.draft_tp or "1").strip().lower()
+        if text == "same":
+            return self.tp
+        try:
+            degree = int(text)
+        except ValueError:
+            degree = 0
+        if degree not in TP_DEGREES:
+            raise ConfigError(f"--draft-tp must be 1, 2, 4, 8 or 'same', got {self.draft_tp!r}")
+        if degree > self.tp:
+            raise ConfigError(f"--draft-tp {degree} is more GPUs than the replica's --tp "
+                              f"{self.tp}: use at most {self.tp}, or 'same'")
+        return degree
+
+    def as_record(self) -> dict:
+        """The spec as summaries and tune/plan files record it: every field, but --tp and
+        --draft-tp only where set (a one-GPU spec reads as it did before they existed)."""
+        record = asdict(self)
+        for name in ("tp", "draft_tp"):
+            if record[name] == SimulationSpec.__dataclass_fields__[name].default:
+                del record[name]
+        return record
 
 
 @dataclass(frozen=True)
@@ -245,16 +286,39 @@ def build_slo(spec: SimulationSpec) -> Slo | None:
 
 
 def build_latency(spec: SimulationSpec, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
-    """The latency model (a profile, or the roofline of target/draft/hardware) and the KV
-    capacity per replica (the scheduler's, or what the device's memory leaves)."""
+    """The latency model (a profile, or the roofline of target/draft/hardware on a replica of
+    --tp GPUs) and the KV capacity per replica (the scheduler's, or what the replica's memory
+    leaves; a model that does not fit says which --tp would hold it)."""
     if spec.profile is not None:
         return _profiled(spec.profile, scheduler)
     target = get_model(spec.target or "Llama-3.1-8B")
     draft_name = spec.draft or "Llama-68M"
     draft = None if draft_name.lower() in ("none", "ngram", "") else get_model(draft_name)
     gpu = get_gpu(spec.hardware or "H100-SXM")
-    latency = RooflineLatency(target, draft, gpu)
-    return latency, scheduler.kv_capacity_tokens or kv_capacity_tokens(gpu, target, draft)
+    if spec.tp == 1 and spec.draft_degree() == 1:  # one GPU: as before tensor parallelism
+        latency = RooflineLatency(target, draft, gpu)
+    else:
+        latency = RooflineLatency(target, draft, gpu, tp=spec.tp, draft_tp=spec.draft_degree())
+    if scheduler.kv_capacity_tokens:
+        return latency, scheduler.kv_capacity_tokens
+    try:
+        return latency, group_kv_capacity_tokens(gpu, target, draft, spec.tp,
+                                                 spec.draft_degree())
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; {_fitting_tp(spec, gpu, target, draft)}") from None
+
+
+def _fitting_tp(spec: SimulationSpec, gpu: GpuSpec, target, draft) -> str:
+    """What to do when the weights leave no room for KV: the smallest --tp that holds them."""
+    for degree in (d for d in TP_DEGREES if d > spec.tp):
+        try:
+            again = replace(spec, tp=degree)
+            group_kv_capacity_tokens(gpu, target, draft, degree, again.draft_degree())
+        except ConfigError:
+            continue
+        return f"split it over more GPUs: it fits with --tp {degree}"
+    return (f"no group of up to {TP_DEGREES[-1]} {gpu.name} holds it (--tp): pick a GPU with "
+            "more memory")
 
 
 def _profiled(folder: str, scheduler: SchedulerConfig) -> tuple[LatencyModel, int]:
@@ -292,5 +356,5 @@ def run(spec: SimulationSpec, policy_params: dict[str, str], scheduler: Schedule
                       inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast_path,
                       keep_steps=keep_steps, steps_sink=steps_sink)
     summary = summarize(result.requests, result.totals, inputs.slo)
-    summary["inputs"] = {"spec": asdict(spec), **result.meta}
+    summary["inputs"] = {"spec": spec.as_record(), **result.meta}
     return result, summary

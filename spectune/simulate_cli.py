@@ -92,11 +92,14 @@ def _summary_table(s: dict) -> str:
     pol = inputs["policy"]
     params = ", ".join(f"{k}={v}" for k, v in pol["params"].items())
     acc = inputs["acceptance"]
+    replicas = inputs["cluster"]["replicas"]
+    tp = inputs["spec"].get("tp", 1)
+    group = f" of TP {tp} ({replicas * tp} GPUs)" if tp > 1 else ""
     lines = [
         f"workload     {inputs['workload']}",
         f"latency      {inputs['latency_model']}",
         f"acceptance   {_acceptance_line(acc)}",
-        f"policy       {pol['name']}({params})   replicas {inputs['cluster']['replicas']}   "
+        f"policy       {pol['name']}({params})   replicas {replicas}{group}   "
         f"KV capacity {inputs['kv_capacity_tokens']:,} tokens",
         "",
         f"requests {s['requests']:,} over {s['duration_s']:,.1f} s simulated "

@@ -332,7 +332,7 @@ def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bo
             "slo": {k: v for k, v in (asdict(slo) if slo else {}).items() if v is not None},
             "seeds": list(range(spec.seeds)), "rates": list(spec.rates), "spec": asdict(spec),
             "k_max_given": k_max_given,
-            "scenario": asdict(scenario),
+            "scenario": scenario.as_record(),
             "simulations": runner.total, "reused_from_cache": runner.cached,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "wall_s": time.perf_counter() - started}

@@ -71,6 +71,10 @@ REDUCE: dict[str, tuple[str, ...]] = {
     "spectune tune": ("--requests", "40", "--seeds", "2", "--points", "2", "--jobs", "2"),
     # bisection per policy x hardware over 300-request simulations
     "spectune plan": ("--requests", "60", "--tolerance", "0.1", "--jobs", "2"),
+    # Llama-3.1-70B over 2 GPUs x 3 TP degrees x 3 policies (201 simulations of 300 requests,
+    # ~15 s as written): one policy, 60 requests, a coarse bisection
+    "spectune plan --target Llama-3.1-70B": ("--requests", "60", "--tolerance", "0.1",
+                                             "--policies", "fixed:k=4", "--jobs", "2"),
     "spectune report": (),
     "spectune simulate": (),  # 2-4 s each, even at 2000 requests
     "spectune policies": (),
