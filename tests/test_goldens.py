@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,14 @@ GOLDEN = Path(__file__).parent / "golden"
 #: fields that measure the machine, not the simulation, or say what dispatched the simulations
 #: (a local pool or Ray: the results are the same, tests/spectune/test_ray_executor.py)
 VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address"}
+
+#: cases whose latency model is fitted at load time (a profile: least squares through BLAS,
+#: numpy's log and exp), whose last bits depend on the CPU's vector units. Their record files
+#: must match exactly and their summaries to 1e-12: on an AMD EPYC (AVX-512) VM the profiled
+#: case's files matched its recording while its summary floats moved in the 15th and 16th
+#: digits, and numpy's log and exp there differ from the C library's on 39 and 9,154 of 200,000
+#: inputs. Every other case is compared bit for bit.
+CPU_DEPENDENT = {"simulate-gammatune-profiled-cpu"}
 
 SIMULATE = {
     "fixed-iid": ["--requests", "200", "--acceptance", "iid:0.7", "--policy", "fixed",
@@ -112,7 +121,23 @@ def test_output_is_identical_to_its_golden(name, tmp_path):
     got = json.loads(json.dumps(_run(cases()[name], tmp_path / "out")))
     assert got["argv"] == golden["argv"], "the case changed: rerecord it on purpose"
     assert got["files"] == golden["files"], f"{name}: a record file changed"
+    if name in CPU_DEPENDENT and got["result"] != golden["result"]:
+        assert _close(got["result"], golden["result"]), f"{name}: the summary changed"
+        return
     assert got["result"] == golden["result"], f"{name}: the summary changed"
+
+
+def _close(got, want, rel: float = 1e-12) -> bool:
+    """`got` equals `want` but for floats within `rel` of each other (nested)."""
+    if isinstance(want, dict):
+        return (isinstance(got, dict) and got.keys() == want.keys()
+                and all(_close(got[k], want[k], rel) for k in want))
+    if isinstance(want, list):
+        return (isinstance(got, list) and len(got) == len(want)
+                and all(_close(g, w, rel) for g, w in zip(got, want)))
+    if isinstance(want, float) and isinstance(got, float):
+        return math.isclose(got, want, rel_tol=rel)
+    return got == want
 
 
 def test_every_case_has_a_golden_and_every_golden_a_case():
