@@ -171,6 +171,8 @@ _MODELS: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
      ("llama2-7b",)),
     (_llama("Llama-2-13B", 40, 5120, 40, 40, 13824, 32000, "meta-llama/Llama-2-13b-hf"),
      ("llama2-13b",)),
+    (_llama("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, "meta-llama/Llama-2-70b-hf"),
+     ("llama2-70b",)),
     (_llama("Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256, "meta-llama/Llama-3.1-8B"),
      ("llama3.1-8b", "meta-llama-3.1-8b")),
     (_llama("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256, "meta-llama/Llama-3.1-70B"),

@@ -19,7 +19,7 @@ GPU's peak, and then the 2 x layers ring all-reduces of its query tokens' hidden
 GPU's interconnect, which wait for the pass and are not overlapped with it:
 
     time += 2 * layers * (2(N-1)/N * query_tokens * hidden * activation bytes / link
-                          + allreduce_latency_s)
+                          + allreduce_latency_s + allreduce_latency_per_gpu_s * (N-1))
 
 At N = 1 none of this applies and a pass costs what it always did, to the bit.
 """
@@ -35,6 +35,7 @@ from simulator.errors import ConfigError
 from simulator.latency import ArrayLike, LatencyModel, Role
 from simulator.tensor_parallel import (
     ALLREDUCES_PER_LAYER,
+    allreduce_latency_s,
     check_degree,
     kv_bytes_per_token_per_gpu,
     matmul_params_per_gpu,
@@ -62,12 +63,14 @@ class RooflineParams:
     step_overhead_s 200 us + per_seq_overhead_s 2 us: host work per iteration outside the
       passes (scheduling, input metadata, sampling and acceptance bookkeeping), which engines
       that overlap scheduling with the GPU partly hide. Assumption.
-    allreduce_latency_s 6 us: the fixed part of one all-reduce of a tensor-parallel group
-      (tp > 1 only), whatever its size. On an H100 node, SGLang's measurements of decode-sized
-      all-reduces (512 B to 32 KB, TP 2/4/8, without CUDA graphs) took 3.7-5.9 us with its
-      custom kernel and 8.5-11.8 us with vLLM's (sgl-project/sglang pull request 2904); 6 us
-      sits between them, for an engine replaying CUDA graphs. An assumption, the same for
-      every interconnect: over PCIe it is optimistic.
+    allreduce_latency_s 32.5 us + allreduce_latency_per_gpu_s 1.75 us x (N - 1): the fixed
+      cost of each all-reduce point of a pass on a group of N GPUs (tp > 1 only), whatever its
+      size: the collective's own latency (SGLang measured 3.7-11.8 us for decode-sized
+      all-reduces on an H100 node, pull request 2904) and what else a layer costs a group and
+      not one GPU (each kernel waits for the slowest GPU). Fitted on TensorRT-LLM 0.9.0's
+      published Llama-2-70B decode steps on H100 at TP 2/4/8; held-out NIM and SGLang steps
+      came within 12.9% median (benchmarks/tp_published.py --fit, docs/tensor-parallel.md).
+      The same for every interconnect: over PCIe it is optimistic.
     """
 
     bandwidth_efficiency: float = 0.85
@@ -76,7 +79,8 @@ class RooflineParams:
     per_layer_s: float = 5e-6
     step_overhead_s: float = 200e-6
     per_seq_overhead_s: float = 2e-6
-    allreduce_latency_s: float = 6e-6
+    allreduce_latency_s: float = 32.5e-6
+    allreduce_latency_per_gpu_s: float = 1.75e-6
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_efficiency", "flops_efficiency"):
@@ -84,7 +88,7 @@ class RooflineParams:
             if not 0 < value <= 1:
                 raise ConfigError(f"RooflineParams.{name} must be in (0, 1], got {value}")
         for name in ("pass_fixed_s", "per_layer_s", "step_overhead_s", "per_seq_overhead_s",
-                     "allreduce_latency_s"):
+                     "allreduce_latency_s", "allreduce_latency_per_gpu_s"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ConfigError(f"RooflineParams.{name} must be >= 0, got {value}")
@@ -156,7 +160,8 @@ class RooflineLatency(LatencyModel):
             self.source += (
                 f"; tensor parallel: target on {tp} GPUs" + (f", draft {where}" if draft else "")
                 + f", all-reduces over {link.name} ({link.bytes_per_s / 1e9:g} GB/s each way, "
-                f"{p.allreduce_latency_s * 1e6:g} us each)"
+                f"{p.allreduce_latency_s * 1e6:g} us + "
+                f"{p.allreduce_latency_per_gpu_s * 1e6:g} us per further GPU each)"
             )
 
     @property
@@ -234,7 +239,9 @@ class RooflineLatency(LatencyModel):
         assert link is not None  # checked in __init__
         calls = ALLREDUCES_PER_LAYER * m.layers
         per_token_bytes = m.hidden * max(self.dtype_bytes, 2)
-        return (calls * self.params.allreduce_latency_s,
+        p = self.params
+        return (calls * allreduce_latency_s(p.allreduce_latency_s,
+                                            p.allreduce_latency_per_gpu_s, degree),
                 calls * 2 * (degree - 1) / degree * per_token_bytes / link.bytes_per_s)
 
     def allreduce_s(self, role: Role, query_tokens: ArrayLike) -> ArrayLike:

@@ -110,6 +110,12 @@ def matmul_params_per_gpu(model: ModelShape, degree: int) -> float:
             + model.vocab * model.hidden / degree)
 
 
+def allreduce_latency_s(fixed_s: float, per_gpu_s: float, degree: int) -> float:
+    """The fixed cost of one all-reduce point over `degree` GPUs: a part of its own and a part
+    per GPU past the first (RooflineParams says where the two come from)."""
+    return fixed_s + per_gpu_s * (degree - 1)
+
+
 def ring_allreduce_s(nbytes: float, degree: int, link_bytes_per_s: float,
                      latency_s: float) -> float:
     """Seconds of one ring all-reduce of `nbytes` over `degree` GPUs (0 for one GPU)."""

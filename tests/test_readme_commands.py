@@ -76,6 +76,7 @@ REDUCE: dict[str, tuple[str, ...]] = {
     "spectune plan --target Llama-3.1-70B": ("--requests", "60", "--tolerance", "0.1",
                                              "--policies", "fixed:k=4", "--jobs", "2"),
     "spectune report": (),
+    "python benchmarks/tp_published.py": (),  # 36 published rows and a grid fit: 0.2 s
     "spectune simulate": (),  # 2-4 s each, even at 2000 requests
     "spectune policies": (),
     "spectune catalog": (),

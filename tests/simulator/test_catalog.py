@@ -21,6 +21,7 @@ from simulator.errors import ConfigError
 PUBLISHED_PARAMS = {
     "Llama-2-7B": 6.74e9,
     "Llama-2-13B": 13.0e9,
+    "Llama-2-70B": 69.0e9,
     "Llama-3.1-8B": 8.03e9,
     "Llama-3.1-70B": 70.6e9,
     "Llama-3.2-1B": 1.23e9,

@@ -134,7 +134,8 @@ def test_params_are_validated_and_described(lat):
         "per_layer_s": 5e-6,
         "step_overhead_s": 200e-6,
         "per_seq_overhead_s": 2e-6,
-        "allreduce_latency_s": 6e-6,
+        "allreduce_latency_s": 32.5e-6,
+        "allreduce_latency_per_gpu_s": 1.75e-6,
     }
     assert d["tp"] == 1 and d["draft_tp"] == 1
     expected = "roofline: Llama-3.1-8B target + Llama-68M draft on H100-SXM, bf16"

@@ -41,7 +41,7 @@ def test_llama_70b_on_four_h100s_simulates(capsys):
     assert "replicas 1 of TP 4 (4 GPUs)" in capsys.readouterr().out
 
 
-def test_the_draft_at_the_targets_degree_costs_less_per_step(capsys):
+def test_the_draft_at_the_targets_degree_frees_kv_but_costs_more_per_step(capsys):
     runs = {}
     for draft_tp in ("1", "same"):
         assert main([*SEVENTY_B, "--requests", "40", "--draft-tp", draft_tp, "--format",
@@ -49,10 +49,11 @@ def test_the_draft_at_the_targets_degree_costs_less_per_step(capsys):
         runs[draft_tp] = json.loads(capsys.readouterr().out)
     assert runs["same"]["inputs"]["spec"]["draft_tp"] == "same"
     assert "draft at TP 4" in runs["same"]["inputs"]["latency_model"]
-    # split four ways, the draft's weights and KV leave GPU 0 more room, and its passes are
-    # quicker (a quarter of the bytes, plus its all-reduces)
+    # split four ways, the draft's weights and KV leave GPU 0 more room, but its passes are
+    # slower: a 1B draft's 32 all-reduce points (37.75 us each) cost more than the three
+    # quarters of its bytes they save (1.54 against 0.99 ms per pass)
     assert runs["same"]["inputs"]["kv_capacity_tokens"] > runs["1"]["inputs"]["kv_capacity_tokens"]
-    assert runs["same"]["tpot_s"]["mean"] < runs["1"]["tpot_s"]["mean"]
+    assert runs["same"]["tpot_s"]["mean"] > runs["1"]["tpot_s"]["mean"]
 
 
 def test_a_one_gpu_summary_records_no_tp(capsys):
