@@ -53,6 +53,7 @@ class Auto(Policy):
         "confidence, priced on this step's cost curve; works without tuning")
     signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
     uses_draft_stop: ClassVar[bool] = True
+    stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
 
     k_max: int = field(default=10, metadata={
         "help": "largest k considered (also capped by the engine's k_max): the cost curve, not "
@@ -110,42 +111,45 @@ class Auto(Policy):
     def acceptance(self, requests: Sequence[RequestView], depth: int) -> np.ndarray:
         """(requests x depth) chance that each request accepts its draft at each depth given it
         accepted those before: its bin's, times its ratio, at the drafter's mean confidence."""
-        return self._acceptance_in(self._states(requests), self._scales(requests), depth)
+        rows, scales, _ = self._rows_scales([r.request_id for r in requests], self._mean_lift())
+        return self._acceptance_in(self._accepted / self._seen, rows, scales, depth)
 
-    def _states(self, requests: Sequence[RequestView]) -> np.ndarray:
-        return np.array([self._streak.get(r.request_id, NEW) for r in requests], dtype=np.int64)
+    def _rows_scales(self, ids: list[int], mean_lift: float) -> tuple[list[int], np.ndarray, bool]:
+        """Each request's row of `_BIN_TABLE` (its state), its ratio times the mean confidence
+        lift (a draft's own confidence is known only once it is drafted: `stop_chains` uses
+        it), and whether any request is outside a streak (new, cold or fresh)."""
+        streak, observed, expected = self._streak, self._observed, self._expected
+        w = self.prior_weight
+        rows = [min(streak.get(rid, NEW), MAX_STREAK) - NEW for rid in ids]
+        ratios = [(observed.get(rid, 0.0) + w) / (expected.get(rid, 0.0) + w) for rid in ids]
+        return rows, np.array(ratios) * mean_lift, bool(rows) and min(rows) <= FRESH - NEW
 
-    def _scales(self, requests: Sequence[RequestView]) -> np.ndarray:
-        """Each request's ratio times the mean confidence lift: a draft's own confidence is
-        known only once it is drafted (`stop_chains` uses it)."""
-        return np.array([self._ratio(r.request_id) for r in requests]) * self._mean_lift()
-
-    def _acceptance_in(self, states: np.ndarray, scales: np.ndarray, depth: int) -> np.ndarray:
-        """`acceptance` of requests in the given states with the given `_scales`."""
-        bins = _BIN_TABLE[np.minimum(states, MAX_STREAK) - NEW, :depth]
-        return np.minimum((self._accepted / self._seen)[bins] * scales[:, None], ALPHA_MAX)
+    @staticmethod
+    def _acceptance_in(a_pop: np.ndarray, rows, scales: np.ndarray, depth: int) -> np.ndarray:
+        """`acceptance` of requests in the given `_BIN_TABLE` rows with the given scales, from
+        the population's acceptance per bin `a_pop`."""
+        return np.minimum(a_pop[_BIN_TABLE[rows, :depth]] * scales[:, None], ALPHA_MAX)
 
     def _mean_lift(self) -> float:
         """The confidence factor of a draft whose confidence is not known yet: all of them."""
         w = self.prior_weight
         return (float(self._top1_observed.sum()) + w) / (float(self._top1_expected.sum()) + w)
 
-    def _discovery(self, ctx: StepContext, states: np.ndarray, scales: np.ndarray,
-                   survival: np.ndarray) -> np.ndarray:
+    def _discovery(self, ctx: StepContext, rows: list[int], a_pop: np.ndarray,
+                   scales: np.ndarray, survival: np.ndarray) -> np.ndarray:
         """What accepting its first draft adds for a request outside a streak: how much more
         the next step's chain is worth in a streak than in its state now (each draft's chance
         less its price at this step, the drafts that pay summed). Where acceptance comes in
         spans (text being copied) a request that never drafts would never learn a span began;
         where it does not (i.i.d. drafts), a streak predicts nothing and this is 0."""
-        outside = states <= FRESH
-        if not outside.any():
-            return np.zeros(len(states))
         price = self._draft_price(ctx)
         depth = survival.shape[1]
-        hot = np.cumprod(self._acceptance_in(np.ones_like(states), scales, depth), axis=1)
+        # every request as if in a streak of 1: one row of bins for all
+        streak_row = a_pop[_BIN_TABLE[1 - NEW, :depth]]
+        hot = np.cumprod(np.minimum(streak_row * scales[:, None], ALPHA_MAX), axis=1)
         gain = (np.maximum(hot - price, 0.0).sum(axis=1)
                 - np.maximum(survival - price, 0.0).sum(axis=1))
-        return np.where(outside, np.maximum(gain, 0.0), 0.0)
+        return np.where(np.array(rows) <= FRESH - NEW, np.maximum(gain, 0.0), 0.0)
 
     def _draft_price(self, ctx: StepContext) -> float:
         """One more draft's price in tokens: the tokens this step would have to emit in the
@@ -176,17 +180,20 @@ class Auto(Policy):
     def choose(self, ctx: StepContext) -> Sequence[int]:
         requests = ctx.requests
         b, depth = len(requests), min(self.k_max, ctx.k_max)
-        self._plan_ids = [r.request_id for r in requests]
-        self._plan_rows = {rid: row for row, rid in enumerate(self._plan_ids)}
-        self._plan_confidence = self._confidence()  # fixed until the step's outcomes arrive
+        ids = self._plan_ids = [r.request_id for r in requests]
+        self._plan_rows = {rid: row for row, rid in enumerate(ids)}
+        mean_lift = self._mean_lift()
+        self._plan_confidence = self._lift() / mean_lift  # fixed until the outcomes arrive
         self._threshold = math.inf
         if b == 0 or depth == 0:
             return [0] * b
-        states, scales = self._states(requests), self._scales(requests)
-        alpha = self._acceptance_in(states, scales, depth)
+        rows, scales, outside = self._rows_scales(ids, mean_lift)
+        a_pop = self._accepted / self._seen
+        alpha = self._acceptance_in(a_pop, rows, scales, depth)
         survival = np.cumprod(alpha, axis=1)  # the chance the j-th draft is accepted
         # ... and what finding a streak adds to a first draft (column 0 stays the largest)
-        survival[:, 0] *= 1.0 + self._discovery(ctx, states, scales, survival)
+        if outside:
+            survival[:, 0] *= 1.0 + self._discovery(ctx, rows, a_pop, scales, survival)
         # drafts past the request's end, or past what the drafter can propose, are worth nothing
         reach = [min(depth, r.output_tokens - r.generated - 1,
                      depth if getattr(r, "draftable", None) is None else r.draftable)
@@ -265,10 +272,6 @@ class Auto(Policy):
             return True
         return through * float(self._plan_alpha[row, depth + 1]) < self._threshold
 
-    def _confidence(self) -> np.ndarray:
-        """Per tenth of confidence, its factor over the mean one the plan assumed."""
-        return self._lift() / self._mean_lift()
-
     def _lift(self) -> np.ndarray:
         """Acceptance by the drafter's confidence over the model's prediction, per tenth."""
         w = self.prior_weight
@@ -282,31 +285,40 @@ class Auto(Policy):
         often, and draft with more confidence) and over-predict where all three are high."""
         a_pop = (self._accepted / self._seen).tolist()
         lift = self._lift().tolist()
+        # counted in Python floats and written back once: the same sums as adding in place
+        seen_by_bin, accepted_by_bin = self._seen.tolist(), self._accepted.tolist()
+        top1_observed, top1_expected = self._top1_observed.tolist(), self._top1_expected.tolist()
+        streak, observed, expected_of = self._streak, self._observed, self._expected
         for o in outcomes:
             if o.k == 0:
                 continue
-            rid, state = o.request_id, self._streak.get(o.request_id, NEW)
+            rid, state = o.request_id, streak.get(o.request_id, NEW)
             ratio = self._ratio(rid)
             seen = min(o.accepted + 1, o.k)  # the accepted drafts and the first rejection
             top1 = o.signals.get("draft_top1")
+            top1 = [] if top1 is None else [float(v) for v in top1[:seen]]
+            bins = _BIN_ROWS[min(state, MAX_STREAK) - NEW]
             expected = 0.0
             for i in range(seen):
-                b = _bin(state, i)
+                b = bins[i]
                 hit = i < o.accepted
-                t = _top1_bin(float(top1[i])) if top1 is not None and i < len(top1) else -1
+                t = _top1_bin(top1[i]) if i < len(top1) else -1
                 confidence = lift[t] if t >= 0 else 1.0
-                self._seen[b] += ratio * confidence
-                self._accepted[b] += hit
+                seen_by_bin[b] += ratio * confidence
+                accepted_by_bin[b] += hit
                 expected += a_pop[b] * confidence
                 if t >= 0:
-                    self._top1_observed[t] += hit
-                    self._top1_expected[t] += a_pop[b] * ratio
-            self._observed[rid] = self._observed.get(rid, 0.0) + o.accepted
-            self._expected[rid] = self._expected.get(rid, 0.0) + expected
+                    top1_observed[t] += hit
+                    top1_expected[t] += a_pop[b] * ratio
+            observed[rid] = observed.get(rid, 0.0) + o.accepted
+            expected_of[rid] = expected_of.get(rid, 0.0) + expected
             if o.accepted == o.k:
-                self._streak[rid] = max(state, 0) + o.accepted
+                streak[rid] = max(state, 0) + o.accepted
             else:
-                self._streak[rid] = FRESH if o.accepted else COLD
+                streak[rid] = FRESH if o.accepted else COLD
+        self._seen, self._accepted = np.array(seen_by_bin), np.array(accepted_by_bin)
+        self._top1_observed = np.array(top1_observed)
+        self._top1_expected = np.array(top1_expected)
 
     def finish(self, request_id: int) -> None:
         self._streak.pop(request_id, None)
@@ -325,6 +337,7 @@ def _bin(state: int, depth: int) -> int:
 #: streak's bins are MAX_STREAK's)
 _BIN_TABLE = np.array([[_bin(state, depth) for depth in range(64)]
                        for state in range(NEW, MAX_STREAK + 1)], dtype=np.int64)
+_BIN_ROWS = _BIN_TABLE.tolist()  # the same, as lists: observe reads it one position at a time
 
 
 def _top1_bin(value: float) -> int:
@@ -336,5 +349,5 @@ def _top1_bin(value: float) -> int:
 
 def _top1_bins(values: np.ndarray) -> np.ndarray:
     """`_top1_bin` of every element."""
-    values = np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0)
-    return np.clip(values * TOP1_BINS, 0, TOP1_BINS - 1).astype(np.int64)
+    # fmax takes 0 over NaN; an infinite value lands in an end bin as _top1_bin puts it
+    return np.minimum(np.fmax(values * TOP1_BINS, 0.0), TOP1_BINS - 1).astype(np.int64)

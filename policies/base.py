@@ -130,6 +130,8 @@ class Policy:
                            context): the engine may ask once per change of the running set.
       signals              per-position signals `observe` wants (subset of traces.SIGNALS).
       uses_draft_stop      `stop_drafting` is consulted during drafting (confidence-style rules).
+      stop_signals         the signals an override of `stop_chains` reads; the simulator leaves
+                           the others out (a requests x 0 array), as building them costs.
       simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
     """
 
@@ -138,6 +140,7 @@ class Policy:
     stateless_per_batch: ClassVar[bool] = False
     signals: ClassVar[frozenset[str]] = frozenset()
     uses_draft_stop: ClassVar[bool] = False
+    stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1", "draft_entropy"})
     simulation_only: ClassVar[bool] = False
 
     @classmethod

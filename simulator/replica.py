@@ -238,13 +238,21 @@ class Replica:
         if width == 0:
             return list(ks)
         depth = np.arange(width)
-        top1, entropy = [], []
+        signal = self.acceptance.signal
+        wanted = type(self.policy).stop_signals
+        rows: dict[str, list] = {name: [] for name in ("draft_top1", "draft_entropy")
+                                 if name in wanted}
         for request in batch:
-            at = np.minimum(request.generated + depth, request.output_tokens - 1)
-            top1.append(self.acceptance.signal(request.index, "draft_top1")[at])
-            entropy.append(self.acceptance.signal(request.index, "draft_entropy")[at])
-        return self.policy.stop_chains(batch, ks, np.array(top1, dtype=np.float64),
-                                       np.array(entropy, dtype=np.float64))
+            g, index = request.generated, request.index
+            # a slice where the chain ends inside the request, else the last position repeated
+            at = (slice(g, g + width) if g + width <= request.output_tokens
+                  else np.minimum(g + depth, request.output_tokens - 1))
+            for name, row in rows.items():
+                row.append(signal(index, name)[at])
+        arrays = {name: np.array(row, dtype=np.float64) for name, row in rows.items()}
+        unread = np.empty((len(batch), 0))
+        return self.policy.stop_chains(batch, ks, arrays.get("draft_top1", unread),
+                                       arrays.get("draft_entropy", unread))
 
     def _apply_decode(self, batch: list[RequestState], ks: list[int]) -> tuple[int, int]:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""

@@ -156,6 +156,10 @@ class StepCostModel:
         lat = self.latency
         if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
             return None
+        if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
+            # a step or two: Python floats cost less than arrays, and are the same floats
+            return [float(self._chain_step_s(requests, int(d), cached, int(p)))
+                    for d, p in zip(drafted, pairs)]
         if not isinstance(requests, int):
             requests = np.asarray(requests, dtype=np.int64)
         if not isinstance(cached, int):
