@@ -5,7 +5,8 @@ replicas a target rate needs (and what they cost per hour, given a price per GPU
 With `tp_options`, a hardware option is a shape: a GPU and a tensor-parallel degree (a replica
 of N GPUs, docs/tensor-parallel.md). Every shape the model fits is planned like a GPU (GPUs
 needed = replicas x N, cost = GPUs x price), the others are skipped with the reason, and the
-shape with the fewest GPUs (or the lowest cost, given prices) is each policy's choice.
+shape with the fewest GPUs (or the lowest cost, given prices) is each policy's choice; each
+shape's best policy, and the shape that with it serves the target cheapest, is the plan's.
 
 The maximum rate is bracketed by doubling from 1 req/s, then bisected to `tolerance` (relative)
 with in-process simulations (every probe cached like tune's). All (policy, hardware) pairs move in
@@ -207,6 +208,9 @@ def run_plan(spec: PlanSpec, scenario: SimulationSpec, scheduler: SchedulerConfi
         result["skipped"] = skipped
     if grouped:
         result["choices"] = _choices(plans)
+        result["best_per_shape"] = _best_per_shape(plans)
+        if overall := _overall_choice(result["best_per_shape"]):
+            result["choice"] = overall
     if out is not None:
         from spectune.files import write_json
 
@@ -311,6 +315,34 @@ def _choices(plans: list[dict]) -> list[dict]:
     return out
 
 
+def _best_per_shape(plans: list[dict]) -> list[dict]:
+    """Per shape, the policy that sustains the highest rate per replica there: speculation
+    pays differently at each degree (a group's decode is cheaper, its all-reduces a fixed cost
+    per step), so the policy is chosen per shape, not once for all. Ties: the first listed."""
+    out = []
+    for shape in dict.fromkeys(p["hardware"] for p in plans):
+        mine = [p for p in plans if p["hardware"] == shape and p["max_rate_per_replica"]]
+        if not mine:
+            continue
+        best = max(mine, key=lambda p: p["max_rate_per_replica"])  # max keeps the first of ties
+        out.append({"hardware": shape, "gpu": best["gpu"], "tp": best["tp"],
+                    "label": best["label"], "max_rate_per_replica": best["max_rate_per_replica"],
+                    "replicas_needed": best["replicas_needed"],
+                    "gpus_needed": best["gpus_needed"], "cost_per_hour": best["cost_per_hour"]})
+    return out
+
+
+def _overall_choice(best: list[dict]) -> dict | None:
+    """The shape, with its own best policy, that serves the target rate cheapest (per hour where
+    every shape is priced, else in GPUs); None without a target rate."""
+    mine = [b for b in best if b["gpus_needed"]]
+    if not mine:
+        return None
+    priced = all(b["cost_per_hour"] is not None for b in mine)
+    choice = min(mine, key=lambda b: b["cost_per_hour"] if priced else b["gpus_needed"])
+    return {**choice, "by": "cost per hour" if priced else "GPUs"}
+
+
 def from_tune(folder: Path, slos: SimulationSpec
               ) -> tuple[SimulationSpec, SchedulerConfig, str, bool]:
     """(scenario, scheduler, policies, k_max_given) of the tune in `folder`: its scenario with
@@ -398,7 +430,7 @@ def main(args: argparse.Namespace) -> int:
         if "choices" in result:  # GPU groups: each row's degree and GPUs, and the choices
             keys = (*keys[:3], "gpu", "tp", *keys[3:5], "gpus_needed", *keys[5:])
         doc = {"plans": [{k: p.get(k) for k in keys} for p in result["plans"]]}
-        for extra in ("skipped", "choices"):
+        for extra in ("skipped", "choices", "best_per_shape", "choice"):
             if extra in result:
                 doc[extra] = result[extra]
         print(to_json(doc))
@@ -455,6 +487,16 @@ def format_plan(result: dict) -> str:
             cost = "" if c["cost_per_hour"] is None else f", {c['cost_per_hour']:.2f}/h"
             lines.append(f"      choice ({c['by']}): {c['replicas_needed']} x {c['gpu']} TP "
                          f"{c['tp']} = {c['gpus_needed']} GPUs{cost}")
+    if result.get("best_per_shape"):
+        lines.append("the best policy per shape")
+        for b in result["best_per_shape"]:
+            lines.append(f"    {b['gpu']} TP {b['tp']}: {b['label']}, "
+                         f"{b['max_rate_per_replica']:.2f} req/s per replica")
+    if c := result.get("choice"):
+        cost = "" if c["cost_per_hour"] is None else f", {c['cost_per_hour']:.2f}/h"
+        lines.append(f"choice ({c['by']}, each shape with its best policy): "
+                     f"{c['replicas_needed']} x {c['gpu']} TP {c['tp']} = {c['gpus_needed']} "
+                     f"GPUs{cost}, {c['label']}")
     for s in result.get("skipped", []):
         lines.append(f"skipped {s['hardware']} at TP {s['tp']}: {s['why']}")
     return "\n".join(lines)

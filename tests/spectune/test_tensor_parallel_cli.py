@@ -4,6 +4,7 @@ not split says so in one line, plan compares GPU x TP shapes, and a one-GPU run 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from simulator.catalog import get_gpu, get_model
 from simulator.tensor_parallel import group_kv_capacity_tokens
 from spectune.cli import main
 from spectune.evaluate import Task
-from spectune.plan import format_plan
+from spectune.plan import _best_per_shape, _overall_choice, format_plan
 from spectune.search import Candidate
 from spectune.simulate import SimulationSpec
 
@@ -113,6 +114,40 @@ def test_plan_compares_shapes_and_skips_what_does_not_fit(tmp_path, capsys):
     table = format_plan(json.loads((tmp_path / "plan.json").read_text()))
     assert "    hardware  TP  max req/s  replicas  GPUs  cost/h" in table
     assert "choice (cost per hour): " in table and "skipped H100-SXM at TP 1:" in table
+    [best] = doc["best_per_shape"]
+    assert (best["tp"], best["label"]) == (4, "fixed(k=0)")
+    assert doc["choice"]["gpus_needed"] == row["gpus_needed"]
+    assert "the best policy per shape\n    H100-SXM TP 4: fixed(k=0), " in table
+    assert "choice (cost per hour, each shape with its best policy): " in table
+
+
+def _row(policy: str, tp: int, rate: float, target: float = 10.0, price: float = 3.0) -> dict:
+    replicas = math.ceil(target / rate)
+    return {"label": policy, "hardware": f"H100-SXM TP{tp}", "gpu": "H100-SXM", "tp": tp,
+            "max_rate_per_replica": rate, "replicas_needed": replicas,
+            "gpus_needed": replicas * tp, "cost_per_hour": replicas * tp * price}
+
+
+def test_each_shape_gets_its_own_best_policy_and_the_plan_the_cheapest_pair():
+    # k=4 wins on TP 4 (6 against 5 req/s), k=0 on TP 8 (11 against 10.5): a policy per shape
+    plans = [_row("fixed(k=0)", 4, 5.0), _row("fixed(k=0)", 8, 11.0),
+             _row("fixed(k=4)", 4, 6.0), _row("fixed(k=4)", 8, 10.5)]
+    best = _best_per_shape(plans)
+    assert [(b["hardware"], b["label"]) for b in best] == [
+        ("H100-SXM TP4", "fixed(k=4)"), ("H100-SXM TP8", "fixed(k=0)")]
+    # at 10 req/s: TP 4 with k=4 needs 2 replicas = 8 GPUs (24/h); TP 8 with k=0, 1 = 8 (24/h):
+    # a tie keeps the first listed
+    choice = _overall_choice(best)
+    assert (choice["tp"], choice["label"], choice["gpus_needed"], choice["by"]) == (
+        4, "fixed(k=4)", 8, "cost per hour")
+    # unpriced, by GPUs; a shape where no policy has capacity is left out
+    plans[1]["max_rate_per_replica"] = None
+    plans[3] = {**_row("fixed(k=4)", 8, 2.0), "cost_per_hour": None}
+    best = _best_per_shape(plans)
+    assert [(b["tp"], b["label"], b["max_rate_per_replica"]) for b in best] == [
+        (4, "fixed(k=4)", 6.0), (8, "fixed(k=4)", 2.0)]
+    assert _overall_choice(best)["by"] == "GPUs"
+    assert _overall_choice([{**b, "gpus_needed": None} for b in best]) is None  # no target rate
 
 
 def test_a_plan_on_one_gpu_prints_as_before():
