@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DTYPES = ("fp32", "bf16", "fp16")
+#: the num_speculative_tokens a vLLM profile times by default (spectune.profile_vllm)
+VLLM_KS: tuple[int, ...] = (0, 2, 4, 6)
 
 
 def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
@@ -65,6 +67,9 @@ class ProfileSpec:
         "help": "spectune (time our passes) or vllm (time a real vLLM's iterations: "
                 "scripts/vllm_env.sh builds it; the other flags do not apply)"})
     vllm_venv: str = field(default=".venv-vllm", metadata={"help": "vLLM's environment"})
+    speculative_tokens: str | None = field(default=None, metadata={
+        "help": "--engine vllm: the num_speculative_tokens to time, one server each, "
+                "comma-separated (the first also times the prefills)", "unset": "0,2,4,6"})
     gap_from: str | None = field(default=None, metadata={
         "help": "--engine vllm: folders of measured vLLM runs (comma-separated, as spectune "
                 "validate --engine vllm writes them): fit vLLM's host time between iterations "
@@ -86,6 +91,23 @@ class ProfileSpec:
             raise ValueError(f"--engine must be spectune or vllm, got {self.engine!r}")
         if self.gap_from is not None and self.engine != "vllm":
             raise ValueError("--gap-from fits vLLM's gap between iterations: add --engine vllm")
+        if self.speculative_tokens is not None:
+            if self.engine != "vllm":
+                raise ValueError("--speculative-tokens sets the vLLM servers a profile times: "
+                                 "add --engine vllm")
+            self.vllm_ks()  # a clear error for a malformed list
+
+    def vllm_ks(self) -> tuple[int, ...]:
+        """--speculative-tokens as distinct ks of 0 to 16, in the order given."""
+        if self.speculative_tokens is None:
+            return VLLM_KS
+        ks: list[int] = []
+        for item in (t.strip() for t in self.speculative_tokens.split(",")):
+            if not item.isdigit() or int(item) > 16 or int(item) in ks:
+                raise ValueError(f"--speculative-tokens: {item!r}: give distinct ks from 0 to "
+                                 f"16, comma-separated, e.g. 0,1,2,3,4,6")
+            ks.append(int(item))
+        return tuple(ks)
 
     def grid(self):
         from profiler.grid import DEFAULT_GRID, QUICK_GRID, Grid
@@ -279,7 +301,8 @@ def _main_vllm(spec: ProfileSpec, args: argparse.Namespace) -> int:
 
     if spec.gap_from is not None:
         return _refit_gap(spec.gap_from, args)
-    summary = run_profile_vllm(resolve_venv(spec.vllm_venv), args.out, rounds=spec.repeats or 2,
+    summary = run_profile_vllm(resolve_venv(spec.vllm_venv), args.out, ks=spec.vllm_ks(),
+                               rounds=spec.repeats or 2,
                                progress=lambda text: print(text, file=sys.stderr, flush=True))
     write_json(args.out / "summary.json", summary)
     if args.format == "json":

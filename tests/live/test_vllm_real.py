@@ -49,14 +49,18 @@ def check_validate(out: Path) -> None:
     per_step = rows[rows.metric == "emitted_per_step"].set_index("policy")
     assert abs(per_step.loc["fixed:k=2", "error_pct"]) < 1e-9  # the replay is exact
     assert per_step.loc["fixed:k=2", "measured"] >= 1.0
-    # a table's k follows the batch size of each step, which timing decides: close, not exact
-    assert abs(per_step.loc[table, "error_pct"]) < 3
+    # a table's k follows the batch size of each step, which timing decides: close, not exact.
+    # Under 3% on the VM the shipped profile was timed on; on a VM where vLLM decodes about
+    # twice as fast as that profile says (AMD EPYC, 2026-11-28: docs/vllm.md, "A second VM")
+    # the simulator batches more and this was 3.4%, and drafts per step below 13.4%
+    assert abs(per_step.loc[table, "error_pct"]) < 5
     drafted = rows[rows.metric == "drafted_per_step"].set_index("policy")
     # drafts per step follow the share of steps run at batch 1 (k = 3 there, 1 elsewhere), which
-    # the two clocks decide: under 3% apart in earlier CI runs, 3.9% in one, so 8%; while a
-    # table applied to the wrong batch sizes (k = 3 or 1 throughout) would be 30% or more off
+    # the two clocks decide: under 3% apart in earlier CI runs, 3.9% in one, 13.4% on the faster
+    # VM above, so 20%; while a table applied to the wrong batch sizes (k = 3 or 1 throughout)
+    # would be 30% or more off
     assert drafted.loc[table, "simulated"] == pytest.approx(drafted.loc[table, "measured"],
-                                                            rel=0.08)
+                                                            rel=0.2)
     assert drafted.loc["fixed:k=2", "simulated"] == pytest.approx(
         drafted.loc["fixed:k=2", "measured"], rel=1e-9)
     for metric in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):

@@ -85,6 +85,13 @@ def test_vllm_engine_flags_are_checked_before_anything_runs(tmp_path, capsys):
     err = _err(capsys, ["profile", "--engine", "vllm", "--vllm-venv", str(tmp_path / "none"),
                         "--out", str(tmp_path / "p")], 2)
     assert "scripts/vllm_env.sh" in err
+    err = _err(capsys, ["profile", "--speculative-tokens", "0,2", "--out", str(tmp_path / "p")],
+               2)
+    assert "--speculative-tokens sets the vLLM servers a profile times: add --engine vllm" in err
+    for bad in ("0,x", "0,2,2", "0,17"):
+        err = _err(capsys, ["profile", "--engine", "vllm", "--speculative-tokens", bad,
+                            "--vllm-venv", str(tmp_path / "none"), "--out", str(tmp_path / "p")], 2)
+        assert "--speculative-tokens: " in err and "give distinct ks from 0 to 16" in err
     err = _err(capsys, ["record", "--engine", "vllm", "--drafter", "eagle",
                         "--out", str(tmp_path / "r")], 2)
     assert "--engine vllm records the n-gram drafter" in err
@@ -96,3 +103,10 @@ def test_vllm_engine_flags_are_checked_before_anything_runs(tmp_path, capsys):
     err = _err(capsys, ["validate", "--engine", "vllm", "--profile", "vllm-cpu-smollm2",
                         "--measured", str(tmp_path / "none"), "--out", str(tmp_path / "v")], 2)
     assert "no such folder" in err
+
+
+def test_a_vllm_profile_times_the_ks_given_in_order():
+    from spectune.profile import VLLM_KS, ProfileSpec
+
+    assert ProfileSpec(engine="vllm").vllm_ks() == VLLM_KS == (0, 2, 4, 6)
+    assert ProfileSpec(engine="vllm", speculative_tokens=" 1, 3,0").vllm_ks() == (1, 3, 0)
