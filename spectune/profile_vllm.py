@@ -11,7 +11,7 @@ from simulator.catalog import get_model
 TARGET = "SmolLM2-135M"  # the model scripts/vllm_env.sh writes for vLLM
 
 
-def run_profile_vllm(venv: Path, out: Path, ks: tuple[int, ...] = (0, 2, 4, 6),
+def run_profile_vllm(venv: Path, out: Path, ks: tuple[int, ...],
                      progress=None, rounds: int = 2) -> dict:
     """Profile, write out/latency.csv + latency.meta.json and out/steps.csv; the summary."""
     from live.vllm_profile import profile_vllm

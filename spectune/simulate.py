@@ -295,15 +295,12 @@ def build_latency(spec: SimulationSpec, scheduler: SchedulerConfig) -> tuple[Lat
     draft_name = spec.draft or "Llama-68M"
     draft = None if draft_name.lower() in ("none", "ngram", "") else get_model(draft_name)
     gpu = get_gpu(spec.hardware or "H100-SXM")
-    if spec.tp == 1 and spec.draft_degree() == 1:  # one GPU: as before tensor parallelism
-        latency = RooflineLatency(target, draft, gpu)
-    else:
-        latency = RooflineLatency(target, draft, gpu, tp=spec.tp, draft_tp=spec.draft_degree())
+    draft_tp = spec.draft_degree()
+    latency = RooflineLatency(target, draft, gpu, tp=spec.tp, draft_tp=draft_tp)
     if scheduler.kv_capacity_tokens:
         return latency, scheduler.kv_capacity_tokens
     try:
-        return latency, group_kv_capacity_tokens(gpu, target, draft, spec.tp,
-                                                 spec.draft_degree())
+        return latency, group_kv_capacity_tokens(gpu, target, draft, spec.tp, draft_tp)
     except ConfigError as exc:
         raise ConfigError(f"{exc}; {_fitting_tp(spec, gpu, target, draft)}") from None
 
