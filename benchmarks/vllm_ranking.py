@@ -1,18 +1,25 @@
 """Does the simulator rank vLLM's speculation configurations as vLLM does, once the measurement
-is repeated? One rate, several Poisson windows (held-out Spec-Bench questions, a seed each),
-every configuration on its own server, all windows served by that server in turn.
+is repeated? Several rates and Poisson windows (held-out Spec-Bench questions, a seed each),
+every configuration on its own server, all windows of all rates served by that server in turn
+(window by window, each at every rate, so that the machine's drift over a server's minutes is
+shared by the rates).
 
-Per configuration: vLLM's mean E2E in each window and over the windows, the simulator's on the
-same arrivals and acceptance (`spectune validate --engine vllm`'s simulation: vLLM's profile,
-its scheduler, the acceptance rebuilt from what it wrote). Then Kendall's tau between the two
-over all pairs, and over the pairs whose measured means differ by more than `--noise` percent
-(one window measured twice on new servers moved by up to 3.7%, docs/vllm.md): a ranking error
-there is the simulator's, not the measurement's.
+Per rate and configuration: vLLM's mean E2E in each window and over the windows, the
+simulator's on the same arrivals and acceptance (`spectune validate --engine vllm`'s simulation:
+vLLM's profile, its scheduler, the acceptance rebuilt from what it wrote). Then Kendall's tau
+between the two over all pairs, and over the pairs whose measured means differ by more than
+`--noise` percent (one window measured twice on new servers moved by up to 3.7% on one VM and
+14% on another near saturation, docs/vllm.md): a ranking error there is the simulator's, not
+the measurement's.
 
-Measured runs are kept in OUT/<config>/seed<S> and read back when a rerun finds them; no other
-process may run while vLLM is timed.
+With `--loop` (a `benchmarks/vllm_loop.py` output): its tune's predicted mean E2E ranks the
+configurations too, its recommendation is checked against the best of the windows' means, and
+its own measured window (seed 0) joins the windows.
 
-    python benchmarks/vllm_ranking.py --rate 1.5 --windows 1 2 3 --out runs/vllm-ranking
+Measured runs are kept in OUT/<config>/<rate>-seed<S> and read back when a rerun finds them; no
+other process may run while vLLM is timed.
+
+    python benchmarks/vllm_ranking.py --rates 1.5 --windows 1 2 3 --out runs/vllm-ranking
 """
 
 from __future__ import annotations
@@ -48,8 +55,22 @@ def pair_tau(sim: list[float], real: list[float], noise_pct: float) -> tuple[flo
     return ((agree - disagree) / n if n else float("nan")), n
 
 
+def window_label(rate: float, seed: int) -> str:
+    return f"rate{rate:g}-seed{seed}"
+
+
+def loop_inputs(loop: Path) -> tuple[dict, dict]:
+    """A vllm_loop output's tune predictions {(rate, config): s} and recommendations
+    {rate: config}."""
+    data = json.loads((loop / "loop.json").read_text())
+    predicted = {(float(r["rate"]), r["config"]): r["predicted_e2e_s"] for r in data["table"]}
+    recommended = {float(r["rate"]): r["recommended"] for r in data["verdicts"]}
+    return predicted, recommended
+
+
 def main() -> int:
     from live.vllm_acceptance import ngram_trace
+    from live.vllm_run import load_run
     from live.vllm_server import DEFAULT_VENV, resolve_venv
     from simulator.metrics import latencies
     from spectune.flags import parse_policy_list
@@ -64,13 +85,17 @@ def main() -> int:
     )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate", type=float, default=1.5)
+    ap.add_argument("--rates", "--rate", dest="rates", type=float, nargs="+", default=[1.5])
     ap.add_argument("--windows", type=int, nargs="+", default=[1, 2, 3],
                     help="the windows' seeds (seed 0 is the validation's own window)")
     ap.add_argument("--configs", default=CONFIGS)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--profile", default="vllm-cpu-smollm2")
+    ap.add_argument("--loop", type=Path, help="a benchmarks/vllm_loop.py output: rank by its "
+                    "tune's predictions too, check its recommendation, add its window (seed 0)")
+    ap.add_argument("--window0", type=Path, help="where the loop's measured window is (a "
+                    "`validate --engine vllm` folder; default: LOOP/validate)")
     ap.add_argument("--noise", type=float, default=4.0,
                     help="measured differences up to this many percent count as ties")
     ap.add_argument("--out", type=Path, default=Path("runs/vllm-ranking"))
@@ -78,9 +103,10 @@ def main() -> int:
     configs = configs_of(parse_policy_list(args.configs, "--configs"))
     venv = resolve_venv(DEFAULT_VENV)
     v = VllmValidation(args.profile, venv, venv / "models" / "SmolLM2-135M-Instruct",
-                       (args.rate,), configs, args.requests, args.output_tokens)
-    windows = {f"seed{s}": spec_bench_workload(args.requests, args.rate, args.output_tokens, s)
-               for s in args.windows}
+                       tuple(args.rates), configs, args.requests, args.output_tokens)
+    windows = {window_label(r, s): spec_bench_workload(args.requests, r, args.output_tokens, s)
+               for s in args.windows for r in args.rates}
+    predicted, recommended = loop_inputs(args.loop) if args.loop else ({}, {})
     table = load_profile(v)
     rows = []
     for config in configs:
@@ -88,43 +114,78 @@ def main() -> int:
         kept = args.out if (folder / "server.log").is_file() else None  # read back, checked
         runs, log = measured_runs(v, config, windows, folder, kept, print)
         capacity = kv_tokens(log)
-        for label, run in runs.items():
-            wl, ids = windows[label]
+        served = {label: (windows[label], run) for label, run in runs.items()}
+        if args.loop:  # the loop's own window, read back from its validation
+            for r in args.rates:
+                if window_label(r, 0) in served:  # measured here, with the other windows
+                    continue
+                wl, ids = spec_bench_workload(args.requests, r, args.output_tokens, 0)
+                run = load_run((args.window0 or args.loop / "validate") / config.folder
+                               / f"rate{r:g}")
+                if (run.requests.prompt_tokens.to_numpy() != wl.prompt_tokens).any():
+                    sys.exit(f"--loop: {args.loop} served other windows than --requests "
+                             f"{args.requests} --output-tokens {args.output_tokens}")
+                served[window_label(r, 0)] = ((wl, ids), run)
+        for label, ((wl, ids), run) in served.items():
             trace = ngram_trace(ids, run.outputs, 16, {})
             sim, _ = simulate_run(v, config, wl, trace, capacity, table)
             rows.append({"config": config.label, "window": label,
+                         "rate": float(label.split("-")[0][4:]),
                          "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
                          "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())})
     labels = [c.label for c in configs]
+    results = [rank_rate(rate, rows, labels, predicted, recommended.get(rate), args.noise)
+               for rate in args.rates]
+    (args.out / "ranking.json").write_text(json.dumps(
+        {"rates": args.rates, "rows": rows, "per_rate": results, "noise_pct": args.noise},
+        indent=1))
+    return 0
+
+
+def rank_rate(rate: float, rows: list[dict], labels: list[str], predicted: dict,
+              recommended: str | None, noise: float) -> dict:
+    """One rate's table and taus, printed and returned."""
+    rows = [r for r in rows if r["rate"] == rate]
+    windows = sorted({r["window"] for r in rows})
     cell = {(r["config"], r["window"]): r for r in rows}
     mean = {name: {c: float(np.mean([r[name] for r in rows if r["config"] == c]))
                    for c in labels} for name in ("measured_e2e_s", "simulated_e2e_s")}
-    print(f"\nmean E2E at {args.rate:g} req/s, s (windows: {', '.join(windows)})")
+    print(f"\nmean E2E at {rate:g} req/s, s, measured / simulated (windows: {', '.join(windows)})")
     print(f"{'configuration':46s} " + " ".join(f"{w:>15s}" for w in windows)
-          + "   mean measured  mean simulated")
+          + "   mean measured  mean simulated" + ("  tune predicted" if predicted else ""))
     for c in labels:
         cells = [cell[c, w] for w in windows]
         print(f"{c:46s} " + " ".join(f"{x['measured_e2e_s']:6.2f} / {x['simulated_e2e_s']:6.2f}"
                                      for x in cells)
-              + f"   {mean['measured_e2e_s'][c]:13.3f}  {mean['simulated_e2e_s'][c]:14.3f}")
+              + f"   {mean['measured_e2e_s'][c]:13.3f}  {mean['simulated_e2e_s'][c]:14.3f}"
+              + (f"  {predicted[rate, c]:14.3f}" if predicted else ""))
     real = [mean["measured_e2e_s"][c] for c in labels]
-    sim = [mean["simulated_e2e_s"][c] for c in labels]
-    tau_all = float(kendalltau(sim, real).statistic)
-    tau_clear, pairs = pair_tau(sim, real, args.noise)
-    per_window = {w: float(kendalltau([cell[c, w]["simulated_e2e_s"] for c in labels],
-                                      [cell[c, w]["measured_e2e_s"] for c in labels]).statistic)
-                  for w in windows}
-    print(f"\nKendall tau over the windows' means: {tau_all:.2f} (all "
-          f"{len(labels) * (len(labels) - 1) // 2} pairs); "
-          f"{tau_clear:.2f} over the {pairs} pairs measured more than {args.noise:g}% apart")
-    print("per window: " + ", ".join(f"{w} {t:.2f}" for w, t in per_window.items()))
-    print(f"best measured: {labels[int(np.argmin(real))]}; best simulated: "
-          f"{labels[int(np.argmin(sim))]}")
-    (args.out / "ranking.json").write_text(json.dumps(
-        {"rate": args.rate, "rows": rows, "mean": mean, "kendall_tau": tau_all,
-         "kendall_tau_clear": tau_clear, "clear_pairs": pairs, "noise_pct": args.noise,
-         "per_window": per_window}, indent=1))
-    return 0
+    result = {"rate": rate, "windows": windows, "mean": mean}
+    sims = {"replay": [mean["simulated_e2e_s"][c] for c in labels]}
+    if predicted:
+        sims["tune"] = [predicted[rate, c] for c in labels]
+    for name, sim in sims.items():
+        tau_all = float(kendalltau(sim, real).statistic)
+        tau_clear, pairs = pair_tau(sim, real, noise)
+        result[name] = {"kendall_tau": tau_all, "kendall_tau_clear": tau_clear,
+                        "clear_pairs": pairs}
+        print(f"Kendall tau, {name} vs the windows' means: {tau_all:.2f} (all "
+              f"{len(labels) * (len(labels) - 1) // 2} pairs); {tau_clear:.2f} over the "
+              f"{pairs} pairs measured more than {noise:g}% apart")
+    result["per_window_replay_tau"] = {
+        w: float(kendalltau([cell[c, w]["simulated_e2e_s"] for c in labels],
+                            [cell[c, w]["measured_e2e_s"] for c in labels]).statistic)
+        for w in windows}
+    best = labels[int(np.argmin(real))]
+    print("per window (replay): " + ", ".join(
+        f"{w} {t:.2f}" for w, t in result["per_window_replay_tau"].items()))
+    print(f"best measured: {best}; best simulated: {labels[int(np.argmin(sims['replay']))]}")
+    if recommended is not None:
+        gap = (mean["measured_e2e_s"][recommended] / min(real) - 1) * 100
+        result["recommended"], result["recommended_vs_best_pct"] = recommended, gap
+        print(f"the tune's recommendation {recommended}: {gap:+.1f}% from the best measured")
+    result["best_measured"] = best
+    return result
 
 
 if __name__ == "__main__":

@@ -27,10 +27,17 @@ from traces import Workload
 
 CYCLE = tuple(range(1000, 1016))  # 16 token ids, repeated: a prompt the lookup always matches
 CACHED_BIN = 8  # decode rows are the median over steps whose context falls in one bin
+IDLE_FIRST_ID = 2000  # distinct_prompt's first token id (past CYCLE's)
 
 
 def cyclic_prompt(tokens: int) -> list[int]:
     return [CYCLE[i % len(CYCLE)] for i in range(tokens)]
+
+
+def distinct_prompt(tokens: int) -> list[int]:
+    """No token twice: the lookup finds no match until the model's output repeats one, so a
+    server with speculation runs its proposer and verifies nothing (`idle_proposer_s`)."""
+    return list(range(IDLE_FIRST_ID, IDLE_FIRST_ID + tokens))
 
 
 def batch_rows(iterations: pd.DataFrame, batch: int, prompt: int, k: int,
@@ -60,7 +67,7 @@ def batch_rows(iterations: pd.DataFrame, batch: int, prompt: int, k: int,
 
 def table_rows(raw: pd.DataFrame) -> pd.DataFrame:
     """Median seconds per (phase, batch, query, cached bin): the latency table's rows."""
-    raw = raw.copy()
+    raw = raw[~idle_rows(raw)].copy()  # a speculating server's decodes: idle_proposer_s
     decoding = raw.phase != "prefill"
     base = raw.cached_tokens_per_seq
     raw.loc[decoding, "cached_tokens_per_seq"] = (base[decoding] // CACHED_BIN) * CACHED_BIN
@@ -71,6 +78,29 @@ def table_rows(raw: pd.DataFrame) -> pd.DataFrame:
     table = table.reset_index()
     table.insert(0, "role", "target")
     return _product_grid(table)
+
+
+def idle_rows(raw: pd.DataFrame) -> pd.Series:
+    """Decode steps of a server with speculation (k > 0): its proposer ran, found nothing."""
+    k = raw["k"] if "k" in raw.columns else pd.Series(0, index=raw.index)
+    return (raw.phase == "decode") & (k > 0)
+
+
+def idle_proposer_s(raw: pd.DataFrame) -> tuple[float, int] | None:
+    """What a step that verifies no drafts costs more on a server with speculation than the same
+    decode on one without (vLLM still runs its proposer, and a speculating runner's step): the
+    median over shapes (batch, context bin) timed on both of the difference of their medians;
+    and how many shapes that is. None without such pairs (no k = 0 server, or no idle steps)."""
+    binned = raw[raw.phase == "decode"].assign(
+        bin=lambda d: d.cached_tokens_per_seq // CACHED_BIN * CACHED_BIN)
+    idle = idle_rows(binned)
+    keys = ["num_seqs", "bin"]
+    plain = binned[~idle].groupby(keys).seconds.median()
+    spec = binned[idle].groupby(keys).seconds.median()
+    both = plain.index.intersection(spec.index)
+    if not len(both):
+        return None
+    return float((spec[both] - plain[both]).median()), len(both)
 
 
 def _product_grid(table: pd.DataFrame) -> pd.DataFrame:
@@ -96,24 +126,28 @@ def profile_server(settings: VllmSettings, venv: Path, batches: Sequence[int],
                    prompts: Sequence[int], output_tokens: int, out: Path,
                    progress: Callable[[str], None] | None = None,
                    prefill_prompts: Sequence[int] = (), rounds: int = 2,
-                   seed: int = 0) -> tuple[pd.DataFrame, list]:
+                   seed: int = 0, idle_batches: Sequence[int] = ()) -> tuple[pd.DataFrame, list]:
     """Every (prompt, batch) on one server, and 1 and 2 requests of each of `prefill_prompts`
     (writing 2 tokens: their prefill is what they time), in `rounds` rounds, each in its own
     shuffled order (so the machine's drift spreads over every shape instead of biasing some):
     raw step rows and (busy wall s, iterations, sum of elapsed s) per batch for the gap
-    between iterations."""
+    between iterations. A server with speculation also serves `idle_batches` of a
+    `distinct_prompt` of the shortest prompt's length: its steps until a draft appears are
+    decodes that ran the proposer (`idle_proposer_s`)."""
     k = settings.speculative_tokens
     raw, busy = [], []
     log = out / f"server-k{k}.log"
     with VllmServer(settings, venv, log) as server:
         model = str(settings.model_dir)
         warm_up(server.url, model, [cyclic_prompt(min(prompts))])
-        shapes = [(p, b, output_tokens) for p in prompts for b in batches]
-        shapes += [(p, b, 2) for p in prefill_prompts for b in (1, 2)]
+        shapes = [(p, b, output_tokens, cyclic_prompt) for p in prompts for b in batches]
+        shapes += [(p, b, 2, cyclic_prompt) for p in prefill_prompts for b in (1, 2)]
+        if k:
+            shapes += [(min(prompts), b, output_tokens, distinct_prompt) for b in idle_batches]
         rng = np.random.default_rng(seed)
         order = [shapes[i] for r in range(rounds) for i in rng.permutation(len(shapes))]
-        for prompt, batch, tokens in order:
-            ids = [cyclic_prompt(prompt)] * batch
+        for prompt, batch, tokens, make in order:
+            ids = [make(prompt)] * batch
             wl = Workload(arrival_s=np.zeros(batch), prompt_tokens=np.full(batch, prompt),
                           output_tokens=np.full(batch, tokens),
                           request_ids=np.arange(batch), source="vLLM profile batch")
@@ -128,6 +162,8 @@ def profile_server(settings: VllmSettings, venv: Path, batches: Sequence[int],
                               s0.per_step_accepted)
             if tokens == 2:  # a prefill shape: its one decode step would break the decode grid
                 rows = [r for r in rows if r["phase"] == "prefill"]
+            if make is distinct_prompt:  # its idle decodes only (drafts come late, unplanned)
+                rows = [r for r in rows if r["phase"] == "decode"]
             raw += [{**r, "k": k, "batch": batch, "prompt": prompt} for r in rows]
             wall = max(s.finish_s for s in served) - min(s.sent_s for s in served)
             busy.append((wall, len(its), float(its.elapsed_ms.sum()) / 1000))
@@ -154,15 +190,18 @@ def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = 
                  prompts: Sequence[int] = (128, 512, 1024), output_tokens: int = 32,
                  prefill_prompts: Sequence[int] = (64, 256, 768, 1024),
                  rounds: int = 2,
-                 progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, dict]:
-    """The table's rows and what the meta adds (the gap between iterations, the raw steps'
-    count); raw steps go to out/steps.csv."""
+                 progress: Callable[[str], None] | None = None,
+                 idle_batches: Sequence[int] = (1, 2, 4, 8)) -> tuple[pd.DataFrame, dict]:
+    """The table's rows and what the meta adds (the gap between iterations, the idle proposer's
+    time where k = 0 and a k > 0 are both profiled, the raw steps' count); raw steps go to
+    out/steps.csv."""
     out.mkdir(parents=True, exist_ok=True)
     raws, busy = [], []
     for k in ks:
         raw, b = profile_server(replace(base, speculative_tokens=k), venv, batches, prompts,
                                 output_tokens, out, progress,
-                                prefill_prompts if k == ks[0] else (), rounds)
+                                prefill_prompts if k == ks[0] else (), rounds,
+                                idle_batches=idle_batches)
         raws.append(raw)
         busy += b
     raw = pd.concat(raws, ignore_index=True)
@@ -170,6 +209,9 @@ def profile_vllm(base: VllmSettings, venv: Path, out: Path, ks: Sequence[int] = 
     gaps = [(wall - elapsed) / n for wall, n, elapsed in busy if n]
     extra = {"iteration_gap_s": float(np.median(gaps)), "raw_steps": len(raw),
              "speculative_tokens": list(ks)}
+    idle = idle_proposer_s(raw)
+    if idle is not None:
+        extra["idle_proposer_s"], extra["idle_proposer_shapes"] = idle
     return table_rows(raw), extra
 
 

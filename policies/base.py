@@ -148,6 +148,11 @@ class Policy:
         """Parameters that do nothing given the pinned ones: a tuner does not search them."""
         return frozenset()
 
+    def may_draft(self, k_max: int) -> bool:
+        """Whether this policy can draft at all under an engine look-ahead of `k_max`: an
+        engine serving one that cannot runs without speculation (no proposer to pay for)."""
+        return k_max > 0
+
     def choose(self, ctx: StepContext) -> Sequence[int]:
         """k for every request of `ctx.requests`, in the same order, each in 0..ctx.k_max.
 

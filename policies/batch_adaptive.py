@@ -103,6 +103,9 @@ class BatchAdaptive(Policy):
         if self.disable_by_batch_size is not None and type(self) is BatchAdaptive:
             self.__class__ = _StickyBatchAdaptive  # history-dependent: no per-batch fast path
 
+    def may_draft(self, k_max: int) -> bool:
+        return k_max > 0 and (self._given is None or any(k > 0 for _, _, k in self._given))
+
     # -- the table ---------------------------------------------------------------------------
 
     def table(self, cost: StepCost, k_max: int) -> list[Row]:

@@ -25,5 +25,8 @@ class Fixed(Policy):
         if not 0 <= self.k <= 64:
             raise ValueError(f"k must be in 0..64, got {self.k}")
 
+    def may_draft(self, k_max: int) -> bool:
+        return self.k > 0 and k_max > 0
+
     def choose(self, ctx: StepContext) -> Sequence[int]:
         return [self.k] * len(ctx.requests)

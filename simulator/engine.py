@@ -151,7 +151,8 @@ def simulate(
     replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
     steps, requests = StepLog(keep_steps, steps_sink), RequestLog(len(workload))
     router = _Cluster(arrival_s, cluster.router)
-    cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance))
+    cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance),
+                         speculating=policy.may_draft(scheduler.k_max))
     for r in range(cluster.replicas):
         replica = Replica(env, r, scheduler, kv_capacity_tokens, cost, copy.deepcopy(policy),
                           replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)

@@ -87,6 +87,10 @@ class LatencyModel(ABC):
         Must cost 0 where num_seqs or query_tokens is 0.
         """
 
+    #: a speculating engine's extra time in a step that verifies no drafts (its proposer ran
+    #: and found nothing); 0 unless measured (a vLLM profile: live/vllm_profile.py)
+    idle_proposer_s: float = 0.0
+
     @abstractmethod
     def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
         """Seconds of per-iteration work outside the forward passes (scheduling, sampling,

@@ -51,6 +51,8 @@ MIXED_STEPS_KEY = "mixed_steps"
 #: an engine's host time between iterations, fitted on served runs / measured as a constant
 HOST_GAP_KEY = "iteration_gap"
 HOST_GAP_CONSTANT_KEY = "iteration_gap_s"
+#: a speculating engine's extra time in a step without drafts, timed in the profile
+IDLE_PROPOSER_KEY = "idle_proposer_s"
 
 
 class ProfiledLatency(LatencyModel):
@@ -91,6 +93,11 @@ class ProfiledLatency(LatencyModel):
         self._per_seq = float(per_seq_overhead_s)
         self._per_draft = float(per_draft_token_s)
         self._spec_step = float(spec_step_overhead_s)
+        idle = table.meta.get(IDLE_PROPOSER_KEY, 0.0)
+        if not (isinstance(idle, _SCALARS) and math.isfinite(idle)):
+            raise ConfigError(f"profiled latency: meta {IDLE_PROPOSER_KEY!r} must be a finite "
+                              f"number of seconds, got {idle!r}")
+        self.idle_proposer_s = float(idle)
         self.pass_scale = float(pass_scale)
         self.extrapolation: Extrapolation = extrapolation
         self._clamp = extrapolation == "clamp"
@@ -227,7 +234,7 @@ class ProfiledLatency(LatencyModel):
             "draft_catch_up": self.draft_catch_up,
             "draft_tree": None if self.draft_tree is None else self.draft_tree.to_json(),
             "roles": {role: m.report for role, m in self._roles.items()},
-        }
+        } | ({"idle_proposer_s": self.idle_proposer_s} if self.idle_proposer_s else {})
 
 
 def _build_role(rows: pd.DataFrame) -> _RoleModel:

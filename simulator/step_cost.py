@@ -28,10 +28,14 @@ class StepCostModel:
     node of depth j - 1 that has children, each seeing the history, its ancestors and itself.
     Every k still counts k drafted positions (a chain of k is the one-node-per-depth tree)."""
 
-    def __init__(self, latency: LatencyModel, draft_tree: TreeShape | None = None) -> None:
+    def __init__(self, latency: LatencyModel, draft_tree: TreeShape | None = None,
+                 speculating: bool = False) -> None:
         self.latency = latency
         self.draft_tree = draft_tree if draft_tree is not None else getattr(
             latency, "draft_tree", None)
+        #: a step with decodes and no drafts, on an engine that speculates, pays the latency
+        #: model's idle proposer time (its proposer ran and found nothing: vLLM's n-gram)
+        self.idle_s = float(getattr(latency, "idle_proposer_s", 0.0)) if speculating else 0.0
 
     def iteration_s(
         self,
@@ -97,6 +101,8 @@ class StepCostModel:
             total = lat.forward_s("target", n_decode + prefill_seqs, query + prefill_tokens,
                                   cached_total + prefill_cached, pairs + prefill_pairs)
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, positions)
+        if self.idle_s:
+            total = total + self._idle_proposer_s(n_decode, positions)
         if lat.has_draft_model:
             if many and ks.ndim == 2:
                 raise ValueError("per-step ks are costed without a draft model only")
@@ -143,7 +149,14 @@ class StepCostModel:
         """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
         lat = self.latency
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
-        return total + lat.step_overhead_s(seqs, drafted)
+        total = total + lat.step_overhead_s(seqs, drafted)
+        return total + self._idle_proposer_s(seqs, drafted) if self.idle_s else total
+
+    def _idle_proposer_s(self, seqs, drafted):
+        """`idle_s` where a step decodes and drafts nothing, else 0 (elementwise)."""
+        if isinstance(seqs, np.ndarray) or isinstance(drafted, np.ndarray):
+            return np.where((np.asarray(seqs) > 0) & (np.asarray(drafted) == 0), self.idle_s, 0.0)
+        return self.idle_s if seqs > 0 and drafted == 0 else 0.0
 
     def chain_sums_s(self, requests, drafted: Sequence[int], cached,
                      pairs: Sequence[int]) -> list[float] | None:

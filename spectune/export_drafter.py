@@ -8,6 +8,7 @@ drafter whose cost was simulated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +70,17 @@ class _Recorded(NamedTuple):
     ngram: tuple[int, int] = (1, 3)
 
 
+#: a recording made by vLLM's own n-gram proposer: "ngram (vLLM, MIN-MAX)"
+_VLLM_NGRAM = re.compile(r"ngram \(vLLM, (\d+)-(\d+)\)")
+
+
 def _recorded(name: str) -> _Recorded:
     """meta["drafter"] of a recording, as drafters/registry.py `make_drafter` names them:
     ngram[:MIN-MAX], early-exit:L[:lens], quant:BITS, eagle[@int8][:PATH], eagle+ngram[...],
     eagle-tree[...], model:SHAPE."""
+    served = _VLLM_NGRAM.fullmatch(name)  # recorded inside vLLM (live/vllm_acceptance.py)
+    if served:
+        return _Recorded("ngram", ngram=(int(served[1]), int(served[2])))
     head, _, arg = name.partition(":")
     base = head.partition("@")[0]
     if base == "ngram":

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from live.vllm_profile import batch_rows, cyclic_prompt, table_rows
+from live.vllm_profile import (
+    batch_rows,
+    cyclic_prompt,
+    distinct_prompt,
+    idle_proposer_s,
+    table_rows,
+)
 from simulator import ConfigError
 from spectune.flags import parse_policy_list
 from spectune.validate_vllm import (
@@ -69,6 +75,26 @@ def test_the_table_keeps_a_full_product_grid():
     decode = table[table.phase == "decode"]
     assert sorted(decode.cached_tokens_per_seq.unique()) == [128, 136]  # 144: batch 1 only
     assert (table.role == "target").all() and len(table) == 8
+
+
+def test_a_speculating_servers_decodes_give_the_idle_proposer_not_the_grid():
+    """Decodes timed on a server with k > 0 (its lookup found nothing) against the k = 0
+    server's at the same (batch, context bin): the median of the shapes' differences."""
+    def rows(k, b, c, seconds):
+        return [{"phase": "decode", "num_seqs": b, "query_tokens_per_seq": 1,
+                 "cached_tokens_per_seq": c, "seconds": s, "k": k} for s in seconds]
+    raw = pd.DataFrame(rows(0, 1, 128, [0.010, 0.012]) + rows(0, 2, 130, [0.014])
+                       + rows(2, 1, 131, [0.0125, 0.0135]) + rows(4, 2, 129, [0.015])
+                       + rows(4, 4, 128, [0.030]))  # batch 4: no k = 0 decode to pair with
+    assert idle_proposer_s(raw) == (pytest.approx(0.0015), 2)  # median of +2.0 and +1.0 ms
+    decode = table_rows(raw)
+    assert decode.repeats.tolist() == [2, 1] and decode.num_seqs.tolist() == [1, 2]
+    assert idle_proposer_s(raw[raw.k == 0]) is None
+
+
+def test_the_distinct_prompt_never_repeats_a_token():
+    p = distinct_prompt(300)
+    assert len(set(p)) == 300 and not set(p) & set(cyclic_prompt(16))
 
 
 def test_the_cyclic_prompt_repeats():

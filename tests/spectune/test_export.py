@@ -361,6 +361,7 @@ SHAPE = get_model("Llama-68M")
 @pytest.mark.parametrize(("draft", "meta", "kind", "caveat"), [
     (None, {}, "ngram", ""),  # parametric acceptance, model-free latency
     (None, {"drafter": "ngram:2-4"}, "ngram", ""),
+    (None, {"drafter": "ngram (vLLM, 2-4)"}, "ngram", ""),  # recorded inside vLLM
     (SHAPE, {}, "draft-model", ""),
     (SHAPE, {"drafter": "model:llama-68m"}, "draft-model", ""),
     (SHAPE, {"drafter": "quant:4"}, "draft-model", ""),
@@ -384,7 +385,7 @@ def test_drafter_from_the_scenario_halves(draft, meta, kind, caveat):
     assert drafter.kind == kind
     assert (caveat in drafter.caveat) if caveat else drafter.caveat == ""
     assert drafter.tuned.startswith("latency: ") and "acceptance: acc, " in drafter.tuned
-    if meta.get("drafter") == "ngram:2-4":
+    if meta.get("drafter") in ("ngram:2-4", "ngram (vLLM, 2-4)"):
         assert drafter.ngram == (2, 4)
 
 
