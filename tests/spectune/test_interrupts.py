@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import terminal_sigint
 
 from simulator import SchedulerConfig
 from spectune import evaluate
@@ -34,7 +35,8 @@ def _start_tune(out: Path) -> subprocess.Popen:
     command = [sys.executable, "-X", "faulthandler", "-m", "spectune", *LONG_TUNE,
                "--out", str(out)]
     return subprocess.Popen(command, cwd=out.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal_sigint)
 
 
 def _children(pid: int) -> list[int]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import terminal_sigint
 
 from spectune import evaluate
 from spectune.cli import main
@@ -77,7 +78,7 @@ def _start(out: Path) -> subprocess.Popen:
                "12", "24", "--seeds", "3", "--executor", "ray", "--no-report", "--out", str(out)]
     return subprocess.Popen(command, cwd=out.parent, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=terminal_sigint)
 
 
 def _session(proc: subprocess.Popen) -> list[str]:
