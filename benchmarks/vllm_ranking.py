@@ -70,7 +70,6 @@ def loop_inputs(loop: Path) -> tuple[dict, dict]:
 
 def main() -> int:
     from live.vllm_acceptance import ngram_trace
-    from live.vllm_run import load_run
     from live.vllm_server import DEFAULT_VENV, resolve_venv
     from simulator.metrics import latencies
     from spectune.flags import parse_policy_list
@@ -106,6 +105,9 @@ def main() -> int:
                        tuple(args.rates), configs, args.requests, args.output_tokens)
     windows = {window_label(r, s): spec_bench_workload(args.requests, r, args.output_tokens, s)
                for s in args.windows for r in args.rates}
+    # each label's rate: these windows', the loop's own (seed 0) and its validation's folders
+    rate_of = {window_label(r, s): r for s in {0, *args.windows} for r in args.rates}
+    rate_of |= {f"rate{r:g}": r for r in args.rates}
     predicted, recommended = loop_inputs(args.loop) if args.loop else ({}, {})
     table = load_profile(v)
     rows = []
@@ -115,22 +117,19 @@ def main() -> int:
         runs, log = measured_runs(v, config, windows, folder, kept, print)
         capacity = kv_tokens(log)
         served = {label: (windows[label], run) for label, run in runs.items()}
-        if args.loop:  # the loop's own window, read back from its validation
-            for r in args.rates:
-                if window_label(r, 0) in served:  # measured here, with the other windows
-                    continue
-                wl, ids = spec_bench_workload(args.requests, r, args.output_tokens, 0)
-                run = load_run((args.window0 or args.loop / "validate") / config.folder
-                               / f"rate{r:g}")
-                if (run.requests.prompt_tokens.to_numpy() != wl.prompt_tokens).any():
-                    sys.exit(f"--loop: {args.loop} served other windows than --requests "
-                             f"{args.requests} --output-tokens {args.output_tokens}")
-                served[window_label(r, 0)] = ((wl, ids), run)
+        if args.loop:  # the loop's own window (seed 0), read back from its validation
+            loop_windows = {f"rate{r:g}": spec_bench_workload(args.requests, r,
+                                                              args.output_tokens, 0)
+                            for r in args.rates if window_label(r, 0) not in served}
+            if loop_windows:
+                kept0, _ = measured_runs(v, config, loop_windows, folder,
+                                         args.window0 or args.loop / "validate", print)
+                served |= {window_label(rate_of[name], 0): (loop_windows[name], run)
+                           for name, run in kept0.items()}
         for label, ((wl, ids), run) in served.items():
             trace = ngram_trace(ids, run.outputs, 16, {})
             sim, _ = simulate_run(v, config, wl, trace, capacity, table)
-            rows.append({"config": config.label, "window": label,
-                         "rate": float(label.split("-")[0][4:]),
+            rows.append({"config": config.label, "window": label, "rate": rate_of[label],
                          "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
                          "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())})
     labels = [c.label for c in configs]
