@@ -157,14 +157,34 @@ class Goodput(Policy):
             return
         # a request that drafts nothing accepts nothing and is no rejection: sums over all
         # requests are the sums over the drafting ones
-        columns = zip(accepted.sum(axis=0).tolist(), k.sum(axis=0).tolist(),
-                      (accepted < k).sum(axis=0).tolist())
-        for step, (acc, drafted, rejected) in enumerate(columns):
+        columns = (accepted.sum(axis=0).tolist(), k.sum(axis=0).tolist(),
+                   (accepted < k).sum(axis=0).tolist())
+        if self.ema_input == "censored":  # the default, without a call per step
+            self._censored_steps(*columns)
+            return
+        for step, (acc, drafted, rejected) in enumerate(zip(*columns)):
             if drafted:
                 groups = _groups(k[:, step].tolist(), accepted[:, step].tolist()) if (
                     self.ema_input == "inverted") else ()
                 self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
                                               rejected, groups)
+
+    def _censored_steps(self, accepted: Sequence[int], drafts: Sequence[int],
+                        rejected: Sequence[int]) -> None:
+        """`_ema_of` with ema_input "censored" over consecutive steps (the batch estimate):
+        the same float operations in the same order, without a call per step."""
+        keep, alpha = self.ema_keep, self.alpha_hat
+        totals = self._totals
+        acc_total, drafted_total, rej_total = totals
+        for acc, drafted, rej in zip(accepted, drafts, rejected):
+            if drafted:
+                acc_total += acc
+                drafted_total += drafted
+                rej_total += rej
+                x = acc_total / (acc_total + rej_total) if acc_total + rej_total else 1.0
+                alpha = min(1.0, max(0.0, keep * alpha + (1.0 - keep) * x))
+        totals[:] = acc_total, drafted_total, rej_total
+        self.alpha_hat = alpha
 
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)

@@ -199,13 +199,15 @@ class Replica:
             return ks
         return [min(k, request.cap[request.generated]) for request, k in zip(batch, ks)]
 
-    def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
-        """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
+    def _choose_uncapped(self, batch: list[RequestState], now: float | None = None
+                         ) -> list[int]:
+        """The policy's k per request (a draft stop rule applied), before the drafter's cap;
+        asked at `now` (by default the clock's)."""
         lookahead = None
         if type(self.policy).simulation_only:
             by_id = {request.request_id: request for request in batch}
             lookahead = lambda rid: by_id[rid].run  # noqa: E731
-        ks = self.scheduler.choose(batch, self.env.now, lookahead)
+        ks = self.scheduler.choose(batch, self.env.now if now is None else now, lookahead)
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
         return ks
@@ -361,10 +363,17 @@ class Replica:
     # -- the fast path -----------------------------------------------------------------------
 
     def _decode_segment(self):
-        """All decode iterations up to the next arrival or finish, costed at once."""
+        """All decode iterations up to the next arrival or finish, costed at once.
+
+        A policy that holds its ks (`Policy.hold`) is asked again where its hold ends, inside
+        the segment: the held steps are committed and observed first, as if each hold were a
+        segment of its own. While it repeats its ks the segment goes on on the same arrays;
+        when they change it is priced afresh from there. Nothing else can happen at those
+        boundaries (no arrival before the segment's last iteration, no finish, so no admission)."""
         scheduler = self.scheduler
         batch = scheduler.running
-        if self.holds:  # asked every segment, which runs at most the steps it holds for
+        start = self.env.now
+        if self.holds:  # asked where each hold ends; a stretch runs at most to the next
             ks = self._choose_uncapped(batch)
             hold = self.policy.hold()
         else:  # asked once per running set
@@ -372,75 +381,97 @@ class Replica:
             if key != self._ks_for:
                 self._ks, self._ks_for = self._choose_uncapped(batch), key
             ks, hold = self._ks, None
-        chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
-        n_steps = min(len(c) for c in chains) - 1
-        if hold is not None:
-            n_steps = min(n_steps, hold + 1)
-        # tokens generated before each step (np.array of equal rows: a quarter of np.stack's time)
-        gen = np.array([c[: n_steps + 1] for c in chains])
-        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
-        k_arr = np.asarray(ks, dtype=np.int64)
-        # drafts per request and step: k, or what the drafter could propose (requests x steps)
-        drafts = (np.array([request.chain_ks[request.chain_at: request.chain_at + n_steps]
-                            for request in batch]) if self.capped else None)
-        # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
-        # for the next chain, which a later segment's k > 0 pays; a segment where nothing
-        # drafts only grows the backlog, and its end is enough (set below)
-        feeds = self._feeds(batch, k_arr, gen) if self.feeds and k_arr.any() else None
-        durations = self.cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
-                                              gen[:, :-1])
-        if durations is None:
-            durations = np.atleast_1d(self.cost.iteration_s(
-                k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
-                feeds=feeds[:, :-1] if feeds is not None else None, in_step_order=self.holds))
-        start = self.env.now
-        if drafts is None and hold is None:
-            ends = np.cumsum(durations)
-            # run through the first iteration that ends at or after the next arrival: the
-            # arrival waits for that boundary anyway, and nothing a router reads (the replica's
-            # load) changes before the segment's last iteration, where the first finish can be.
-            horizon = self.next_arrival_s(self.index) - start
-            n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, n_steps)
-            starts = ends[: n - 1] + start
-            end = self.env.timeout(float(ends[n - 1]))
-        else:
+        while True:
+            stretch = _Stretch.priced(self, batch, ks)
+            if stretch.drafts is None and hold is None:
+                ends = np.cumsum(stretch.durations)
+                # run through the first iteration that ends at or after the next arrival: the
+                # arrival waits for that boundary anyway, and nothing a router reads (the
+                # replica's load) changes before the segment's last iteration, where the first
+                # finish can be.
+                horizon = self.next_arrival_s(self.index) - start
+                n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, stretch.steps)
+                starts = ends[: n - 1] + start
+                end = self.env.timeout(float(ends[n - 1]))
+                self._record(batch, start, n, starts, stretch)
+                self._commit(batch, stretch, 0, n)
+                break
             # the step path's clock to the bit (it replaces step-by-step runs, of capped drafts
             # and of policies that hold): np.cumsum adds one iteration at a time, as the clock
             # does, and the segment ends at that sum
-            clock = np.cumsum(np.concatenate(([start], durations)))
+            clock = np.cumsum(np.concatenate(([start], stretch.durations)))
             horizon = self.next_arrival_s(self.index)
-            n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, n_steps)
-            starts = clock[1:n]
-            end = _At(self.env, float(clock[n]))
-        afters = gen[:, n].tolist()  # each request's tokens after the segment
-        drafted = [k * n for k in ks] if drafts is None else drafts[:, :n].sum(axis=1).tolist()
-        if self.steps.records_rows:
-            self._log_segment(batch, start, n, gen, durations, starts, k_arr, drafts)
-        else:  # a run that keeps totals only: the block's sums, without the block
-            self.steps.add_totals(n, len(batch) * n, n, sum(afters) - sum(
-                request.generated for request in batch), sum(drafted))
+            n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, stretch.steps)
+            replanned = None
+            if hold is not None:
+                n, replanned = self._walk_holds(batch, ks, hold, n, clock, stretch)
+            else:
+                self._commit(batch, stretch, 0, n)
+            self._record(batch, start, n, clock[1:n], stretch)
+            if replanned is None:
+                end = _At(self.env, float(clock[n]))
+                break
+            start, (ks, hold) = float(clock[n]), replanned
         yield end
-        scheduler.step_index += n
-        for i, (request, after) in enumerate(zip(batch, afters)):
-            before = request.generated
+        self._finish_done()
+
+    def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
+                    stretch: _Stretch) -> tuple[int, tuple[list[int], int] | None]:
+        """Commit a held stretch's first n steps hold by hold: each hold's steps, then
+        `observe_held`, then the policy asked again at its end (at that step's time). Returns
+        the steps committed, and the new (ks, hold) where the policy changed its ks first."""
+        done = 0
+        while True:
+            last = min(done + hold + 1, n)
+            self._commit(batch, stretch, done, last)
+            gen = stretch.gen
+            step_ks = (np.repeat(stretch.k_arr[:, None], last - done, axis=1)
+                       if stretch.drafts is None else stretch.drafts[:, done:last])
+            emitted = gen[:, done + 1:last + 1] - gen[:, done:last]
+            at = float(clock[last])
+            self.policy.observe_held(self.scheduler.context(batch, at), HeldSteps(
+                [request.request_id for request in batch], step_ks, emitted - 1, emitted,
+                gen[:, done:last]))
+            done = last
+            if done == n:
+                return n, None
+            again = self._choose_uncapped(batch, at)
+            hold = self.policy.hold()
+            if again != ks:
+                return done, (again, hold)
+
+    def _record(self, batch, start: float, n: int, starts, stretch: _Stretch) -> None:
+        """The stretch's first n iterations into the step log (rows, or their totals)."""
+        if self.steps.records_rows:
+            self._log_segment(batch, start, n, stretch.gen, stretch.durations, starts,
+                              stretch.k_arr, stretch.drafts)
+        else:  # a run that keeps totals only: the block's sums, without the block
+            gen = stretch.gen
+            drafted = (int(stretch.k_arr.sum()) * n if stretch.drafts is None
+                       else int(stretch.drafts[:, :n].sum()))
+            self.steps.add_totals(n, len(batch) * n, n, int(gen[:, n].sum() - gen[:, 0].sum()),
+                                  drafted)
+
+    def _commit(self, batch, stretch: _Stretch, first: int, last: int) -> None:
+        """Steps first..last - 1 of a stretch, applied to its requests (and the step count)."""
+        n = last - first
+        self.scheduler.step_index += n
+        gen, drafts, feeds = stretch.gen, stretch.drafts, stretch.feeds
+        befores, afters = gen[:, first].tolist(), gen[:, last].tolist()
+        drafted = ([k * n for k in stretch.k_arr.tolist()] if drafts is None
+                   else drafts[:, first:last].sum(axis=1).tolist())
+        for i, request in enumerate(batch):
+            before, after = befores[i], afters[i]
             request.generated = after
             request.steps += n
             request.drafted += drafted[i]
             request.accepted += after - before - n
             request.chain_at += n
             if feeds is not None:
-                request.draft_feed = int(feeds[i, n])
+                request.draft_feed = int(feeds[i, last])
             elif self.feeds:  # no chain: the committed tokens pile up for the next (_feeds)
                 request.draft_feed = 1 if self.catch_up == "one" else (
                     request.draft_feed + after - before)
-        if self.holds:
-            step_ks = (np.repeat(k_arr[:, None], n, axis=1) if drafts is None
-                       else drafts[:, :n])
-            emitted_each = gen[:, 1:n + 1] - gen[:, :n]
-            self.policy.observe_held(scheduler.context(batch, self.env.now), HeldSteps(
-                [request.request_id for request in batch], step_ks, emitted_each - 1,
-                emitted_each, gen[:, :n]))
-        self._finish_done()
 
     def _log_segment(self, batch, start, n, gen, durations, starts, k_arr, drafts) -> None:
         """The segment's first n iterations, one block of step records."""
@@ -475,6 +506,44 @@ class Replica:
     def _finish_done(self) -> None:
         for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
             request.run = request.cap = request.chain = request.chain_ks = None
+
+
+class _Stretch:
+    """A running set's next decode steps at fixed ks, priced at once: tokens generated before
+    each step and after the last (`gen`, requests x steps + 1), the drafts of each step where
+    the drafter caps them (else None: k_arr every step), the draft feeds (or None), and each
+    step's seconds. `steps`: how many, up to the first request's finish."""
+
+    __slots__ = ("drafts", "durations", "feeds", "gen", "k_arr", "steps")
+
+    @classmethod
+    def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
+        self = cls()
+        chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
+        n_steps = self.steps = min(len(c) for c in chains) - 1
+        # np.array of equal rows: a quarter of np.stack's time
+        gen = self.gen = np.array([c[: n_steps + 1] for c in chains])
+        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
+        k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
+        # drafts per request and step: what the drafter could propose (requests x steps)
+        drafts = self.drafts = (
+            np.array([request.chain_ks[request.chain_at: request.chain_at + n_steps]
+                      for request in batch]) if replica.capped else None)
+        # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
+        # for the next chain, which a later segment's k > 0 pays; a segment where nothing
+        # drafts only grows the backlog, and its end is enough (_commit)
+        feeds = self.feeds = (replica._feeds(batch, k_arr, gen)
+                              if replica.feeds and k_arr.any() else None)
+        cost = replica.cost
+        durations = cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
+                                         gen[:, :-1])
+        if durations is None:
+            durations = np.atleast_1d(cost.iteration_s(
+                k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
+                feeds=feeds[:, :-1] if feeds is not None else None,
+                in_step_order=replica.holds))
+        self.durations = durations
+        return self
 
 
 class _At(simpy.events.Event):

@@ -164,3 +164,31 @@ def test_a_profile_keeps_a_policy_that_holds_on_the_step_path():
     assert not latency.arrays_match_scalars
     result = simulate(wl, latency, trace, make_policy("goodput", {}), 100_000)
     assert result.meta["fast_path"] is False
+
+
+def test_a_segment_goes_on_past_a_re_plan_that_repeats_the_ks(monkeypatch):
+    """The policy is asked again inside a segment where its hold ends; while it repeats its ks,
+    the segment goes on (one SimPy wait for several holds), with the step path's records."""
+    spec = SimulationSpec(workload="poisson", rate=4.0, requests=120, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=3)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    segments, holds, real_segment, real_held = [], [], Replica._decode_segment, \
+        Goodput.observe_held
+
+    def decode_segment(replica):
+        segments.append(1)
+        return real_segment(replica)
+
+    def observe_held(policy, ctx, steps):
+        holds.append(steps.steps)
+        real_held(policy, ctx, steps)
+
+    monkeypatch.setattr(Replica, "_decode_segment", decode_segment)
+    monkeypatch.setattr(Goodput, "observe_held", observe_held)
+    (fast, slow), fast_policies, slow_policies = _both(
+        monkeypatch, inputs, make_policy("goodput", {"replan_every": "4"}), SchedulerConfig())
+    fast_segments = len(segments)  # the step path takes no segment
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    assert [_state(p) for p in fast_policies] == [_state(p) for p in slow_policies]
+    assert max(holds) == 4 and fast_segments < len(holds) / 2
