@@ -116,10 +116,20 @@ class HeldSteps:
     accepted: np.ndarray  # accepted drafts that count (emitted - 1)
     emitted: np.ndarray
     position: np.ndarray  # output position of the step's first drafted token
+    #: `column_sums()`, where the engine has them already (it sums whole segments at once)
+    sums: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None
 
     @property
     def steps(self) -> int:
         return self.k.shape[1]
+
+    def column_sums(self) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+        """Per step, over the requests: accepted drafts, drafts, and first rejections seen
+        (requests that accepted fewer than they drafted)."""
+        if self.sums is not None:
+            return self.sums
+        return (self.accepted.sum(axis=0).tolist(), self.k.sum(axis=0).tolist(),
+                (self.accepted < self.k).sum(axis=0).tolist())
 
 
 class Policy:

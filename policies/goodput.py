@@ -157,8 +157,7 @@ class Goodput(Policy):
             return
         # a request that drafts nothing accepts nothing and is no rejection: sums over all
         # requests are the sums over the drafting ones
-        columns = (accepted.sum(axis=0).tolist(), k.sum(axis=0).tolist(),
-                   (accepted < k).sum(axis=0).tolist())
+        columns = steps.column_sums()
         if self.ema_input == "censored":  # the default, without a call per step
             self._censored_steps(*columns)
             return

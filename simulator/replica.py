@@ -199,15 +199,13 @@ class Replica:
             return ks
         return [min(k, request.cap[request.generated]) for request, k in zip(batch, ks)]
 
-    def _choose_uncapped(self, batch: list[RequestState], now: float | None = None
-                         ) -> list[int]:
-        """The policy's k per request (a draft stop rule applied), before the drafter's cap;
-        asked at `now` (by default the clock's)."""
+    def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
+        """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
         lookahead = None
         if type(self.policy).simulation_only:
             by_id = {request.request_id: request for request in batch}
             lookahead = lambda rid: by_id[rid].run  # noqa: E731
-        ks = self.scheduler.choose(batch, self.env.now if now is None else now, lookahead)
+        ks = self.scheduler.choose(batch, self.env.now, lookahead)
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
         return ks
@@ -418,24 +416,33 @@ class Replica:
     def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
                     stretch: _Stretch) -> tuple[int, tuple[list[int], int] | None]:
         """Commit a held stretch's first n steps hold by hold: each hold's steps, then
-        `observe_held`, then the policy asked again at its end (at that step's time). Returns
-        the steps committed, and the new (ks, hold) where the policy changed its ks first."""
+        `observe_held`, then the policy asked again at its end (at that step's time; a policy
+        that holds reads no lookahead and stops no chain). Returns the steps committed, and
+        the new (ks, hold) where the policy changed its ks first."""
+        gen, scheduler = stretch.gen, self.scheduler
+        emitted = gen[:, 1:] - gen[:, :-1]
+        k = stretch.k_arr[:, None] if stretch.drafts is None else stretch.drafts
+        # the steps' sums over the requests (HeldSteps.column_sums), for the stretch at once
+        accepted_sum = (stretch.tokens[1:] - stretch.tokens[:-1] - len(batch)).tolist()
+        drafted_sum = ([int(stretch.k_arr.sum())] * stretch.steps if stretch.drafted is None
+                       else stretch.drafted.tolist())
+        rejected_sum = (emitted <= k).sum(axis=0).tolist()  # accepted (emitted - 1) < k
+        ids = [request.request_id for request in batch]
         done = 0
         while True:
             last = min(done + hold + 1, n)
             self._commit(batch, stretch, done, last)
-            gen = stretch.gen
             step_ks = (np.repeat(stretch.k_arr[:, None], last - done, axis=1)
                        if stretch.drafts is None else stretch.drafts[:, done:last])
-            emitted = gen[:, done + 1:last + 1] - gen[:, done:last]
-            at = float(clock[last])
-            self.policy.observe_held(self.scheduler.context(batch, at), HeldSteps(
-                [request.request_id for request in batch], step_ks, emitted - 1, emitted,
-                gen[:, done:last]))
+            step_emitted = emitted[:, done:last]
+            ctx = scheduler.context(batch, float(clock[last]))
+            self.policy.observe_held(ctx, HeldSteps(
+                ids, step_ks, step_emitted - 1, step_emitted, gen[:, done:last],
+                (accepted_sum[done:last], drafted_sum[done:last], rejected_sum[done:last])))
             done = last
             if done == n:
                 return n, None
-            again = self._choose_uncapped(batch, at)
+            again = scheduler.choose(batch, ctx.now_s, ctx=ctx)
             hold = self.policy.hold()
             if again != ks:
                 return done, (again, hold)
@@ -443,14 +450,12 @@ class Replica:
     def _record(self, batch, start: float, n: int, starts, stretch: _Stretch) -> None:
         """The stretch's first n iterations into the step log (rows, or their totals)."""
         if self.steps.records_rows:
-            self._log_segment(batch, start, n, stretch.gen, stretch.durations, starts,
-                              stretch.k_arr, stretch.drafts)
+            self._log_segment(batch, start, n, starts, stretch)
         else:  # a run that keeps totals only: the block's sums, without the block
-            gen = stretch.gen
-            drafted = (int(stretch.k_arr.sum()) * n if stretch.drafts is None
-                       else int(stretch.drafts[:, :n].sum()))
-            self.steps.add_totals(n, len(batch) * n, n, int(gen[:, n].sum() - gen[:, 0].sum()),
-                                  drafted)
+            tokens = stretch.tokens
+            drafted = (int(stretch.k_arr.sum()) * n if stretch.drafted is None
+                       else int(stretch.drafted[:n].sum()))
+            self.steps.add_totals(n, len(batch) * n, n, int(tokens[n] - tokens[0]), drafted)
 
     def _commit(self, batch, stretch: _Stretch, first: int, last: int) -> None:
         """Steps first..last - 1 of a stretch, applied to its requests (and the step count)."""
@@ -473,17 +478,18 @@ class Replica:
                 request.draft_feed = 1 if self.catch_up == "one" else (
                     request.draft_feed + after - before)
 
-    def _log_segment(self, batch, start, n, gen, durations, starts, k_arr, drafts) -> None:
-        """The segment's first n iterations, one block of step records."""
-        tokens = gen[:, : n + 1].sum(axis=0)  # the batch's tokens before each step, and after
+    def _log_segment(self, batch, start, n, starts, stretch: _Stretch) -> None:
+        """The stretch's first n iterations, one block of step records."""
+        tokens = stretch.tokens[: n + 1]  # the batch's tokens before each step, and after
         emitted = tokens[1:] - tokens[:-1]
+        k_arr, drafts = stretch.k_arr, stretch.drafts
         block = np.empty((len(STEP_INDEX), n))
         block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
                              int(k_arr.max()), 0, 0, *self.scheduler.snapshot()))[:, None]
         block[STEP_INDEX["start_s"], 1:] = starts
-        block[STEP_INDEX["duration_s"]] = durations[:n]
+        block[STEP_INDEX["duration_s"]] = stretch.durations[:n]
         if drafts is not None:
-            block[STEP_INDEX["drafted"]] = drafts[:, :n].sum(axis=0)
+            block[STEP_INDEX["drafted"]] = stretch.drafted[:n]
             block[STEP_INDEX["max_k"]] = drafts[:, :n].max(axis=0)
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
@@ -510,11 +516,12 @@ class Replica:
 
 class _Stretch:
     """A running set's next decode steps at fixed ks, priced at once: tokens generated before
-    each step and after the last (`gen`, requests x steps + 1), the drafts of each step where
-    the drafter caps them (else None: k_arr every step), the draft feeds (or None), and each
-    step's seconds. `steps`: how many, up to the first request's finish."""
+    each step and after the last (`gen`, requests x steps + 1; `tokens`, its column sums),
+    the drafts of each step where the drafter caps them (else None: k_arr every step; and
+    `drafted`, their column sums), the draft feeds (or None), and each step's seconds.
+    `steps`: how many, up to the first request's finish."""
 
-    __slots__ = ("drafts", "durations", "feeds", "gen", "k_arr", "steps")
+    __slots__ = ("drafted", "drafts", "durations", "feeds", "gen", "k_arr", "steps", "tokens")
 
     @classmethod
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
@@ -535,8 +542,11 @@ class _Stretch:
         feeds = self.feeds = (replica._feeds(batch, k_arr, gen)
                               if replica.feeds and k_arr.any() else None)
         cost = replica.cost
+        # the batch's tokens before each step and after the last, and (capped) its drafts
+        tokens = self.tokens = gen.sum(axis=0)
+        self.drafted = None if drafts is None else drafts.sum(axis=0)
         durations = cost.chain_segment_s(k_arr if drafts is None else drafts, prompt,
-                                         gen[:, :-1])
+                                         gen[:, :-1], tokens[:-1], self.drafted)
         if durations is None:
             durations = np.atleast_1d(cost.iteration_s(
                 k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,

@@ -215,9 +215,13 @@ class Scheduler:
         )
 
     def choose(self, batch: Sequence, now: float,
-               lookahead: Callable[[int], np.ndarray] | None = None) -> list[int]:
-        """The policy's k for every request of `batch`, checked against the engine's k_max."""
-        ks = list(map(int, self.policy.choose(self.context(batch, now, lookahead))))
+               lookahead: Callable[[int], np.ndarray] | None = None,
+               ctx: StepContext | None = None) -> list[int]:
+        """The policy's k for every request of `batch`, checked against the engine's k_max
+        (`ctx`: this step's `context`, where the caller has built it)."""
+        if ctx is None:
+            ctx = self.context(batch, now, lookahead)
+        ks = list(map(int, self.policy.choose(ctx)))
         if len(ks) != len(batch):
             raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
                                f"{len(batch)} requests")

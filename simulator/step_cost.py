@@ -125,23 +125,25 @@ class StepCostModel:
         pairs = ((k + 1) * cached).sum(axis=0) + ((k + 1) * (k + 2) // 2).sum(axis=0)
         return self._chain_step_s(len(cached), k.sum(axis=0), cached.sum(axis=0), pairs)
 
-    def chain_segment_s(self, ks: np.ndarray, prompts: np.ndarray, gen: np.ndarray
+    def chain_segment_s(self, ks: np.ndarray, prompts: np.ndarray, gen: np.ndarray,
+                        gen_sums: np.ndarray | None = None, drafted: np.ndarray | None = None
                         ) -> np.ndarray | None:
         """`iteration_s(ks, prompts[:, None] + gen - 1)` for a model-free chain drafter (None
         for any other), from the batch's sums: ks (R,) or (R, S), prompts (R,), gen (R, S)
         tokens generated before each step. The same integer arrays reach the latency model, so
-        the same floats, with fewer numpy passes over (R, S) arrays: the fast path's hot spot."""
+        the same floats, with fewer numpy passes over (R, S) arrays: the fast path's hot spot.
+        `gen_sums`, `drafted`: gen's and a 2-D ks' column sums, where the caller has them."""
         if self.draft_tree is not None or self.latency.has_draft_model:
             return None
         before = prompts - 1  # each request's cached tokens before its first generated one
-        cached = gen.sum(axis=0) + int(before.sum())
+        cached = (gen.sum(axis=0) if gen_sums is None else gen_sums) + int(before.sum())
         own = _own_pairs(ks)  # (k + 1)(k + 2) / 2
         if ks.ndim == 1:  # (k + 1)(p - 1 + g) summed over the requests, for every step at once
             k1 = ks + 1
             drafted = np.array([int(ks.sum())], dtype=np.int64)
             pairs = k1 @ gen + (int(k1 @ before) + int(own.sum()))
         else:
-            drafted = ks.sum(axis=0)
+            drafted = ks.sum(axis=0) if drafted is None else drafted
             pairs = ((ks + 1) * (gen + before[:, None]) + own).sum(axis=0)
         return self._chain_step_s(len(prompts), drafted, cached, pairs)
 
