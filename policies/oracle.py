@@ -8,6 +8,13 @@ table (DISCO, Mamou et al. 2024, arXiv 2405.04304, reports an oracle up to 39% o
 
 It is greedy per step: the best tokens/s now, not a plan over the whole run, so it bounds what
 a per-step policy can do with perfect foresight of acceptance, not every conceivable schedule.
+
+`knows=probabilities` is a weaker yardstick: it knows each position's chance of acceptance (a
+parametric trace's per-position probability p_t), not the draws. Draft j of a chain from g is
+accepted with chance p_g ... p_{g+j}; the step drafts the D drafts most likely accepted, D
+chosen for the most expected tokens per second. It is what a policy with perfect calibration
+could do: the distance from it to the outcome oracle is luck that no signal of a draw's chance
+recovers.
 """
 
 from __future__ import annotations
@@ -16,8 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import Policy, StepContext
+import numpy as np
+
+from policies.base import Policy, StepContext, price_steps
 from policies.registry import register
+
+KNOWS = ("outcomes", "probabilities")
 
 
 @register
@@ -29,15 +40,23 @@ class Oracle(Policy):
     simulation_only: ClassVar[bool] = True
 
     k_max: int = field(default=10, metadata={"help": "largest k considered (also <= engine's)"})
+    knows: str = field(default="outcomes", metadata={
+        "help": "outcomes: how many drafts each request will get accepted (the upper bound); "
+                "probabilities: only each position's chance of acceptance (a parametric "
+                "trace's), not the draws: what perfect calibration could do"})
 
     def __post_init__(self) -> None:
         if not 0 <= self.k_max <= 64:
             raise ValueError(f"k_max must be in 0..64, got {self.k_max}")
+        if self.knows not in KNOWS:
+            raise ValueError(f"knows must be one of {', '.join(KNOWS)}, got {self.knows!r}")
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         if ctx.lookahead is None:
             raise RuntimeError("the oracle needs the simulator's lookahead; it cannot run live")
         bound = min(self.k_max, ctx.k_max)
+        if self.knows == "probabilities":
+            return self._calibrated(ctx, bound)
         runs = []
         for r in ctx.requests:
             left = r.output_tokens - r.generated - 1  # drafts past the last token are wasted
@@ -50,3 +69,36 @@ class Oracle(Policy):
             if rate > best_rate:
                 best_ks, best_rate = ks, rate
         return best_ks
+
+    def _calibrated(self, ctx: StepContext, bound: int) -> list[int]:
+        """knows=probabilities: the most expected tokens per second over the allocations that
+        draft, for some deepest depth K, the D drafts of depth below K most likely accepted
+        (every K and D priced, in one call: with a draft model, the K passes cost whoever is in
+        them, so a request's first draft can be nearly free once another drafts K)."""
+        requests = ctx.requests
+        b = len(requests)
+        if b == 0 or bound == 0:
+            return [0] * b
+        chance = np.zeros((b, bound))
+        for i, r in enumerate(requests):
+            reach = min(bound, r.output_tokens - r.generated - 1)
+            if getattr(r, "draftable", None) is not None:
+                reach = min(reach, r.draftable)
+            if reach > 0:
+                p = ctx.lookahead.probabilities(r.request_id)
+                chance[i, :reach] = p[r.generated:r.generated + reach]
+        survival = np.cumprod(chance, axis=1)  # draft j accepted: positions g..g+j all match
+        rows: dict[tuple[int, ...], float] = {(0,) * b: float(b)}  # ks -> expected tokens
+        for depth in range(1, bound + 1):
+            worth = survival[:, :depth].ravel()
+            order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
+            tokens = b + np.cumsum(worth[order])
+            taken = np.zeros(b, dtype=np.int64)
+            for d, cell in enumerate(order.tolist()):
+                taken[cell // depth] += 1
+                rows.setdefault(tuple(taken.tolist()), float(tokens[d]))
+        ks_rows = list(rows)
+        times = price_steps(ctx.cost, [list(ks) for ks in ks_rows],
+                            [r.context_tokens for r in requests])
+        rates = np.array(list(rows.values())) / np.array(times, dtype=np.float64)
+        return list(ks_rows[int(np.argmax(rates))])

@@ -65,6 +65,27 @@ class AcceptanceReplay:
         return meta
 
 
+class Lookahead:
+    """What an oracle may know of the running requests' futures (simulation only;
+    `StepContext.lookahead`): called with a request id, its accepted runs (run[t] for every
+    output position); `probabilities`, each position's chance of acceptance where the trace has
+    it (a parametric trace's p_t), not the draws."""
+
+    def __init__(self, batch, replay: AcceptanceReplay) -> None:
+        self._by_id = {request.request_id: request for request in batch}
+        self._replay = replay
+
+    def __call__(self, request_id: int) -> np.ndarray:
+        return self._by_id[request_id].run
+
+    def probabilities(self, request_id: int) -> np.ndarray:
+        if "accept_prob" not in self._replay.available:
+            raise ConfigError("this speculation trace has no per-position acceptance "
+                              "probability (accept_prob): an oracle that knows probabilities "
+                              "needs a parametric acceptance (iid:, beta:, markov:)")
+        return self._replay.signal(self._by_id[request_id].index, "accept_prob")
+
+
 def signals_needed(policy) -> set[str]:
     """The per-position signals a policy reads from a trace (its own, and the draft's top-1 and
     entropy where it stops a chain early)."""

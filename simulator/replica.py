@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 
 from policies import DraftOutcome, HeldSteps, Policy, StepCost
-from simulator.acceptance import AcceptanceReplay
+from simulator.acceptance import AcceptanceReplay, Lookahead
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
@@ -201,10 +201,8 @@ class Replica:
 
     def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
         """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
-        lookahead = None
-        if type(self.policy).simulation_only:
-            by_id = {request.request_id: request for request in batch}
-            lookahead = lambda rid: by_id[rid].run  # noqa: E731
+        lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
+                     else None)
         ks = self.scheduler.choose(batch, self.env.now, lookahead)
         if type(self.policy).uses_draft_stop:
             ks = self._draft_stop(batch, ks)
@@ -300,10 +298,8 @@ class Replica:
         if not plan.scheduled:
             raise RuntimeError("replica holds requests it can neither admit nor run")
         batch = plan.requests
-        lookahead = None
-        if type(self.policy).simulation_only:
-            by_id = {request.request_id: request for request in batch}
-            lookahead = lambda rid: by_id[rid].run  # noqa: E731
+        lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
+                     else None)
         ks = scheduler.choose(batch, env.now, lookahead)
         decodes = [entry for entry in plan.scheduled if not entry.prefill]
         chunks = [entry for entry in plan.scheduled if entry.prefill]
@@ -371,7 +367,7 @@ class Replica:
         scheduler = self.scheduler
         batch = scheduler.running
         start = self.env.now
-        if self.holds:  # asked where each hold ends; a stretch runs at most to the next
+        if self.holds:  # asked here, and again where each hold ends (_walk_holds)
             ks = self._choose_uncapped(batch)
             hold = self.policy.hold()
         else:  # asked once per running set

@@ -37,3 +37,58 @@ def test_never_drafts_past_the_end_or_the_caps():
 def test_refuses_to_run_without_lookahead():
     with pytest.raises(RuntimeError, match="lookahead"):
         make_policy("oracle").choose(context([FakeRequest(0)]))
+
+
+class _Chances:
+    """A lookahead that knows each position's chance of acceptance (knows=probabilities)."""
+
+    def __init__(self, chances: dict[int, np.ndarray]) -> None:
+        self.chances = chances
+
+    def __call__(self, request_id: int) -> np.ndarray:
+        raise AssertionError("knows=probabilities must not read the draws")
+
+    def probabilities(self, request_id: int) -> np.ndarray:
+        return self.chances[request_id]
+
+
+def _calibrated(chances, cost, k_max=10, output=200):
+    reqs = [FakeRequest(i, generated=1, output_tokens=output) for i in range(len(chances))]
+    table = {i: np.full(output, p) for i, p in enumerate(chances)}
+    ctx = context(reqs, k_max=k_max, cost=cost, lookahead=_Chances(table))
+    return list(make_policy("oracle", {"knows": "probabilities"}).choose(ctx)), ctx
+
+
+def test_knowing_probabilities_drafts_for_the_most_expected_tokens_per_second():
+    # one request at p = 0.8, 10 ms a step + 2 ms a draft pass: k drafts give
+    # 1 + 0.8 + ... + 0.8^k tokens; k = 3, 4, 5: 184.5, 186.7, 184.4 tokens/s
+    ks, _ = _calibrated([0.8], LinearCost(target_s=10e-3, draft_s=2e-3))
+    assert ks == [4]
+
+
+@pytest.mark.parametrize("chances", [(0.95, 0.3), (0.6, 0.6), (0.9, 0.05), (0.99, 0.7)])
+def test_knowing_probabilities_finds_the_best_pair_of_ks(chances):
+    """Against every (k0, k1): with draft passes run in lockstep, a request's drafts are
+    nearly free up to the depth another one drafts to, which ranking drafts by their chance
+    alone would miss."""
+    cost = LinearCost(target_s=10e-3, draft_s=3e-3)
+    ks, ctx = _calibrated(list(chances), cost)
+
+    def rate(pair):
+        tokens = sum(1 + sum(p ** (j + 1) for j in range(k)) for p, k in zip(chances, pair))
+        return tokens / cost.step_s(pair, [r.context_tokens for r in ctx.requests])
+
+    best = max(((a, b) for a in range(11) for b in range(11)), key=rate)
+    assert rate(ks) == pytest.approx(rate(best), rel=1e-12)
+
+
+def test_knowing_probabilities_needs_them_in_the_trace():
+    from simulator.acceptance import AcceptanceReplay, Lookahead
+    from simulator.errors import ConfigError
+    from traces import SpeculationTrace
+
+    trace = SpeculationTrace.from_concatenated(np.array([2, 1, 0, 0]), np.array([0, 4]),
+                                               {"source": "test"})
+    lookahead = Lookahead([FakeRequest(0)], AcceptanceReplay(trace, np.array([4])))
+    with pytest.raises(ConfigError, match="accept_prob"):
+        lookahead.probabilities(0)
