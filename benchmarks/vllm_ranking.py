@@ -16,6 +16,11 @@ With `--loop` (a `benchmarks/vllm_loop.py` output): its tune's predicted mean E2
 configurations too, its recommendation is checked against the best of the windows' means, and
 its own measured window (seed 0) joins the windows.
 
+Each run is also simulated with its passes scaled by how fast vLLM ran the window its server
+served just before (that window's busy ratio: known before the run, so still a prediction), and
+the share of runs whose mean E2E is within 5% is printed for both: a server instance's speed
+varies by several percent (docs/vllm.md), and this says how much of the error that is.
+
 Measured runs are kept in OUT/<config>/<rate>-seed<S> and read back when a rerun finds them; no
 other process may run while vLLM is timed.
 
@@ -75,12 +80,14 @@ def main() -> int:
     from spectune.flags import parse_policy_list
     from spectune.validate_vllm import (
         VllmValidation,
+        busy_ratio,
         configs_of,
         kv_tokens,
         load_profile,
         measured_runs,
         simulate_run,
         spec_bench_workload,
+        step_host_s,
     )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -126,15 +133,31 @@ def main() -> int:
                                          args.window0 or args.loop / "validate", print)
                 served |= {window_label(rate_of[name], 0): (loop_windows[name], run)
                            for name, run in kept0.items()}
+        previous = None  # the busy ratio of the window this server served just before
         for label, ((wl, ids), run) in served.items():
             trace = ngram_trace(ids, run.outputs, 16, {})
-            sim, _ = simulate_run(v, config, wl, trace, capacity, table)
-            rows.append({"config": config.label, "window": label, "rate": rate_of[label],
-                         "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
-                         "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())})
+            sim, latency = simulate_run(v, config, wl, trace, capacity, table)
+            row = {"config": config.label, "window": label, "rate": rate_of[label],
+                   "measured_e2e_s": float(latencies(run.requests).e2e_s.mean()),
+                   "simulated_e2e_s": float(latencies(sim.requests).e2e_s.mean())}
+            if label in runs:  # served here, in this order (the loop's window 0 was not)
+                if previous is not None:
+                    scaled, _ = simulate_run(v, config, wl, trace, capacity, table, previous)
+                    row["calibrated_by_previous_e2e_s"] = float(
+                        latencies(scaled.requests).e2e_s.mean())
+                previous = busy_ratio(run.iterations, sim.steps, step_host_s(latency, sim.steps))
+            rows.append(row)
     labels = [c.label for c in configs]
     results = [rank_rate(rate, rows, labels, predicted, recommended.get(rate), args.noise)
                for rate in args.rates]
+    calibrated = [r for r in rows if "calibrated_by_previous_e2e_s" in r]
+    for name, subset in (("simulated_e2e_s", calibrated), ("calibrated_by_previous_e2e_s",
+                                                           calibrated)):
+        errors = np.array([r[name] / r["measured_e2e_s"] - 1 for r in subset]) * 100
+        if len(errors):
+            print(f"{name}: mean E2E within 5% in {int((abs(errors) <= 5).sum())} of "
+                  f"{len(errors)} runs (those after another on their server), median |error| "
+                  f"{np.median(abs(errors)):.1f}%")
     (args.out / "ranking.json").write_text(json.dumps(
         {"rates": args.rates, "rows": rows, "per_rate": results, "noise_pct": args.noise},
         indent=1))

@@ -80,19 +80,25 @@ def run_terms(run: Path) -> tuple[np.ndarray, float]:
     try:
         its = pd.read_csv(run / RUN_FILES[0])
         reqs = pd.read_csv(run / RUN_FILES[1])
-        if "dummy" in its:
-            its = its[~its.dummy.astype(bool)]
-        requests = its.context_requests + its.generation_requests
-        drafted = its.generation_tokens - its.generation_requests
-        busy = busy_seconds(reqs.sent_s.to_numpy(), reqs.finish_s.to_numpy())
-        elapsed = float(its.elapsed_ms.sum()) / 1000
+        _, requests, drafted, gap = served_gap(its, reqs)
     except (OSError, KeyError, AttributeError, pd.errors.ParserError) as err:
         raise GapFitError(f"{run}: not a measured vLLM run ({err}); its iterations.csv and "
                           f"requests.csv are written by spectune validate --engine vllm") from None
-    if len(its) == 0 or len(reqs) == 0:
+    if len(requests) == 0 or len(reqs) == 0:
         raise GapFitError(f"{run}: no iterations or no requests; measure the run again")
-    terms = np.array([len(its), float(requests.sum()), float((drafted > 0).sum())])
-    return terms, busy - elapsed
+    terms = np.array([len(requests), float(requests.sum()), float((drafted > 0).sum())])
+    return terms, gap
+
+
+def served_gap(iterations: pd.DataFrame, requests: pd.DataFrame
+               ) -> tuple[pd.DataFrame, pd.Series, pd.Series, float]:
+    """A served run's iterations (dummy ones left out), each one's requests and drafts, and
+    the host time between them in all: busy time less logged iteration time, in seconds."""
+    its = iterations[~iterations.dummy.astype(bool)] if "dummy" in iterations else iterations
+    busy = busy_seconds(requests.sent_s.to_numpy(), requests.finish_s.to_numpy())
+    return (its, its.context_requests + its.generation_requests,
+            its.generation_tokens - its.generation_requests,
+            busy - float(its.elapsed_ms.sum()) / 1000)
 
 
 def fit_iteration_gap(runs: Sequence[Path]) -> IterationGap:

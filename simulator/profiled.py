@@ -116,18 +116,24 @@ class ProfiledLatency(LatencyModel):
         self.mixed_parts = mixed == "parts"
 
     @classmethod
-    def with_host_time(cls, table: LatencyTable, pass_scale: float = 1.0) -> ProfiledLatency:
+    def with_host_time(cls, table: LatencyTable, pass_scale: float = 1.0,
+                       host_scale: float = 1.0) -> ProfiledLatency:
         """The table's model plus the host time between iterations its meta records, where the
         profile comes from an engine whose iteration times leave that time out (vLLM's): the
         model fitted on served runs (`iteration_gap`: fixed, per request, per step that
-        verifies drafts; live/vllm_gap.py), else a constant (`iteration_gap_s`), else none."""
+        verifies drafts; live/vllm_gap.py), else a constant (`iteration_gap_s`), else none;
+        `host_scale` multiplies it (the host's speed now against the runs it was fitted on)."""
+        if not (isinstance(host_scale, _SCALARS) and 0 <= host_scale < float("inf")):
+            raise ConfigError(f"host_scale must be a finite number >= 0, got {host_scale!r}")
         fitted = table.meta.get(HOST_GAP_KEY)
         if fitted is None:
-            return cls(table, float(table.meta.get(HOST_GAP_CONSTANT_KEY, 0.0)),
+            return cls(table, float(table.meta.get(HOST_GAP_CONSTANT_KEY, 0.0)) * host_scale,
                        pass_scale=pass_scale)
         try:
-            return cls(table, fitted["fixed_s"], per_seq_overhead_s=fitted["per_request_s"],
-                       spec_step_overhead_s=fitted["speculative_step_s"], pass_scale=pass_scale)
+            return cls(table, fitted["fixed_s"] * host_scale,
+                       per_seq_overhead_s=fitted["per_request_s"] * host_scale,
+                       spec_step_overhead_s=fitted["speculative_step_s"] * host_scale,
+                       pass_scale=pass_scale)
         except (KeyError, TypeError):
             raise ConfigError(f"profiled latency: meta {HOST_GAP_KEY!r} must hold fixed_s, "
                               f"per_request_s and speculative_step_s; got {fitted!r}") from None

@@ -313,8 +313,10 @@ def main(args: argparse.Namespace) -> int:
     rates = tuple(args.rates) if args.rates else None
     spec = dataclass_from_args(ValidateSpec, args, rates=rates)
     prepare_out(args.out)
+    tables = {}
     if spec.engine == "vllm":
-        rows = _validate_vllm(spec, args.out)
+        tables = _validate_vllm(spec, args.out)
+        rows = tables["validate"]
     else:
         rows = run_validate(spec, args.out, log=sys.stderr)
     if args.format == "json":
@@ -326,11 +328,17 @@ def main(args: argparse.Namespace) -> int:
     if spec.engine == "vllm":
         print(f"speed-matched diagnostic (passes scaled by each run's logged iteration time): "
               f"{args.out}/speed-matched/validate.csv")
+    if "calibrated" in tables:
+        print("\ncalibrated (passes scaled by the calibration window served just before each "
+              "run):")
+        print(format_table(tables["calibrated"], None))
+        print(f"written to {args.out}/calibrated/validate.csv")
     return 0
 
 
-def _validate_vllm(spec: ValidateSpec, out: Path) -> list[dict]:
-    """`--engine vllm` (spectune/validate_vllm.py), written as validate writes its results."""
+def _validate_vllm(spec: ValidateSpec, out: Path) -> dict[str, list[dict]]:
+    """`--engine vllm` (spectune/validate_vllm.py), written as validate writes its results;
+    returns its tables (`run_vllm_validation`)."""
     from live.vllm_server import resolve_venv
     from spectune.flags import parse_policy_list
     from spectune.validate_vllm import VllmValidation, configs_of, run_vllm_validation
@@ -340,13 +348,17 @@ def _validate_vllm(spec: ValidateSpec, out: Path) -> list[dict]:
     v = VllmValidation(profile=spec.profile, venv=venv,
                        model_dir=venv / "models" / "SmolLM2-135M-Instruct",
                        rates=spec.rate_list, configs=configs_of(policies), requests=spec.n_requests,
-                       output_tokens=spec.n_output, seed=spec.seed, workload=spec.workload)
-    rows, matched = run_vllm_validation(
+                       output_tokens=spec.n_output, seed=spec.seed, workload=spec.workload,
+                       calibrate=spec.calibrate)
+    tables = run_vllm_validation(
         v, out, say=lambda text: print(text, file=sys.stderr),
         measured=None if spec.measured is None else Path(spec.measured))
-    write_results(out, rows, {"engine": "vllm", "spec": asdict(spec),
-                              "profile": str(spec.profile)})
-    write_results(out / "speed-matched", matched, {
-        "engine": "vllm", "spec": asdict(spec), "profile": str(spec.profile),
+    meta = {"engine": "vllm", "spec": asdict(spec), "profile": str(spec.profile)}
+    write_results(out, tables["validate"], meta)
+    write_results(out / "speed-matched", tables["speed-matched"], meta | {
         "note": "passes scaled by each run's logged/simulated iteration time: a diagnostic"})
-    return rows
+    if "calibrated" in tables:
+        write_results(out / "calibrated", tables["calibrated"], meta | {
+            "note": "passes scaled by how fast vLLM ran the calibration window served just "
+                    "before each run on the same server"})
+    return tables

@@ -74,6 +74,11 @@ class ValidateSpec:
                 "profile --engine vllm`)"})
     vllm_venv: str = field(default=".venv-vllm", metadata={
         "help": "vLLM's environment (--engine vllm)"})
+    calibrate: bool = field(default=False, metadata={
+        "help": "--engine vllm: before each measured window, serve a calibration window on the "
+                "same server (the same arrivals and lengths, training-split text) and also "
+                "simulate each run with the passes scaled by how fast vLLM ran it "
+                "(OUT/calibrated/validate.csv; twice the serving time)"})
     measured: str | None = field(default=None, metadata={
         "help": "--engine vllm: an earlier validation's --out folder; simulate its measured runs "
                 "again (with another --profile, say) instead of serving them"})
@@ -117,6 +122,9 @@ class ValidateSpec:
                               f"{self.temperature!r}")
         if self.engine not in ("spectune", "vllm"):
             raise ConfigError(f"--engine must be spectune or vllm, got {self.engine!r}")
+        if self.calibrate and self.engine != "vllm":
+            raise ConfigError("--calibrate serves vLLM calibration windows (--engine vllm); "
+                              "the spectune engine's runs are scaled by --drift")
         if self.measured is not None and self.engine != "vllm":
             raise ConfigError("--measured reads back runs of --engine vllm; add --engine vllm")
         if self.measured is not None and not Path(self.measured).is_dir():

@@ -40,6 +40,10 @@ class VllmValidation:
     scheduler: str = "vllm-v1"
     workload: str | None = None  # a trace's lengths (azure-conv, a file); None: Spec-Bench's
     max_model_len: int = 2048
+    #: before each measured window, the same server serves its calibration window (the same
+    #: arrivals and lengths, training-split text), and a calibrated simulation scales its
+    #: passes by how fast vLLM ran that (`calibration_label`)
+    calibrate: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,30 +98,34 @@ def ks_of(policy_specs: list[tuple[str, str, dict[str, str]]]) -> tuple[int, ...
     return tuple(c.k for c in configs_of(policy_specs))
 
 
-def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int):
+def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int,
+                        split: str = "eval"):
     """(workload, prompt token ids): n held-out Spec-Bench questions in SmolLM2's chat template,
-    Poisson arrivals at `rate`, `output_tokens` each."""
+    Poisson arrivals at `rate`, `output_tokens` each (`split` "train": training questions, on
+    the same arrivals: a calibration window)."""
     from models.gguf import load_smollm2_tokenizer
     from models.tokenizer import chat_prompt
     from traces import Workload, poisson_arrivals
     from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts
 
     tok = load_smollm2_tokenizer()
-    prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, "eval")]
+    prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, split)]
     picked = [prompts[i] for i in np.random.default_rng(seed).permutation(len(prompts))[:n]]
     ids = [tok.encode(chat_prompt(p.text)) for p in picked]
     arrivals = poisson_arrivals(rate, n, np.random.default_rng([seed, int(rate * 1000)]))
     wl = Workload(arrival_s=arrivals, prompt_tokens=np.array([len(x) for x in ids]),
                   output_tokens=np.full(n, output_tokens), request_ids=np.arange(n),
-                  source=f"Spec-Bench eval questions x{n}, Poisson {rate:g}/s")
+                  source=f"Spec-Bench {split} questions x{n}, Poisson {rate:g}/s")
     return wl, ids
 
 
-def trace_workload(name: str, n: int, rate: float, seed: int, max_model_len: int):
+def trace_workload(name: str, n: int, rate: float, seed: int, max_model_len: int,
+                   split: str = "eval"):
     """(workload, prompt token ids): a trace's first n requests rescaled to `rate`, each prompt
-    real text of its length (a window of the held-out Spec-Bench questions, run together), as
-    an n-gram drafter meets in use. Lengths are cut so prompt + output fits max_model_len: an
-    output to max_model_len // 2, then the prompt to the rest."""
+    real text of its length (a window of the held-out Spec-Bench questions, run together; of
+    the training ones with `split` "train"), as an n-gram drafter meets in use. Lengths are cut
+    so prompt + output fits max_model_len: an output to max_model_len // 2, then the prompt to
+    the rest."""
     from models.gguf import load_smollm2_tokenizer
     from spectune.simulate import load_trace, trace_window
     from traces import Workload
@@ -125,7 +133,7 @@ def trace_workload(name: str, n: int, rate: float, seed: int, max_model_len: int
 
     tok = load_smollm2_tokenizer()
     wl = trace_window(load_trace(name), n, rate)
-    texts = [p.text for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, "eval")]
+    texts = [p.text for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, split)]
     stream = [t for text in texts for t in tok.encode(text + "\n\n")]
     output = np.minimum(wl.output_tokens, max_model_len // 2)
     prompt = np.minimum(wl.prompt_tokens, max_model_len - 1 - output)
@@ -134,7 +142,7 @@ def trace_workload(name: str, n: int, rate: float, seed: int, max_model_len: int
     cut = int((prompt < wl.prompt_tokens).sum() + (output < wl.output_tokens).sum())
     out = Workload(arrival_s=wl.arrival_s, prompt_tokens=prompt.astype(np.int64),
                    output_tokens=output.astype(np.int64), request_ids=wl.request_ids,
-                   source=f"{wl.source}; prompts: held-out Spec-Bench text of each length "
+                   source=f"{wl.source}; prompts: Spec-Bench {split} text of each length "
                           f"({cut} lengths cut to max_model_len {max_model_len})")
     return out, ids
 
@@ -230,15 +238,15 @@ def load_profile(v: VllmValidation):
 
 
 def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
-                 table, pass_scale: float = 1.0):
+                 table, pass_scale: float = 1.0, host_scale: float = 1.0):
     """The simulator's run of one measured one: vLLM's profile `table` (passes times
-    `pass_scale`, the host time between iterations its meta records), its scheduler and
-    capacity, and the acceptance vLLM saw; and the latency model it used."""
+    `pass_scale`, the host time between iterations its meta records times `host_scale`), its
+    scheduler and capacity, and the acceptance vLLM saw; and the latency model it used."""
     from simulator import simulate
     from simulator.config import ServedSchedulerConfig
     from simulator.profiled import ProfiledLatency
 
-    latency = ProfiledLatency.with_host_time(table, pass_scale)
+    latency = ProfiledLatency.with_host_time(table, pass_scale, host_scale)
     settings = ServedSchedulerConfig(max_num_seqs=128, max_batched_tokens=2048, k_max=config.k,
                                      chunked_prefill=True, scheduler=v.scheduler,
                                      kv_capacity_tokens=kv_capacity,
@@ -256,7 +264,7 @@ def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder
     from live.vllm_server import VllmSettings
 
     if measured is None:
-        say(f"vLLM with {config.describe()}: serving {len(workloads)} rate(s)")
+        say(f"vLLM with {config.describe()}: serving {len(workloads)} window(s)")
         settings = VllmSettings(v.model_dir, speculative_tokens=config.k,
                                 k_by_batch=config.table, seed=v.seed,
                                 max_model_len=v.max_model_len)
@@ -267,8 +275,8 @@ def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder
         try:
             run = load_run(source / label)
         except FileNotFoundError as exc:
-            raise ConfigError(f"--measured: {exc}; measure it with the same --policies and "
-                              "--rates") from None
+            raise ConfigError(f"--measured: {exc}; measure it with the same --policies, "
+                              "--rates and --calibrate") from None
         served = run.requests.prompt_tokens.to_numpy()
         if len(served) != len(wl) or (served != wl.prompt_tokens).any():
             raise ConfigError(f"--measured: {source / label} served another workload than "
@@ -279,30 +287,54 @@ def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder
     return runs, source / "server.log"
 
 
+def calibration_label(label: str) -> str:
+    """The calibration window served just before the measured window `label` (--calibrate)."""
+    return f"{label}-calibration"
+
+
+def validation_workloads(v: VllmValidation) -> dict[str, tuple]:
+    """Each rate's measured window, by label, in serving order; with `v.calibrate`, each
+    preceded by its calibration window (the same arrivals and lengths, training-split text)."""
+    def window(rate: float, split: str):
+        if v.workload is None:
+            return spec_bench_workload(v.requests, rate, v.output_tokens, v.seed, split)
+        return trace_workload(v.workload, v.requests, rate, v.seed, v.max_model_len, split)
+
+    out = {}
+    for rate in v.rates:
+        label = f"rate{rate:g}"
+        if v.calibrate:
+            out[calibration_label(label)] = window(rate, "train")
+        out[label] = window(rate, "eval")
+    return out
+
+
 def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path | None = None
-                        ) -> tuple[list[dict], list[dict]]:
-    """Every configuration and rate: measured, simulated, compared (validate_report rows); and
-    the same rows for the speed-matched simulation, whose passes are scaled by the run's
-    `busy_ratio`: a diagnostic that takes the machine's drift out (it reads the measured run's
-    iteration times, so it is not a prediction)."""
+                        ) -> dict[str, list[dict]]:
+    """Every configuration and rate: measured, simulated, compared (validate_report rows) as
+    "validate"; the same rows for the speed-matched simulation ("speed-matched"), whose passes
+    are scaled by the run's `busy_ratio`: a diagnostic that takes the machine's drift out (it
+    reads the measured run's iteration times, so it is not a prediction); and with
+    `v.calibrate`, "calibrated": passes scaled by the busy ratio of the calibration window the
+    same server ran just before (measured before the run, so a prediction)."""
     from live.vllm_acceptance import ngram_trace, per_step_check
     from live.vllm_server import vllm_python
     from spectune.validate_report import compare, metrics
 
     if measured is None:
         vllm_python(v.venv)  # a missing environment says what to run before any work
-    workloads = {f"rate{r:g}": spec_bench_workload(v.requests, r, v.output_tokens, v.seed)
-                 if v.workload is None else
-                 trace_workload(v.workload, v.requests, r, v.seed, v.max_model_len)
-                 for r in v.rates}
+    workloads = validation_workloads(v)
     table = load_profile(v)
-    rows, matched_rows = [], []
+    tables: dict[str, list[dict]] = {"validate": [], "speed-matched": []}
+    if v.calibrate:
+        tables["calibrated"] = []
     for config in v.configs:
         folder = out / config.folder
         runs, log = measured_runs(v, config, workloads, folder, measured, say)
         capacity = kv_tokens(log)
-        for rate, (label, run) in zip(v.rates, runs.items()):
-            wl, ids = workloads[label]
+        for rate in v.rates:
+            label = f"rate{rate:g}"
+            (wl, ids), run = workloads[label], runs[label]
             trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
             # the replay of vLLM's proposals assumes one k: a table's k moves with the batch
             check = per_step_check(trace, config.k, run.per_step, wl.prompt_tokens,
@@ -318,16 +350,48 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
                 f"off by {agree['median_abs_error_pct']:.1f}% (median)")
             observed = measured_metrics(run.requests, run.iterations)
             simulated = metrics(sim.requests, sim.steps)
-            rows += compare(config.label, rate, simulated, observed, simulated)
+            tables["validate"] += compare(config.label, rate, simulated, observed, simulated)
             matched, _ = simulate_run(v, config, wl, trace, capacity, table, busy)
-            matched_rows += compare(config.label, rate, metrics(matched.requests, matched.steps),
-                                    observed, simulated)
+            tables["speed-matched"] += compare(config.label, rate, metrics(
+                matched.requests, matched.steps), observed, simulated)
+            calibration = None
+            if v.calibrate:
+                calibration = calibration_scales(v, config, workloads, runs, label, capacity,
+                                                 table)
+                calibrated, _ = simulate_run(v, config, wl, trace, capacity, table,
+                                             *calibration)
+                tables["calibrated"] += compare(config.label, rate, metrics(
+                    calibrated.requests, calibrated.steps), observed, simulated)
+                say(f"  rate {rate:g}: its calibration window ran at {calibration[0]:.3f}x "
+                    f"the profile's passes and {calibration[1]:.3f}x its host time between "
+                    "them (the calibrated simulation's scales)")
             (folder / label).mkdir(parents=True, exist_ok=True)
             (folder / label / "check.json").write_text(json.dumps(
                 {"per_step": None if check is None else check.__dict__,
-                 "probe_scale": probes, "busy_ratio": busy, "iteration_agreement": agree,
+                 "probe_scale": probes, "busy_ratio": busy,
+                 "calibration_scales": None if calibration is None else {
+                     "passes": calibration[0], "host": calibration[1]},
+                 "iteration_agreement": agree,
                  "iterations": {"vllm": len(run.iterations), "simulated": int(
                      ((sim.steps.decode_seqs + sim.steps.prefill_seqs) > 0).sum())}}))
             sim.requests.to_csv(folder / label / "sim_requests.csv", index=False)
             sim.steps.to_csv(folder / label / "sim_steps.csv", index=False)
-    return rows, matched_rows
+    return tables
+
+
+def calibration_scales(v: VllmValidation, config: VllmConfig, workloads: dict, runs: dict,
+                       label: str, capacity: int, table) -> tuple[float, float]:
+    """How fast the server ran the calibration window it served just before `label`, against
+    the profile: its logged iteration time over the simulated passes (its busy ratio, its own
+    acceptance replayed), and its host time between iterations over what the profile's host
+    model gives its logged iterations (1 where the profile has none)."""
+    from live.vllm_acceptance import ngram_trace
+    from live.vllm_gap import served_gap
+
+    (wl, ids), run = workloads[calibration_label(label)], runs[calibration_label(label)]
+    trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
+    sim, latency = simulate_run(v, config, wl, trace, capacity, table)
+    passes = busy_ratio(run.iterations, sim.steps, step_host_s(latency, sim.steps))
+    _, requests, drafted, gap = served_gap(run.iterations, run.requests)
+    modelled = float(np.sum(latency.step_overhead_s(requests.to_numpy(), drafted.to_numpy())))
+    return passes, (gap / modelled if modelled > 0 else 1.0)

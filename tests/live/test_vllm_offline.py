@@ -58,7 +58,7 @@ def test_measured_runs_must_have_served_the_same_workload(tmp_path):
     with pytest.raises(ConfigError, match="served another workload"):
         measured_runs(v, config, {"rate2": (workload([10, 21]), None)}, tmp_path / "new",
                       tmp_path / "old", say=lambda _: None)
-    with pytest.raises(ConfigError, match="same --policies and --rates"):
+    with pytest.raises(ConfigError, match="same --policies, --rates and --calibrate"):
         measured_runs(v, VllmConfig("fixed:k=4", 4), {"rate2": (workload([10, 20]), None)},
                       tmp_path / "new", tmp_path / "old", say=lambda _: None)
 
@@ -92,3 +92,30 @@ def test_ngram_sizes_are_vllms_lookup_bounds():
     for bad in ("ngram:4-2", "ngram:x", "ngrams"):
         with pytest.raises(ValueError, match="write ngram or ngram:MIN-MAX"):
             ngram_sizes(bad)
+
+
+@pytest.mark.parametrize("workload", [None, "azure-conv"])
+def test_a_calibrated_validation_serves_a_calibration_window_before_each_run(workload):
+    """--calibrate: each rate's window follows its calibration window on the same server, with
+    the same arrivals and lengths and the training questions' text, never the held-out ones."""
+    from spectune.validate_vllm import (
+        VllmValidation,
+        calibration_label,
+        validation_workloads,
+    )
+
+    v = VllmValidation("vllm-cpu-smollm2", Path("."), Path("."), (0.5, 3.0), (), 6, 16,
+                       workload=workload, max_model_len=512)
+    plain = validation_workloads(v)
+    assert list(plain) == ["rate0.5", "rate3"]
+    calibrated = validation_workloads(VllmValidation(**{**v.__dict__, "calibrate": True}))
+    assert list(calibrated) == ["rate0.5-calibration", "rate0.5", "rate3-calibration", "rate3"]
+    for label, (wl, ids) in plain.items():
+        assert calibrated[label][1] == ids  # the measured windows are the same
+        cal, cal_ids = calibrated[calibration_label(label)]
+        np.testing.assert_array_equal(cal.arrival_s, wl.arrival_s)
+        np.testing.assert_array_equal(cal.output_tokens, wl.output_tokens)
+        if workload is not None:  # a trace's lengths: the same, other text
+            np.testing.assert_array_equal(cal.prompt_tokens, wl.prompt_tokens)
+        assert not {tuple(x) for x in cal_ids} & {tuple(x) for x in ids}
+        assert "train" in cal.source and "train" not in wl.source

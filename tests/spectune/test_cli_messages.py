@@ -100,6 +100,8 @@ def test_vllm_engine_flags_are_checked_before_anything_runs(tmp_path, capsys):
     assert "scripts/vllm_env.sh" in err
     err = _err(capsys, ["validate", "--measured", str(tmp_path), "--out", str(tmp_path / "v")], 2)
     assert "--measured reads back runs of --engine vllm" in err
+    err = _err(capsys, ["validate", "--calibrate", "--out", str(tmp_path / "v")], 2)
+    assert "--calibrate serves vLLM calibration windows (--engine vllm)" in err
     err = _err(capsys, ["validate", "--engine", "vllm", "--profile", "vllm-cpu-smollm2",
                         "--measured", str(tmp_path / "none"), "--out", str(tmp_path / "v")], 2)
     assert "no such folder" in err
