@@ -26,7 +26,7 @@ def test_the_readme_shows_each_vllm_command():
     assert {reduce_key(shlex.split(c.text), VLLM_REDUCE) for c in README_VLLM} == set(VLLM_REDUCE)
 
 
-def check_record(out: Path) -> None:
+def check_record(out: Path, argv: list[str]) -> None:
     """vLLM's greedy outputs and their n-gram trace, keyed by question, of the outputs' length."""
     from traces import SpeculationTrace
 
@@ -39,10 +39,11 @@ def check_record(out: Path) -> None:
     assert trace.meta["engine"] == "vllm" and trace.meta["split"] == "train"
 
 
-def check_validate(out: Path) -> None:
+def check_validate(out: Path, argv: list[str]) -> None:
     """Exact replay of tokens per step, for a fixed k (also step by step against vLLM's own
     per-request arrays) and for a table (vLLM's k follows the batch size, the simulator's too:
-    emitted per step exact, drafted close)."""
+    emitted per step exact, drafted close); with --calibrate, the calibration windows served
+    and their scales applied."""
     rows = pd.read_csv(out / "validate.csv")
     table = "batch_adaptive:schedule=[[1,1,3],[2,128,1]]"
     assert set(rows.policy) == {"fixed:k=2", table}
@@ -74,9 +75,19 @@ def check_validate(out: Path) -> None:
     assert served.error.isna().all()  # "" in the csv
     assert (out / "table-1-1x3_2-128x1" / "rate2" / "iterations.csv").is_file()
     assert (out / "speed-matched" / "validate.csv").is_file()
+    scales = check["calibration_scales"]
+    if "--calibrate" not in argv:
+        assert scales is None and not (out / "calibrated").exists()
+        return
+    assert (out / "k2" / "rate2-calibration" / "iterations.csv").is_file()
+    assert 0.2 < scales["passes"] < 5 and 0 <= scales["host"] < 20  # measured, not defaults
+    calibrated = pd.read_csv(out / "calibrated" / "validate.csv")
+    assert len(calibrated) == len(rows)
+    emitted = calibrated[calibrated.metric == "emitted_per_step"].set_index("policy")
+    assert abs(emitted.loc["fixed:k=2", "error_pct"]) < 1e-9  # the same replay, other speed
 
 
-def check_loop(out: Path) -> None:
+def check_loop(out: Path, argv: list[str]) -> None:
     """The tune's recommendation and its measurement beside k = 0, with the verdicts."""
     loop = json.loads((out / "loop.json").read_text())
     (verdict,) = loop["verdicts"]
@@ -104,6 +115,6 @@ def test_the_readme_vllm_commands(vllm_venv, tmp_path):
             assert "Traceback" not in done.stderr + done.stdout, where + done.stderr[-3000:]
             leftover = subprocess.run(["pgrep", "-f", server], capture_output=True)
             assert leftover.returncode == 1, f"{where}vLLM processes left: {leftover.stdout!r}"
-            CHECKS[key](tmp_path / option(full, "--out"))
+            CHECKS[key](tmp_path / option(full, "--out"), full)
     finally:  # whatever failed, no server may outlive the test and slow the ones after it
         subprocess.run(["pkill", "-9", "-f", server], capture_output=True)
