@@ -29,6 +29,7 @@ from policies.base import Policy, StepContext, price_steps
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
+GRID = 8  # knows=probabilities: draft counts tried per depth before the local search
 
 
 @register
@@ -73,8 +74,10 @@ class Oracle(Policy):
     def _calibrated(self, ctx: StepContext, bound: int) -> list[int]:
         """knows=probabilities: the most expected tokens per second over the allocations that
         draft, for some deepest depth K, the D drafts of depth below K most likely accepted
-        (every K and D priced, in one call: with a draft model, the K passes cost whoever is in
-        them, so a request's first draft can be nearly free once another drafts K)."""
+        (with a draft model the K passes cost whoever is in them, so a request's first draft
+        can be nearly free once another drafts K). D is tried on a geometric grid for every K,
+        then every D between the best one's neighbours: tokens grow concavely in D and time
+        about linearly, so their ratio has one peak."""
         requests = ctx.requests
         b = len(requests)
         if b == 0 or bound == 0:
@@ -88,17 +91,25 @@ class Oracle(Policy):
                 p = ctx.lookahead.probabilities(r.request_id)
                 chance[i, :reach] = p[r.generated:r.generated + reach]
         survival = np.cumprod(chance, axis=1)  # draft j accepted: positions g..g+j all match
-        rows: dict[tuple[int, ...], float] = {(0,) * b: float(b)}  # ks -> expected tokens
+        contexts = [r.context_tokens for r in requests]
+        ranked = []  # per depth K: (request of each draft by worth, cumulative worth)
         for depth in range(1, bound + 1):
             worth = survival[:, :depth].ravel()
             order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
-            tokens = b + np.cumsum(worth[order])
-            taken = np.zeros(b, dtype=np.int64)
-            for d, cell in enumerate(order.tolist()):
-                taken[cell // depth] += 1
-                rows.setdefault(tuple(taken.tolist()), float(tokens[d]))
-        ks_rows = list(rows)
-        times = price_steps(ctx.cost, [list(ks) for ks in ks_rows],
-                            [r.context_tokens for r in requests])
-        rates = np.array(list(rows.values())) / np.array(times, dtype=np.float64)
-        return list(ks_rows[int(np.argmax(rates))])
+            ranked.append((order // depth, np.concatenate(([0.0], np.cumsum(worth[order])))))
+
+        def best_of(tries: list[tuple[int, int]]) -> tuple[float, int, int]:
+            rows = [np.bincount(ranked[k - 1][0][:d], minlength=b).tolist() for k, d in tries]
+            times = price_steps(ctx.cost, rows, contexts)
+            rates = [(b + ranked[k - 1][1][d]) / t for (k, d), t in zip(tries, times)]
+            i = int(np.argmax(rates))
+            return rates[i], *tries[i]
+
+        grid = {k: sorted({0, *np.geomspace(1, len(ranked[k - 1][0]) or 1, GRID).round()
+                           .astype(int).tolist()} & set(range(len(ranked[k - 1][0]) + 1)))
+                for k in range(1, bound + 1)}
+        _, k, d = best_of([(k, d) for k in grid for d in grid[k]])
+        at = grid[k].index(d)
+        low, high = grid[k][max(at - 1, 0)], grid[k][min(at + 1, len(grid[k]) - 1)]
+        _, k, d = best_of([(k, x) for x in range(low, high + 1)])
+        return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
