@@ -7,6 +7,8 @@ tokens: one server each) and rate: the measured run (live/vllm_run.py), the n-gr
 rebuilt from what vLLM wrote (live/vllm_acceptance.py, checked against vLLM's per-step counts),
 and the simulation. The simulator's inputs are measured apart from the runs it is compared
 with: the profile (`spectune profile --engine vllm`) times controlled batches on another server.
+With `--calibrate` each run also gets a calibrated simulation, scaled to how fast its own
+server ran a calibration window just before it (docs/vllm.md, "Validation").
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class VllmValidation:
     max_model_len: int = 2048
     #: before each measured window, the same server serves its calibration window (the same
     #: arrivals and lengths, training-split text), and a calibrated simulation scales its
-    #: passes by how fast vLLM ran that (`calibration_label`)
+    #: passes and host time by how fast vLLM ran that (`calibration_scales`)
     calibrate: bool = False
 
 
