@@ -80,7 +80,7 @@ def run_terms(run: Path) -> tuple[np.ndarray, float]:
     try:
         its = pd.read_csv(run / RUN_FILES[0])
         reqs = pd.read_csv(run / RUN_FILES[1])
-        _, requests, drafted, gap = served_gap(its, reqs)
+        requests, drafted, gap = served_gap(its, reqs)
     except (OSError, KeyError, AttributeError, pd.errors.ParserError) as err:
         raise GapFitError(f"{run}: not a measured vLLM run ({err}); its iterations.csv and "
                           f"requests.csv are written by spectune validate --engine vllm") from None
@@ -91,12 +91,12 @@ def run_terms(run: Path) -> tuple[np.ndarray, float]:
 
 
 def served_gap(iterations: pd.DataFrame, requests: pd.DataFrame
-               ) -> tuple[pd.DataFrame, pd.Series, pd.Series, float]:
-    """A served run's iterations (dummy ones left out), each one's requests and drafts, and
+               ) -> tuple[pd.Series, pd.Series, float]:
+    """Each of a served run's iterations' requests and drafts (dummy iterations left out), and
     the host time between them in all: busy time less logged iteration time, in seconds."""
     its = iterations[~iterations.dummy.astype(bool)] if "dummy" in iterations else iterations
     busy = busy_seconds(requests.sent_s.to_numpy(), requests.finish_s.to_numpy())
-    return (its, its.context_requests + its.generation_requests,
+    return (its.context_requests + its.generation_requests,
             its.generation_tokens - its.generation_requests,
             busy - float(its.elapsed_ms.sum()) / 1000)
 

@@ -98,18 +98,17 @@ class Oracle(Policy):
             order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
             ranked.append((order // depth, np.concatenate(([0.0], np.cumsum(worth[order])))))
 
-        def best_of(tries: list[tuple[int, int]]) -> tuple[float, int, int]:
+        def best_of(tries: list[tuple[int, int]]) -> tuple[int, int]:
             rows = [np.bincount(ranked[k - 1][0][:d], minlength=b).tolist() for k, d in tries]
             times = price_steps(ctx.cost, rows, contexts)
             rates = [(b + ranked[k - 1][1][d]) / t for (k, d), t in zip(tries, times)]
-            i = int(np.argmax(rates))
-            return rates[i], *tries[i]
+            return tries[int(np.argmax(rates))]
 
         grid = {k: sorted({0, *np.geomspace(1, len(ranked[k - 1][0]) or 1, GRID).round()
                            .astype(int).tolist()} & set(range(len(ranked[k - 1][0]) + 1)))
                 for k in range(1, bound + 1)}
-        _, k, d = best_of([(k, d) for k in grid for d in grid[k]])
+        k, d = best_of([(k, d) for k in grid for d in grid[k]])
         at = grid[k].index(d)
         low, high = grid[k][max(at - 1, 0)], grid[k][min(at + 1, len(grid[k]) - 1)]
-        _, k, d = best_of([(k, x) for x in range(low, high + 1)])
+        k, d = best_of([(k, x) for x in range(low, high + 1)])
         return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()

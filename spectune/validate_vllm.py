@@ -394,6 +394,6 @@ def calibration_scales(v: VllmValidation, config: VllmConfig, workloads: dict, r
     trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
     sim, latency = simulate_run(v, config, wl, trace, capacity, table)
     passes = busy_ratio(run.iterations, sim.steps, step_host_s(latency, sim.steps))
-    _, requests, drafted, gap = served_gap(run.iterations, run.requests)
+    requests, drafted, gap = served_gap(run.iterations, run.requests)
     modelled = float(np.sum(latency.step_overhead_s(requests.to_numpy(), drafted.to_numpy())))
     return passes, (gap / modelled if modelled > 0 else 1.0)
