@@ -29,7 +29,7 @@ from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
-from simulator.request import RequestState, remaining_chain
+from simulator.request import RequestState, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
 
@@ -68,7 +68,7 @@ class Replica:
         self.requests = requests
         self.next_arrival_s = next_arrival_s
         # a drafter that can run out of proposals (n-gram) drafts min(k, proposable) each step:
-        # the fast path walks those steps too (remaining_chain's cap), but a draft model's
+        # the fast path walks those steps too (walk_chain's cap), but a draft model's
         # catch-up after such steps it does not: with one, step one iteration at a time
         self.capped = acceptance.limits_proposals
         # a policy that holds its k for some steps (Policy.hold) runs those steps as a segment
@@ -407,7 +407,8 @@ class Replica:
                 break
             start, (ks, hold) = float(clock[n]), replanned
         yield end
-        self._finish_done()
+        if n == stretch.steps:  # else no request reached its length: nothing to retire
+            self._finish_done()
 
     def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
                     stretch: _Stretch) -> tuple[int, tuple[list[int], int] | None]:
@@ -461,15 +462,16 @@ class Replica:
         befores, afters = gen[:, first].tolist(), gen[:, last].tolist()
         drafted = ([k * n for k in stretch.k_arr.tolist()] if drafts is None
                    else drafts[:, first:last].sum(axis=1).tolist())
-        for i, request in enumerate(batch):
-            before, after = befores[i], afters[i]
+        feeds_after = None if feeds is None else feeds[:, last].tolist()
+        for i, (request, before, after) in enumerate(zip(batch, befores, afters)):
             request.generated = after
             request.steps += n
             request.drafted += drafted[i]
             request.accepted += after - before - n
             request.chain_at += n
-            if feeds is not None:
-                request.draft_feed = int(feeds[i, last])
+            request.chain_g = after
+            if feeds_after is not None:
+                request.draft_feed = feeds_after[i]
             elif self.feeds:  # no chain: the committed tokens pile up for the next (_feeds)
                 request.draft_feed = 1 if self.catch_up == "one" else (
                     request.draft_feed + after - before)
@@ -508,6 +510,7 @@ class Replica:
     def _finish_done(self) -> None:
         for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
             request.run = request.cap = request.chain = request.chain_ks = None
+            request.chain_k = -1
 
 
 class _Stretch:
@@ -522,10 +525,13 @@ class _Stretch:
     @classmethod
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
         self = cls()
-        chains = [remaining_chain(request, k) for request, k in zip(batch, ks)]
-        n_steps = self.steps = min(len(c) for c in chains) - 1
+        for request, k in zip(batch, ks):
+            if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
+                walk_chain(request, k)
+        n_steps = self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
         # np.array of equal rows: a quarter of np.stack's time
-        gen = self.gen = np.array([c[: n_steps + 1] for c in chains])
+        gen = self.gen = np.array([request.chain[request.chain_at: request.chain_at + n_steps + 1]
+                                   for request in batch])
         prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
         # drafts per request and step: what the drafter could propose (requests x steps)

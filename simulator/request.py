@@ -14,6 +14,7 @@ class RequestState:
         "cap",
         "chain",
         "chain_at",
+        "chain_g",
         "chain_k",
         "chain_ks",
         "draft_feed",
@@ -49,6 +50,7 @@ class RequestState:
         self.chain_k = -1
         self.chain_ks: np.ndarray | None = None
         self.chain_at = 0
+        self.chain_g = -1  # chain[chain_at], kept beside it: checked without reading the array
 
     @property
     def context_tokens(self) -> int:
@@ -61,35 +63,40 @@ class RequestState:
         return None if self.cap is None else self.cap[self.generated]
 
 
-def remaining_chain(request: RequestState, k: int) -> np.ndarray:
-    """Tokens generated before each remaining step if the request asks for k drafts every step.
+def walk_chain(request: RequestState, k: int) -> None:
+    """Make `request.chain[request.chain_at:]` the tokens generated before each remaining step
+    if the request asks for k drafts every step (and `request.chain_g` its first entry).
 
     Step at g drafts d = min(k, cap[g]) (`request.cap`: how many drafts the drafter can propose
     at each position, e.g. an n-gram lookup's; None: no limit), accepts min(d, run[g]) of them
     and emits one more, cut at the request's length: g -> min(g + min(d, run[g]) + 1, N). With
-    a cap, `request.chain_ks` holds each step's d. The walk is cached on the request and reused
-    while it keeps asking for the same k (the fast path resumes it segment after segment).
+    a cap, `request.chain_ks` holds each step's d. The walk is cached on the request and kept
+    while it asks for the same k from where the walk has got to (the fast path resumes it
+    segment after segment, advancing `chain_at` and `chain_g`): see `chain_is_current`.
     """
-    if request.chain_k == k and request.chain is not None:
-        chain = request.chain[request.chain_at:]
-        if len(chain) and chain[0] == request.generated:
-            return chain
+    if chain_is_current(request, k):
+        return
     g0, n = request.generated, request.output_tokens
     caps = None if request.cap is None else np.asarray(request.cap[g0:n], dtype=np.int64)
     if k == 0:
         chain = np.arange(g0, n + 1, dtype=np.int64)
     else:
-        pos = np.arange(g0, n, dtype=np.int64)
+        m = n - g0  # positions counted from g0 while walking
         width = np.minimum(request.run[g0:n], k)
         if caps is not None:
             width = np.minimum(width, caps)
-        nxt = np.minimum(pos + width + 1, n).tolist()
-        walk = [g0]
-        p = g0
-        while p < n:
-            p = nxt[p - g0]
+        nxt = np.minimum(width + np.arange(1, m + 1, dtype=np.int64), m).tolist()
+        walk = [0]
+        p = 0
+        while p < m:
+            p = nxt[p]
             walk.append(p)
-        chain = np.asarray(walk, dtype=np.int64)
-    request.chain, request.chain_k, request.chain_at = chain, k, 0
+        chain = np.asarray(walk, dtype=np.int64) + g0
+    request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
     request.chain_ks = None if caps is None else np.minimum(caps[chain[:-1] - g0], k)
-    return chain
+
+
+def chain_is_current(request: RequestState, k: int) -> bool:
+    """Whether the cached walk is at k and starts where the request is (chain_g mirrors
+    chain[chain_at], so no array is read)."""
+    return request.chain_k == k and request.chain_g == request.generated

@@ -191,7 +191,7 @@ class RooflineLatency(LatencyModel):
                 return 0.0
             return float(max(memory_s, compute_s) + fixed)
         t = np.maximum(memory_s, compute_s) + fixed
-        if isinstance(num_seqs, _SCALARS) and num_seqs > 0 and np.min(query_tokens) > 0:
+        if isinstance(num_seqs, _SCALARS) and num_seqs > 0 and np.asarray(query_tokens).min() > 0:
             return t  # every pass runs (a verify pass: query >= seqs > 0): no mask to apply
         if np.ndim(num_seqs) or np.ndim(query_tokens) or num_seqs == 0 or query_tokens == 0:
             t = np.where((np.asarray(num_seqs) > 0) & (np.asarray(query_tokens) > 0), t, 0.0)

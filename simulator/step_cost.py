@@ -137,14 +137,16 @@ class StepCostModel:
             return None
         before = prompts - 1  # each request's cached tokens before its first generated one
         cached = (gen.sum(axis=0) if gen_sums is None else gen_sums) + int(before.sum())
-        own = _own_pairs(ks)  # (k + 1)(k + 2) / 2
+        k1 = ks + 1
         if ks.ndim == 1:  # (k + 1)(p - 1 + g) summed over the requests, for every step at once
-            k1 = ks + 1
             drafted = np.array([int(ks.sum())], dtype=np.int64)
-            pairs = k1 @ gen + (int(k1 @ before) + int(own.sum()))
+            pairs = k1 @ gen + (int(k1 @ before) + int(_own_pairs(ks).sum()))
         else:
             drafted = ks.sum(axis=0) if drafted is None else drafted
-            pairs = ((ks + 1) * (gen + before[:, None]) + own).sum(axis=0)
+            # (k + 1) c + (k + 1)(k + 2) / 2 = (k + 1)(2 (c + 1) + k) / 2, c = p - 1 + g: fewer
+            # array passes; halving after the sum is exact (each (k + 1)(k + 2) is even)
+            half = gen + (before + 1)[:, None]  # c + 1
+            pairs = (k1 * (half + half + ks)).sum(axis=0) // 2
         return self._chain_step_s(len(prompts), drafted, cached, pairs)
 
     def _chain_step_s(self, seqs, drafted, cached, pairs):
