@@ -416,13 +416,13 @@ class Replica:
         `observe_held`, then the policy asked again at its end (at that step's time; a policy
         that holds reads no lookahead and stops no chain). Returns the steps committed, and
         the new (ks, hold) where the policy changed its ks first."""
-        gen, scheduler = stretch.gen, self.scheduler
-        emitted = gen[:, 1:] - gen[:, :-1]
-        k = stretch.k_arr[:, None] if stretch.drafts is None else stretch.drafts
-        # the steps' sums over the requests (HeldSteps.column_sums), for the stretch at once
-        accepted_sum = (stretch.tokens[1:] - stretch.tokens[:-1] - len(batch)).tolist()
-        drafted_sum = ([int(stretch.k_arr.sum())] * stretch.steps if stretch.drafted is None
-                       else stretch.drafted.tolist())
+        gen, scheduler, tokens = stretch.gen, self.scheduler, stretch.tokens
+        emitted = gen[:, 1: n + 1] - gen[:, :n]
+        k = stretch.k_arr[:, None] if stretch.drafts is None else stretch.drafts[:, :n]
+        # the steps' sums over the requests (HeldSteps.column_sums), for the n steps at once
+        accepted_sum = (tokens[1: n + 1] - tokens[:n] - len(batch)).tolist()
+        drafted_sum = ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
+                       else stretch.drafted[:n].tolist())
         rejected_sum = (emitted <= k).sum(axis=0).tolist()  # accepted (emitted - 1) < k
         ids = [request.request_id for request in batch]
         done = 0
@@ -482,8 +482,9 @@ class Replica:
         emitted = tokens[1:] - tokens[:-1]
         k_arr, drafts = stretch.k_arr, stretch.drafts
         block = np.empty((len(STEP_INDEX), n))
-        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, int(k_arr.sum()),
-                             int(k_arr.max()), 0, 0, *self.scheduler.snapshot()))[:, None]
+        drafted, max_k = (0, 0) if drafts is not None else (int(k_arr.sum()), int(k_arr.max()))
+        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, drafted, max_k, 0, 0,
+                             *self.scheduler.snapshot()))[:, None]
         block[STEP_INDEX["start_s"], 1:] = starts
         block[STEP_INDEX["duration_s"]] = stretch.durations[:n]
         if drafts is not None:
