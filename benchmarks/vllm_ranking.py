@@ -80,15 +80,14 @@ def main() -> int:
     from spectune.flags import parse_policy_list
     from spectune.validate_vllm import (
         VllmValidation,
-        busy_ratio,
         configs_of,
         kv_tokens,
         load_profile,
         measured_runs,
         simulate_run,
         spec_bench_workload,
-        step_host_s,
     )
+    from spectune.vllm_speed import busy_ratio, step_host_s
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", "--rate", dest="rates", type=float, nargs="+", default=[1.5])

@@ -12,6 +12,7 @@ alone. The grid rules and the extrapolation's measurements: docs/profiling.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,13 +63,17 @@ class ProfiledLatency(LatencyModel):
     `step_overhead_s + per_seq_overhead_s * num_seqs + per_draft_token_s * drafted` per iteration,
     plus `spec_step_overhead_s` when the step verifies drafts (0 unless the caller measured it:
     `spectune validate` does). `pass_scale` multiplies every
-    pass: the device's speed now relative to when the table was timed (1.0 unless measured).
+    pass: the device's speed now relative to when the table was timed (1.0 unless measured);
+    `phase_scales` ({"prefill": s, "decode": s, "verify": s}, each optional) multiplies the
+    target's passes of each phase on top of it: where the speed moved unevenly across shapes.
+    In a mixed step priced in parts the fixed cost it pays once is the prefill's.
     """
 
     def __init__(self, table: LatencyTable, step_overhead_s: float = 0.0,
                  extrapolation: Extrapolation = "clamp", *, per_seq_overhead_s: float = 0.0,
                  per_draft_token_s: float = 0.0, spec_step_overhead_s: float = 0.0,
-                 pass_scale: float = 1.0) -> None:
+                 pass_scale: float = 1.0,
+                 phase_scales: Mapping[str, float] | None = None) -> None:
         for name, value in (("step_overhead_s", step_overhead_s),
                             ("per_seq_overhead_s", per_seq_overhead_s),
                             ("per_draft_token_s", per_draft_token_s),
@@ -77,6 +82,7 @@ class ProfiledLatency(LatencyModel):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(pass_scale, _SCALARS) and 0 < pass_scale < float("inf")):
             raise ConfigError(f"pass_scale must be a finite number > 0, got {pass_scale!r}")
+        self.phase_scales = _checked_phase_scales(phase_scales)
         if extrapolation not in ("clamp", "fit"):
             raise ConfigError(f"extrapolation must be 'clamp' or 'fit', got {extrapolation!r}")
         rows = table.rows
@@ -117,23 +123,25 @@ class ProfiledLatency(LatencyModel):
 
     @classmethod
     def with_host_time(cls, table: LatencyTable, pass_scale: float = 1.0,
-                       host_scale: float = 1.0) -> ProfiledLatency:
+                       host_scale: float = 1.0,
+                       phase_scales: Mapping[str, float] | None = None) -> ProfiledLatency:
         """The table's model plus the host time between iterations its meta records, where the
         profile comes from an engine whose iteration times leave that time out (vLLM's): the
         model fitted on served runs (`iteration_gap`: fixed, per request, per step that
         verifies drafts; live/vllm_gap.py), else a constant (`iteration_gap_s`), else none;
-        `host_scale` multiplies it (the host's speed now against the runs it was fitted on)."""
+        `host_scale` multiplies it (the host's speed now against the runs it was fitted on);
+        `pass_scale` and `phase_scales` as the class says."""
         if not (isinstance(host_scale, _SCALARS) and 0 <= host_scale < float("inf")):
             raise ConfigError(f"host_scale must be a finite number >= 0, got {host_scale!r}")
         fitted = table.meta.get(HOST_GAP_KEY)
         if fitted is None:
             return cls(table, float(table.meta.get(HOST_GAP_CONSTANT_KEY, 0.0)) * host_scale,
-                       pass_scale=pass_scale)
+                       pass_scale=pass_scale, phase_scales=phase_scales)
         try:
             return cls(table, fitted["fixed_s"] * host_scale,
                        per_seq_overhead_s=fitted["per_request_s"] * host_scale,
                        spec_step_overhead_s=fitted["speculative_step_s"] * host_scale,
-                       pass_scale=pass_scale)
+                       pass_scale=pass_scale, phase_scales=phase_scales)
         except (KeyError, TypeError):
             raise ConfigError(f"profiled latency: meta {HOST_GAP_KEY!r} must hold fixed_s, "
                               f"per_request_s and speculative_step_s; got {fitted!r}") from None
@@ -141,7 +149,8 @@ class ProfiledLatency(LatencyModel):
     @property
     def fixed_pass_s(self) -> float:
         """The target's fitted cost of a pass that computes nothing (its form's constant)."""
-        return self._scalar_coef["target"][0] * self.pass_scale
+        fixed = self._scalar_coef["target"][0] * self.pass_scale
+        return fixed * self.phase_scales["prefill"] if self.phase_scales else fixed
 
     @property
     def has_draft_model(self) -> bool:
@@ -187,6 +196,9 @@ class ProfiledLatency(LatencyModel):
             if not self._clamp:
                 log_ratio = np.where(grid.inside(bb, qq, cc), log_ratio, 0.0)
             t[mask] *= np.exp(log_ratio)
+        if self.phase_scales and role == "target":
+            for phase, mask in masks.items():
+                t[mask] *= self.phase_scales[phase]
         return _out(np.where(live, t * self.pass_scale, 0.0))
 
     def _scalar(self, role: str, model: _RoleModel, b, q, c, p, phase=None) -> float:
@@ -206,6 +218,8 @@ class ProfiledLatency(LatencyModel):
         grid = model.grids.get(phase)
         if grid is not None:
             t *= math.exp(grid.interpolate_scalar(b, q / b, c / b, self._clamp))
+        if self.phase_scales and role == "target":
+            t *= self.phase_scales[phase]
         return float(t)
 
     def step_overhead_s(self, num_seqs: ArrayLike, drafted_tokens: ArrayLike = 0) -> ArrayLike:
@@ -240,7 +254,8 @@ class ProfiledLatency(LatencyModel):
             "draft_catch_up": self.draft_catch_up,
             "draft_tree": None if self.draft_tree is None else self.draft_tree.to_json(),
             "roles": {role: m.report for role, m in self._roles.items()},
-        } | ({"idle_proposer_s": self.idle_proposer_s} if self.idle_proposer_s else {})
+        } | ({"idle_proposer_s": self.idle_proposer_s} if self.idle_proposer_s else {}) | (
+            {"phase_scales": self.phase_scales} if self.phase_scales else {})
 
 
 def _build_role(rows: pd.DataFrame) -> _RoleModel:
@@ -280,6 +295,21 @@ def _build_role(rows: pd.DataFrame) -> _RoleModel:
         "phases": phases,
     }
     return model
+
+
+def _checked_phase_scales(scales: Mapping[str, float] | None) -> dict[str, float] | None:
+    """Every target phase's scale (1.0 where not given), or None where none is given."""
+    if not scales:
+        return None
+    phases = ROLE_PHASES["target"]
+    for phase, value in scales.items():
+        if phase not in phases:
+            raise ConfigError(f"phase_scales: {phase!r} is not a target phase "
+                              f"({', '.join(phases)})")
+        if not (isinstance(value, _SCALARS) and 0 < value < float("inf")):
+            raise ConfigError(f"phase_scales[{phase!r}] must be a finite number > 0, "
+                              f"got {value!r}")
+    return {phase: float(scales.get(phase, 1.0)) for phase in phases}
 
 
 def _source(meta: dict, has_draft: bool) -> str:

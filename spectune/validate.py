@@ -326,11 +326,11 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(rows, meta if spec.engine != "vllm" else None))
     print(f"\nwritten to {args.out}/validate.csv and validate.json")
     if spec.engine == "vllm":
-        print(f"speed-matched diagnostic (passes scaled by each run's logged iteration time): "
-              f"{args.out}/speed-matched/validate.csv")
+        print(f"speed-matched diagnostic (passes and host time scaled to each run's own "
+              f"logged speed): {args.out}/speed-matched/validate.csv")
     if "calibrated" in tables:
-        print("\ncalibrated (passes scaled by the calibration window served just before each "
-              "run):")
+        print("\ncalibrated (passes per phase and host time scaled to the calibration window "
+              "served just before each run):")
         print(format_table(tables["calibrated"], None))
         print(f"written to {args.out}/calibrated/validate.csv")
     return 0
@@ -356,9 +356,10 @@ def _validate_vllm(spec: ValidateSpec, out: Path) -> dict[str, list[dict]]:
     meta = {"engine": "vllm", "spec": asdict(spec), "profile": str(spec.profile)}
     write_results(out, tables["validate"], meta)
     write_results(out / "speed-matched", tables["speed-matched"], meta | {
-        "note": "passes scaled by each run's logged/simulated iteration time: a diagnostic"})
+        "note": "passes per phase and host time scaled to each run's own logged speed: a "
+                "diagnostic"})
     if "calibrated" in tables:
         write_results(out / "calibrated", tables["calibrated"], meta | {
-            "note": "passes scaled by how fast vLLM ran the calibration window served just "
-                    "before each run on the same server"})
+            "note": "passes per phase and host time scaled to how fast vLLM ran the "
+                    "calibration window served just before each run on the same server"})
     return tables

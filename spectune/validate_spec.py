@@ -77,8 +77,9 @@ class ValidateSpec:
     calibrate: bool = field(default=False, metadata={
         "help": "--engine vllm: before each measured window, serve a calibration window on the "
                 "same server (the same arrivals and lengths, training-split text) and also "
-                "simulate each run with the passes scaled by how fast vLLM ran it "
-                "(OUT/calibrated/validate.csv; twice the serving time)"})
+                "simulate each run with its passes (per phase) and host time scaled to how "
+                "fast that server ran its windows so far (OUT/calibrated/validate.csv; twice "
+                "the serving time)"})
     measured: str | None = field(default=None, metadata={
         "help": "--engine vllm: an earlier validation's --out folder; simulate its measured runs "
                 "again (with another --profile, say) instead of serving them"})

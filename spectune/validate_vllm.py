@@ -8,7 +8,8 @@ rebuilt from what vLLM wrote (live/vllm_acceptance.py, checked against vLLM's pe
 and the simulation. The simulator's inputs are measured apart from the runs it is compared
 with: the profile (`spectune profile --engine vllm`) times controlled batches on another server.
 With `--calibrate` each run also gets a calibrated simulation, scaled to how fast its own
-server ran a calibration window just before it (docs/vllm.md, "Validation").
+server ran the windows before it: a calibration window of the same shapes just before it, and
+the earlier rates' (docs/vllm.md, "Validation").
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ import numpy as np
 import pandas as pd
 
 from simulator import ConfigError
+from spectune.vllm_speed import ServedTimes, busy_ratio, iteration_agreement, step_host_s
 
+#: a calibrated run pools the windows its server ran before it, each earlier one weighing this
+#: much of the next: a server's speed drifts over minutes, and one window's estimate is noisy
+#: (docs/vllm.md, "Calibrated per phase")
+POOL_KEEP = 0.5
 #: vLLM's log line with the KV cache it allocated, in tokens
 KV_LINE = re.compile(r"KV cache size: ([0-9,]+) tokens")
 
@@ -44,7 +50,7 @@ class VllmValidation:
     max_model_len: int = 2048
     #: before each measured window, the same server serves its calibration window (the same
     #: arrivals and lengths, training-split text), and a calibrated simulation scales its
-    #: passes and host time by how fast vLLM ran that (`calibration_scales`)
+    #: passes and host time by how fast vLLM ran that (`calibration_speed`)
     calibrate: bool = False
 
 
@@ -101,23 +107,41 @@ def ks_of(policy_specs: list[tuple[str, str, dict[str, str]]]) -> tuple[int, ...
 
 
 def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int,
-                        split: str = "eval"):
+                        split: str = "eval", lengths: np.ndarray | None = None):
     """(workload, prompt token ids): n held-out Spec-Bench questions in SmolLM2's chat template,
     Poisson arrivals at `rate`, `output_tokens` each (`split` "train": training questions, on
-    the same arrivals: a calibration window)."""
+    the same arrivals: a calibration window). `lengths`: each prompt that many tokens long
+    instead, the chat template around a run of the split's question text (a calibration
+    window of the measured one's lengths, so that its passes have the same shapes)."""
     from models.gguf import load_smollm2_tokenizer
-    from models.tokenizer import chat_prompt
+    from models.tokenizer import chat_prompt, user_turn_frame
     from traces import Workload, poisson_arrivals
     from traces.prompts import DEFAULT_PROMPTS, in_split, load_prompts
 
     tok = load_smollm2_tokenizer()
     prompts = [p for p in load_prompts(DEFAULT_PROMPTS) if in_split(p.key, split)]
-    picked = [prompts[i] for i in np.random.default_rng(seed).permutation(len(prompts))[:n]]
-    ids = [tok.encode(chat_prompt(p.text)) for p in picked]
+    picked = [prompts[i] for i in np.random.default_rng(seed).permutation(len(prompts))]
+    if lengths is None:
+        ids = [tok.encode(chat_prompt(p.text)) for p in picked[:n]]
+        source = f"Spec-Bench {split} questions x{n}"
+    else:
+        before, after = user_turn_frame(tok)
+        stream = [t for p in picked for t in tok.encode(p.text + "\n\n")]
+        ids, at = [], 0
+        for length in lengths:
+            m = int(length) - len(before) - len(after)
+            if m < 1 or m > len(stream):
+                raise ConfigError(f"a calibration prompt of {int(length)} tokens: the chat "
+                                  f"template takes {len(before) + len(after)} and the "
+                                  f"{split} text holds {len(stream)}")
+            at = at if at + m <= len(stream) else 0
+            ids.append(before + stream[at:at + m] + after)
+            at += m
+        source = f"Spec-Bench {split} text, prompts of the measured window's lengths x{n}"
     arrivals = poisson_arrivals(rate, n, np.random.default_rng([seed, int(rate * 1000)]))
     wl = Workload(arrival_s=arrivals, prompt_tokens=np.array([len(x) for x in ids]),
                   output_tokens=np.full(n, output_tokens), request_ids=np.arange(n),
-                  source=f"Spec-Bench {split} questions x{n}, Poisson {rate:g}/s")
+                  source=f"{source}, Poisson {rate:g}/s")
     return wl, ids
 
 
@@ -194,43 +218,6 @@ def speed_scale(latency, probe_rows: list[dict]) -> float:
     return float(np.median(ratios)) if ratios else float("nan")
 
 
-def busy_ratio(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> float:
-    """vLLM's logged time in iterations over the simulator's time in passes, for the whole run:
-    above 1, vLLM ran slower than its profile (the machine's speed, or the profile's shapes).
-    `host_s`: the host time each simulated step carries (a number, or one per step)."""
-    passes = steps.duration_s.to_numpy() - np.broadcast_to(host_s, len(steps))
-    simulated = float(passes.clip(min=0).sum())
-    return float(iterations.elapsed_ms.sum()) / 1000 / simulated if simulated else float("nan")
-
-
-def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> dict:
-    """Simulated against logged time per iteration, where the two runs' i-th steps have the same
-    shape (prompt tokens, decode requests and tokens): how many matched, and the median |error|
-    of the simulated pass time (less `host_s`, as in busy_ratio) against vLLM's iteration time,
-    in percent."""
-    busy = ((steps.decode_seqs + steps.prefill_seqs) > 0).to_numpy()
-    host = np.broadcast_to(host_s, len(steps))[busy]
-    steps = steps[busy].reset_index(drop=True)
-    n = min(len(steps), len(iterations))
-    logged, sim = iterations.iloc[:n], steps.iloc[:n]
-    same = ((logged.context_tokens.to_numpy() == sim.prefill_tokens.to_numpy())
-            & (logged.generation_requests.to_numpy() == sim.decode_seqs.to_numpy())
-            & (logged.generation_tokens.to_numpy()
-               == (sim.decode_seqs + sim.drafted).to_numpy()))
-    passes = sim.duration_s.to_numpy() - host[:n]
-    errors = (passes / (logged.elapsed_ms.to_numpy() / 1000) - 1)[same]
-    return {"matched": int(same.sum()), "of": len(iterations),
-            "median_abs_error_pct": float(np.median(np.abs(errors)) * 100) if same.any()
-            else float("nan")}
-
-
-def step_host_s(latency, steps: pd.DataFrame) -> np.ndarray:
-    """The host time the simulator charged each of its steps (the profile's gap model)."""
-    host = latency.step_overhead_s((steps.decode_seqs + steps.prefill_seqs).to_numpy(),
-                                   steps.drafted.to_numpy())
-    return np.broadcast_to(np.asarray(host, dtype=np.float64), len(steps))
-
-
 def load_profile(v: VllmValidation):
     """vLLM's latency table, read once per validation."""
     from simulator.builtin_profiles import resolve_profile
@@ -240,15 +227,17 @@ def load_profile(v: VllmValidation):
 
 
 def simulate_run(v: VllmValidation, config: VllmConfig, workload, trace, kv_capacity: int,
-                 table, pass_scale: float = 1.0, host_scale: float = 1.0):
+                 table, pass_scale: float = 1.0, host_scale: float = 1.0,
+                 phase_scales: dict[str, float] | None = None):
     """The simulator's run of one measured one: vLLM's profile `table` (passes times
-    `pass_scale`, the host time between iterations its meta records times `host_scale`), its
-    scheduler and capacity, and the acceptance vLLM saw; and the latency model it used."""
+    `pass_scale` and their phase's `phase_scales`, the host time between iterations its meta
+    records times `host_scale`), its scheduler and capacity, and the acceptance vLLM saw; and
+    the latency model it used."""
     from simulator import simulate
     from simulator.config import ServedSchedulerConfig
     from simulator.profiled import ProfiledLatency
 
-    latency = ProfiledLatency.with_host_time(table, pass_scale, host_scale)
+    latency = ProfiledLatency.with_host_time(table, pass_scale, host_scale, phase_scales)
     settings = ServedSchedulerConfig(max_num_seqs=128, max_batched_tokens=2048, k_max=config.k,
                                      chunked_prefill=True, scheduler=v.scheduler,
                                      kv_capacity_tokens=kv_capacity,
@@ -296,29 +285,33 @@ def calibration_label(label: str) -> str:
 
 def validation_workloads(v: VllmValidation) -> dict[str, tuple]:
     """Each rate's measured window, by label, in serving order; with `v.calibrate`, each
-    preceded by its calibration window (the same arrivals and lengths, training-split text)."""
-    def window(rate: float, split: str):
+    preceded by its calibration window (the same arrivals and lengths, training-split text:
+    the same shapes of pass to time, none of the held-out text)."""
+    def window(rate: float, split: str, lengths=None):
         if v.workload is None:
-            return spec_bench_workload(v.requests, rate, v.output_tokens, v.seed, split)
+            return spec_bench_workload(v.requests, rate, v.output_tokens, v.seed, split,
+                                       lengths)
         return trace_workload(v.workload, v.requests, rate, v.seed, v.max_model_len, split)
 
     out = {}
     for rate in v.rates:
         label = f"rate{rate:g}"
-        if v.calibrate:
-            out[calibration_label(label)] = window(rate, "train")
-        out[label] = window(rate, "eval")
+        measured = window(rate, "eval")
+        if v.calibrate:  # a trace's windows share their lengths already
+            out[calibration_label(label)] = window(rate, "train", measured[0].prompt_tokens)
+        out[label] = measured
     return out
 
 
 def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path | None = None
                         ) -> dict[str, list[dict]]:
     """Every configuration and rate: measured, simulated, compared (validate_report rows) as
-    "validate"; the same rows for the speed-matched simulation ("speed-matched"), whose passes
-    are scaled by the run's `busy_ratio`: a diagnostic that takes the machine's drift out (it
-    reads the measured run's iteration times, so it is not a prediction); and with
-    `v.calibrate`, "calibrated": passes scaled by the busy ratio of the calibration window the
-    same server ran just before (measured before the run, so a prediction)."""
+    "validate"; the same rows for the speed-matched simulation ("speed-matched"), scaled to the
+    run's own speed (`WindowSpeed`: passes per phase, host time): a diagnostic that takes the
+    machine's drift out (it reads the measured run's iteration times, so it is not a
+    prediction); and with `v.calibrate`, "calibrated": scaled to the speed of the windows the
+    same server ran before the run (its calibration window, just before it, and the earlier
+    rates' windows, pooled with the older ones weighing less: `POOL_KEEP`; a prediction)."""
     from live.vllm_acceptance import ngram_trace, per_step_check
     from live.vllm_server import vllm_python
     from spectune.validate_report import compare, metrics
@@ -334,6 +327,7 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
         folder = out / config.folder
         runs, log = measured_runs(v, config, workloads, folder, measured, say)
         capacity = kv_tokens(log)
+        served_before: ServedTimes | None = None  # this server's windows so far, pooled
         for rate in v.rates:
             label = f"rate{rate:g}"
             (wl, ids), run = workloads[label], runs[label]
@@ -353,26 +347,36 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             observed = measured_metrics(run.requests, run.iterations)
             simulated = metrics(sim.requests, sim.steps)
             tables["validate"] += compare(config.label, rate, simulated, observed, simulated)
-            matched, _ = simulate_run(v, config, wl, trace, capacity, table, busy)
+            own_times = ServedTimes.of(run, sim.steps, latency)
+            own = own_times.speed()
+            matched, _ = simulate_run(v, config, wl, trace, capacity, table,
+                                      host_scale=own.host, phase_scales=own.phases)
             tables["speed-matched"] += compare(config.label, rate, metrics(
                 matched.requests, matched.steps), observed, simulated)
             calibration = None
             if v.calibrate:
-                calibration = calibration_scales(v, config, workloads, runs, label, capacity,
-                                                 table)
+                window = calibration_times(v, config, workloads, runs, label, capacity, table)
+                served_before = (window if served_before is None
+                                 else served_before.aged(POOL_KEEP) + window)
+                calibration = served_before.speed()
+                # served before the next rate's windows
+                served_before = served_before.aged(POOL_KEEP) + own_times
                 calibrated, _ = simulate_run(v, config, wl, trace, capacity, table,
-                                             *calibration)
+                                             host_scale=calibration.host,
+                                             phase_scales=calibration.phases)
                 tables["calibrated"] += compare(config.label, rate, metrics(
                     calibrated.requests, calibrated.steps), observed, simulated)
-                say(f"  rate {rate:g}: its calibration window ran at {calibration[0]:.3f}x "
-                    f"the profile's passes and {calibration[1]:.3f}x its host time between "
-                    "them (the calibrated simulation's scales)")
+                speeds = ", ".join(f"{p} {x:.3f}x" for p, x in calibration.phases.items())
+                say(f"  rate {rate:g}: the server's {calibration.windows} window(s) before "
+                    f"it (its calibration window last, weighing most) ran the profile's "
+                    f"passes at {speeds} "
+                    f"and its host time between them at {calibration.host:.3f}x (the "
+                    "calibrated simulation's scales)")
             (folder / label).mkdir(parents=True, exist_ok=True)
             (folder / label / "check.json").write_text(json.dumps(
                 {"per_step": None if check is None else check.__dict__,
-                 "probe_scale": probes, "busy_ratio": busy,
-                 "calibration_scales": None if calibration is None else {
-                     "passes": calibration[0], "host": calibration[1]},
+                 "probe_scale": probes, "busy_ratio": busy, "own_speed": own.to_json(),
+                 "calibration_speed": None if calibration is None else calibration.to_json(),
                  "iteration_agreement": agree,
                  "iterations": {"vllm": len(run.iterations), "simulated": int(
                      ((sim.steps.decode_seqs + sim.steps.prefill_seqs) > 0).sum())}}))
@@ -381,19 +385,14 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
     return tables
 
 
-def calibration_scales(v: VllmValidation, config: VllmConfig, workloads: dict, runs: dict,
-                       label: str, capacity: int, table) -> tuple[float, float]:
-    """How fast the server ran the calibration window it served just before `label`, against
-    the profile: its logged iteration time over the simulated passes (its busy ratio, its own
-    acceptance replayed), and its host time between iterations over what the profile's host
-    model gives its logged iterations (1 where the profile has none)."""
+def calibration_times(v: VllmValidation, config: VllmConfig, workloads: dict, runs: dict,
+                      label: str, capacity: int, table) -> ServedTimes:
+    """The calibration window the server served just before `label`, beside its simulation
+    with the profile unscaled (its own acceptance replayed): how fast it ran, as sums that
+    pool with the server's earlier windows."""
     from live.vllm_acceptance import ngram_trace
-    from live.vllm_gap import served_gap
 
     (wl, ids), run = workloads[calibration_label(label)], runs[calibration_label(label)]
     trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM outputs, {config.label}"})
     sim, latency = simulate_run(v, config, wl, trace, capacity, table)
-    passes = busy_ratio(run.iterations, sim.steps, step_host_s(latency, sim.steps))
-    requests, drafted, gap = served_gap(run.iterations, run.requests)
-    modelled = float(np.sum(latency.step_overhead_s(requests.to_numpy(), drafted.to_numpy())))
-    return passes, (gap / modelled if modelled > 0 else 1.0)
+    return ServedTimes.of(run, sim.steps, latency)

@@ -115,7 +115,8 @@ def test_a_calibrated_validation_serves_a_calibration_window_before_each_run(wor
         cal, cal_ids = calibrated[calibration_label(label)]
         np.testing.assert_array_equal(cal.arrival_s, wl.arrival_s)
         np.testing.assert_array_equal(cal.output_tokens, wl.output_tokens)
-        if workload is not None:  # a trace's lengths: the same, other text
-            np.testing.assert_array_equal(cal.prompt_tokens, wl.prompt_tokens)
+        # the same prompt lengths (a trace's, or Spec-Bench's measured ones), other text
+        np.testing.assert_array_equal(cal.prompt_tokens, wl.prompt_tokens)
+        assert [len(x) for x in cal_ids] == list(wl.prompt_tokens)
         assert not {tuple(x) for x in cal_ids} & {tuple(x) for x in ids}
         assert "train" in cal.source and "train" not in wl.source

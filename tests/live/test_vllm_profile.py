@@ -15,13 +15,8 @@ from live.vllm_profile import (
 )
 from simulator import ConfigError
 from spectune.flags import parse_policy_list
-from spectune.validate_vllm import (
-    busy_ratio,
-    configs_of,
-    iteration_agreement,
-    ks_of,
-    measured_metrics,
-)
+from spectune.validate_vllm import configs_of, ks_of, measured_metrics
+from spectune.vllm_speed import busy_ratio, iteration_agreement, phase_speeds
 
 
 def lines(*rows):
@@ -155,3 +150,27 @@ def test_iteration_agreement_compares_only_steps_of_the_same_shape():
     assert busy_ratio(logged, steps, per_step) == pytest.approx(0.160 / 0.170)
     assert iteration_agreement(logged, steps, per_step)["median_abs_error_pct"] \
         == pytest.approx(10)
+
+
+def test_phase_speeds_compare_shape_for_shape_whatever_the_mix():
+    """Per phase, vLLM's time over the simulated mean pass of the same shape, summed over vLLM's
+    iterations: how often each shape ran (which differs near saturation) does not move it,
+    where it moves the busy ratio; a phase nothing matched takes the overall ratio."""
+    # simulated (1 ms gap each): decode at batch 2 three times (10 ms passes), at batch 4 once
+    # (20 ms), a verify of 2 requests x 3 tokens (30 ms), a prompt of 100 tokens (100 ms)
+    steps = sim_steps((0.011, 2, 0, 0, 0), (0.011, 2, 0, 0, 0), (0.011, 2, 0, 0, 0),
+                      (0.021, 4, 0, 0, 0), (0.031, 2, 0, 0, 4), (0.101, 0, 1, 100, 0),
+                      (0.0, 0, 0, 0, 0))
+    # vLLM ran batch 2 once and batch 4 five times, all 10% faster; its verify 20% slower; a
+    # prompt of a shape the simulation never ran; a dummy iteration that ran no request
+    logged = lines((0, 0, 0, 2, 2, 9.0, False), *[(i, 0, 0, 4, 4, 18.0, False)
+                                                  for i in range(1, 6)],
+                   (6, 0, 0, 2, 6, 36.0, False), (7, 1, 90, 0, 0, 80.0, False),
+                   (8, 0, 0, 0, 0, 500.0, True))
+    speeds = phase_speeds(logged, steps, 0.001)
+    assert speeds["decode"] == pytest.approx(0.9)
+    assert speeds["verify"] == pytest.approx(1.2)
+    # no prompt of 90 tokens was simulated: the overall ratio, (9 + 90 + 36) / (10 + 100 + 30)
+    assert speeds["prefill"] == pytest.approx((9 + 5 * 18 + 36) / (10 + 5 * 20 + 30))
+    # the busy ratio counts each side's own mix (and here the dummy's time): not 0.9 for decode
+    assert busy_ratio(logged, steps, 0.001) != pytest.approx(0.9, abs=0.05)

@@ -1,7 +1,8 @@
 """A real vLLM, end to end, as the README shows it: build its environment (scripts/vllm_env.sh,
 cached in the checkout's .venv-vllm), then run the README's vLLM commands in its order, reduced
 (tests/test_readme_commands.py VLLM_REDUCE): a recording made on vLLM, `spectune validate
---engine vllm` with a fixed k and a per-batch-size table, and the tune-then-measure loop
+--engine vllm` with a fixed k and a per-batch-size table (calibrated too, and its ways of
+calibrating compared: benchmarks/vllm_calibration.py), and the tune-then-measure loop
 (benchmarks/vllm_loop.py). The simulator must replay vLLM's tokens per step exactly, and no
 server may be left behind. About five server starts, ~10 min on 2 cores."""
 
@@ -75,12 +76,16 @@ def check_validate(out: Path, argv: list[str]) -> None:
     assert served.error.isna().all()  # "" in the csv
     assert (out / "table-1-1x3_2-128x1" / "rate2" / "iterations.csv").is_file()
     assert (out / "speed-matched" / "validate.csv").is_file()
-    scales = check["calibration_scales"]
+    own = check["own_speed"]  # the speed-matched diagnostic's scales: measured, not defaults
+    assert 0.2 < own["passes_by_phase"]["decode"] < 5 and 0 <= own["host"] < 20
+    speed = check["calibration_speed"]
     if "--calibrate" not in argv:
-        assert scales is None and not (out / "calibrated").exists()
+        assert speed is None and not (out / "calibrated").exists()
         return
     assert (out / "k2" / "rate2-calibration" / "iterations.csv").is_file()
-    assert 0.2 < scales["passes"] < 5 and 0 <= scales["host"] < 20  # measured, not defaults
+    phases = speed["passes_by_phase"]
+    assert set(phases) == {"prefill", "decode", "verify"}
+    assert all(0.2 < x < 5 for x in phases.values()) and 0 <= speed["host"] < 20
     calibrated = pd.read_csv(out / "calibrated" / "validate.csv")
     assert len(calibrated) == len(rows)
     emitted = calibrated[calibrated.metric == "emitted_per_step"].set_index("policy")
@@ -97,8 +102,19 @@ def check_loop(out: Path, argv: list[str]) -> None:
     assert all(row["measured_e2e_s"] > 0 and row["predicted_e2e_s"] > 0 for row in loop["table"])
 
 
+def check_calibration(out: Path, argv: list[str]) -> None:
+    """Every way of calibrating, on every run the calibrated validation served: errors that are
+    numbers, the run's own speed among them."""
+    ways = json.loads(out.read_text())["ways"]
+    assert {"plain", "per phase, pooled, decaying", "own speed (diagnostic)"} <= set(ways)
+    for way in ways.values():
+        assert way["runs"] == 2 and len(way["errors_pct"]) == 2  # two servers, one rate
+        assert all(abs(e) < 100 for e in way["errors_pct"])
+
+
 CHECKS = {"spectune record": check_record, "spectune validate": check_validate,
-          "python benchmarks/vllm_loop.py": check_loop}
+          "python benchmarks/vllm_loop.py": check_loop,
+          "python benchmarks/vllm_calibration.py": check_calibration}
 
 
 def test_the_readme_vllm_commands(vllm_venv, tmp_path):

@@ -253,6 +253,36 @@ def test_host_terms_and_pass_scale_enter_an_iteration_as_documented():
             ProfiledLatency(table, **bad)
 
 
+def test_phase_scales_multiply_the_targets_passes_of_their_phase_only():
+    table = make_table()
+    base = ProfiledLatency(table)
+    scaled = ProfiledLatency(table, pass_scale=1.25, phase_scales={"verify": 0.8,
+                                                                   "prefill": 1.5})
+    shapes = {"decode": (4, 4, 400, 1300), "verify": (4, 12, 400, 1300),
+              "prefill": (2, 200, 0, 20100)}
+    factor = {"decode": 1.25, "verify": 1.25 * 0.8, "prefill": 1.25 * 1.5}
+    for phase, shape in shapes.items():
+        assert scaled.forward_s("target", *shape) == pytest.approx(
+            factor[phase] * base.forward_s("target", *shape), rel=1e-12)
+    # arrays: each element by its own phase, as the scalars
+    b, q, c, p = (np.array(x) for x in zip(*shapes.values()))
+    np.testing.assert_allclose(scaled.forward_s("target", b, q, c, p),
+                               [scaled.forward_s("target", *s) for s in shapes.values()],
+                               rtol=1e-12)
+    # a phase named by the caller (a continuing prompt chunk priced as a prefill)
+    assert scaled.forward_s("target", 1, 50, 100, 6275, phase="prefill") == pytest.approx(
+        1.25 * 1.5 * base.forward_s("target", 1, 50, 100, 6275, phase="prefill"), rel=1e-12)
+    # the fixed cost a mixed step pays once goes with its prefill
+    assert scaled.fixed_pass_s == pytest.approx(1.25 * 1.5 * base.fixed_pass_s)
+    assert scaled.describe()["phase_scales"] == {"prefill": 1.5, "decode": 1.0,
+                                                 "verify": 0.8}
+    assert "phase_scales" not in base.describe()
+    with pytest.raises(ConfigError, match="'draft' is not a target phase"):
+        ProfiledLatency(table, phase_scales={"draft": 1.1})
+    with pytest.raises(ConfigError, match=r"phase_scales\['decode'\] must be"):
+        ProfiledLatency(table, phase_scales={"decode": 0.0})
+
+
 def test_heldout_split_never_removes_corners_or_boundaries():
     table = make_table()
     for seed in range(5):
