@@ -50,7 +50,8 @@ class VllmValidation:
     max_model_len: int = 2048
     #: before each measured window, the same server serves its calibration window (the same
     #: arrivals and lengths, training-split text), and a calibrated simulation scales its
-    #: passes and host time by how fast vLLM ran that (`calibration_speed`)
+    #: passes and host time by how fast that server ran it and its earlier windows
+    #: (`calibration_times`, pooled in `run_vllm_validation`)
     calibrate: bool = False
 
 
@@ -270,9 +271,13 @@ def measured_runs(v: VllmValidation, config: VllmConfig, workloads: dict, folder
                               "--rates and --calibrate") from None
         served = run.requests.prompt_tokens.to_numpy()
         if len(served) != len(wl) or (served != wl.prompt_tokens).any():
+            older = (" (or it was measured before calibration windows took the measured "
+                     "window's prompt lengths: benchmarks/vllm_calibration.py "
+                     "--unmatched-calibration reads those)"
+                     if label.endswith(calibration_label("")) else "")
             raise ConfigError(f"--measured: {source / label} served another workload than "
                               "this one: give the --requests, --output-tokens, --workload and "
-                              "--seed it was measured with")
+                              f"--seed it was measured with{older}")
         runs[label] = run
     say(f"vLLM with {config.describe()}: read back from {source}")
     return runs, source / "server.log"
