@@ -66,7 +66,7 @@ def main() -> int:
         spec_bench_workload,
         validation_workloads,
     )
-    from spectune.vllm_speed import ServedTimes
+    from spectune.vllm_speed import ServedTimes, pooled
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="a `validate --engine vllm --calibrate` --out")
@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.5, 3.0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload", default=None,
+                    help="a trace's lengths, as the validation served (default: Spec-Bench's)")
     ap.add_argument("--policies", default="fixed:k=0,fixed:k=1,fixed:k=2,fixed:k=3,fixed:k=4,"
                     "fixed:k=6,batch_adaptive:schedule=[[1,1,3],[2,4,2],[5,128,1]]")
     ap.add_argument("--out", type=Path, help="also write the errors and the summary as JSON")
@@ -85,7 +88,8 @@ def main() -> int:
     v = VllmValidation(profile=args.profile, venv=ROOT / ".venv-vllm", model_dir=Path("."),
                        rates=tuple(args.rates), configs=configs_of(parse_policy_list(
                            args.policies)), requests=args.requests,
-                       output_tokens=args.output_tokens, calibrate=True)
+                       output_tokens=args.output_tokens, seed=args.seed,
+                       workload=args.workload, calibrate=True)
     workloads = validation_workloads(v)
     if args.unmatched_calibration:
         for rate in v.rates:
@@ -98,12 +102,12 @@ def main() -> int:
     for config in v.configs:
         runs, log = measured_runs(v, config, workloads, None, args.folder, lambda *_: None)
         capacity = kv_tokens(log)
-        pooled = decaying = None
+        pool = decaying = None
         for rate in v.rates:
             label = f"rate{rate:g}"
             window = calibration_times(v, config, workloads, runs, label, capacity, table)
-            pooled = window if pooled is None else pooled + window
-            decaying = window if decaying is None else decaying.aged(POOL_KEEP) + window
+            pool = pooled(pool, window, 1.0)
+            decaying = pooled(decaying, window, POOL_KEEP)
             (wl, ids), run = workloads[label], runs[label]
             trace = ngram_trace(ids, run.outputs, 16, {"source": f"vLLM, {config.label}"})
             sim, latency = simulate_run(v, config, wl, trace, capacity, table)
@@ -111,16 +115,16 @@ def main() -> int:
             cal = window.speed()
             scales = {
                 "plain": {},
-                "busy, calibration window": dict(pass_scale=cal.busy, host_scale=cal.host),
-                "busy, pooled, decaying": dict(pass_scale=decaying.speed().busy,
+                "busy, calibration window": dict(pass_scale=cal.busy or 1.0, host_scale=cal.host),
+                "busy, pooled, decaying": dict(pass_scale=decaying.speed().busy or 1.0,
                                                host_scale=decaying.speed().host),
                 "per phase, calibration window": dict(host_scale=cal.host,
                                                       phase_scales=cal.phases),
-                "per phase, pooled": dict(host_scale=pooled.speed().host,
-                                          phase_scales=pooled.speed().phases),
+                "per phase, pooled": dict(host_scale=pool.speed().host,
+                                          phase_scales=pool.speed().phases),
                 "per phase, pooled, decaying": dict(host_scale=decaying.speed().host,
                                                     phase_scales=decaying.speed().phases),
-                "own busy ratio (diagnostic)": dict(pass_scale=own.speed().busy,
+                "own busy ratio (diagnostic)": dict(pass_scale=own.speed().busy or 1.0,
                                                     host_scale=own.speed().host),
                 "own speed (diagnostic)": dict(host_scale=own.speed().host,
                                                phase_scales=own.speed().phases),
@@ -132,8 +136,8 @@ def main() -> int:
                 simulated = metrics(scaled.requests, scaled.steps)["e2e_mean_s"]
                 errors[way].append((simulated / measured - 1) * 100)
                 by_rate[rate][way].append((simulated, measured))
-            pooled += own
-            decaying = decaying.aged(POOL_KEEP) + own
+            pool = pooled(pool, own, 1.0)
+            decaying = pooled(decaying, own, POOL_KEEP)
     print(f"{args.folder}: {len(errors['plain'])} runs, profile {args.profile}; error of the "
           "simulated mean E2E against vLLM's")
     print(f"{'way':>32} {'within 5%':>10} {'mean':>7} {'mean |e|':>9} {'worst':>7}  "

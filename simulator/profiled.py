@@ -66,7 +66,8 @@ class ProfiledLatency(LatencyModel):
     pass: the device's speed now relative to when the table was timed (1.0 unless measured);
     `phase_scales` ({"prefill": s, "decode": s, "verify": s}, each optional) multiplies the
     target's passes of each phase on top of it: where the speed moved unevenly across shapes.
-    In a mixed step priced in parts the fixed cost it pays once is the prefill's.
+    A mixed step priced in parts takes the prefill pass's fixed cost out (`fixed_pass_s`, at
+    the prefill's scale), so the one it pays is its decode pass's.
     """
 
     def __init__(self, table: LatencyTable, step_overhead_s: float = 0.0,
@@ -148,7 +149,8 @@ class ProfiledLatency(LatencyModel):
 
     @property
     def fixed_pass_s(self) -> float:
-        """The target's fitted cost of a pass that computes nothing (its form's constant)."""
+        """The target's fitted cost of a pass that computes nothing (its form's constant), at the
+        prefill's scale: what a mixed step priced in parts takes out of its prefill pass."""
         fixed = self._scalar_coef["target"][0] * self.pass_scale
         return fixed * self.phase_scales["prefill"] if self.phase_scales else fixed
 
@@ -187,8 +189,8 @@ class ProfiledLatency(LatencyModel):
         if phase is not None:
             masks = {phase: live}
             cbar = np.zeros_like(cbar) if phase == "prefill" else cbar
-        for phase, mask in masks.items():
-            grid = model.grids.get(phase)
+        for name, mask in masks.items():
+            grid = model.grids.get(name)
             if grid is None or not mask.any():
                 continue
             bb, qq, cc = b[mask], qbar[mask], cbar[mask]
@@ -197,8 +199,8 @@ class ProfiledLatency(LatencyModel):
                 log_ratio = np.where(grid.inside(bb, qq, cc), log_ratio, 0.0)
             t[mask] *= np.exp(log_ratio)
         if self.phase_scales and role == "target":
-            for phase, mask in masks.items():
-                t[mask] *= self.phase_scales[phase]
+            for name, mask in masks.items():
+                t[mask] *= self.phase_scales[name]
         return _out(np.where(live, t * self.pass_scale, 0.0))
 
     def _scalar(self, role: str, model: _RoleModel, b, q, c, p, phase=None) -> float:

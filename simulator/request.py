@@ -98,5 +98,6 @@ def walk_chain(request: RequestState, k: int) -> None:
 
 def chain_is_current(request: RequestState, k: int) -> bool:
     """Whether the cached walk is at k and starts where the request is (chain_g mirrors
-    chain[chain_at], so no array is read)."""
+    chain[chain_at], so no array is read; a request without a walk has chain_k -1).
+    `_Stretch.priced` (simulator/replica.py) inlines this test: keep the two alike."""
     return request.chain_k == k and request.chain_g == request.generated

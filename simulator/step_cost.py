@@ -145,8 +145,8 @@ class StepCostModel:
             drafted = ks.sum(axis=0) if drafted is None else drafted
             # (k + 1) c + (k + 1)(k + 2) / 2 = (k + 1)(2 (c + 1) + k) / 2, c = p - 1 + g: fewer
             # array passes; halving after the sum is exact (each (k + 1)(k + 2) is even)
-            half = gen + (before + 1)[:, None]  # c + 1
-            pairs = (k1 * (half + half + ks)).sum(axis=0) // 2
+            c1 = gen + (before + 1)[:, None]  # c + 1
+            pairs = (k1 * (c1 + c1 + ks)).sum(axis=0) // 2
         return self._chain_step_s(len(prompts), drafted, cached, pairs)
 
     def _chain_step_s(self, seqs, drafted, cached, pairs):

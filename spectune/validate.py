@@ -329,8 +329,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"speed-matched diagnostic (passes and host time scaled to each run's own "
               f"logged speed): {args.out}/speed-matched/validate.csv")
     if "calibrated" in tables:
-        print("\ncalibrated (passes per phase and host time scaled to the calibration window "
-              "served just before each run):")
+        print("\ncalibrated (passes per phase and host time scaled to how fast each run's "
+              "server ran its windows before it, its calibration window weighing most):")
         print(format_table(tables["calibrated"], None))
         print(f"written to {args.out}/calibrated/validate.csv")
     return 0
@@ -360,6 +360,7 @@ def _validate_vllm(spec: ValidateSpec, out: Path) -> dict[str, list[dict]]:
                 "diagnostic"})
     if "calibrated" in tables:
         write_results(out / "calibrated", tables["calibrated"], meta | {
-            "note": "passes per phase and host time scaled to how fast vLLM ran the "
-                    "calibration window served just before each run on the same server"})
+            "note": "passes per phase and host time scaled to how fast each run's server ran "
+                    "its windows before it (the calibration window just before it weighing "
+                    "most, each earlier one half the next)"})
     return tables

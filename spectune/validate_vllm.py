@@ -23,7 +23,13 @@ import numpy as np
 import pandas as pd
 
 from simulator import ConfigError
-from spectune.vllm_speed import ServedTimes, busy_ratio, iteration_agreement, step_host_s
+from spectune.vllm_speed import (
+    ServedTimes,
+    busy_ratio,
+    iteration_agreement,
+    pooled,
+    step_host_s,
+)
 
 #: a calibrated run pools the windows its server ran before it, each earlier one weighing this
 #: much of the next: a server's speed drifts over minutes, and one window's estimate is noisy
@@ -126,6 +132,8 @@ def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int,
         ids = [tok.encode(chat_prompt(p.text)) for p in picked[:n]]
         source = f"Spec-Bench {split} questions x{n}"
     else:
+        if len(lengths) != n:
+            raise ConfigError(f"{len(lengths)} prompt lengths for a window of {n} requests")
         before, after = user_turn_frame(tok)
         stream = [t for p in picked for t in tok.encode(p.text + "\n\n")]
         ids, at = [], 0
@@ -134,7 +142,8 @@ def spec_bench_workload(n: int, rate: float, output_tokens: int, seed: int,
             if m < 1 or m > len(stream):
                 raise ConfigError(f"a calibration prompt of {int(length)} tokens: the chat "
                                   f"template takes {len(before) + len(after)} and the "
-                                  f"{split} text holds {len(stream)}")
+                                  f"{split} text holds {len(stream)}; serve without "
+                                  "--calibrate, or a workload whose prompts fit")
             at = at if at + m <= len(stream) else 0
             ids.append(before + stream[at:at + m] + after)
             at += m
@@ -361,11 +370,10 @@ def run_vllm_validation(v: VllmValidation, out: Path, say=print, measured: Path 
             calibration = None
             if v.calibrate:
                 window = calibration_times(v, config, workloads, runs, label, capacity, table)
-                served_before = (window if served_before is None
-                                 else served_before.aged(POOL_KEEP) + window)
+                served_before = pooled(served_before, window, POOL_KEEP)
                 calibration = served_before.speed()
                 # served before the next rate's windows
-                served_before = served_before.aged(POOL_KEEP) + own_times
+                served_before = pooled(served_before, own_times, POOL_KEEP)
                 calibrated, _ = simulate_run(v, config, wl, trace, capacity, table,
                                              host_scale=calibration.host,
                                              phase_scales=calibration.phases)

@@ -1,6 +1,7 @@
 """How fast a served vLLM ran against its profile, from its iteration log and the simulated run
 of the same workload: over the whole run (`busy_ratio`), step for step (`iteration_agreement`),
-and per phase shape for shape (`phase_speeds`, what `validate --calibrate` scales by). Each
+and per phase shape for shape (`phase_speeds`; `ServedTimes`, its sums, pooled over windows:
+what `validate --calibrate` scales by). Each
 compares vLLM's logged iteration time with the simulated pass time less the host time the
 simulator charged the step (`step_host_s`): vLLM's log leaves the host time out."""
 
@@ -90,10 +91,12 @@ def matched_times(iterations: pd.DataFrame, steps: pd.DataFrame, host_s
 
 
 def _ratios(times: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Logged over simulated time per phase; a phase with no time on either side takes the
+    ratio over all phases (1 where there is none)."""
     logged = sum(t for t, _ in times.values())
     simulated = sum(s for _, s in times.values())
-    overall = logged / simulated if simulated > 0 else 1.0
-    return {name: t / s if s > 0 else overall for name, (t, s) in times.items()}
+    overall = logged / simulated if logged > 0 and simulated > 0 else 1.0
+    return {name: t / s if t > 0 and s > 0 else overall for name, (t, s) in times.items()}
 
 
 @dataclass(frozen=True)
@@ -138,12 +141,20 @@ class ServedTimes:
                            (self.busy[0] * keep, self.busy[1] * keep), self.windows)
 
     def speed(self) -> WindowSpeed:
-        """The ratios: passes per phase, host time (1 where the profile models none), busy."""
+        """The ratios: passes per phase, host time (1 where the profile models none; 0 where
+        the log leaves none, the served iterations' logged time filling their busy time),
+        busy ratio (None where nothing was simulated)."""
         gap, modelled = self.host
         logged, simulated = self.busy
-        return WindowSpeed(_ratios(self.matched), gap / modelled if modelled > 0 else 1.0,
-                           logged / simulated if simulated > 0 else float("nan"),
-                           self.windows)
+        return WindowSpeed(_ratios(self.matched),
+                           max(gap, 0.0) / modelled if modelled > 0 else 1.0,
+                           logged / simulated if simulated > 0 else None, self.windows)
+
+
+def pooled(earlier: ServedTimes | None, window: ServedTimes, keep: float) -> ServedTimes:
+    """`window` pooled after the `earlier` ones (None: none), each earlier window weighing
+    `keep` of the one after it: the sums `validate --calibrate` scales a run by."""
+    return window if earlier is None else earlier.aged(keep) + window
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,7 @@ class WindowSpeed:
 
     phases: dict[str, float]
     host: float
-    busy: float
+    busy: float | None
     windows: int = 1
 
     def to_json(self) -> dict:

@@ -16,7 +16,13 @@ from live.vllm_profile import (
 from simulator import ConfigError
 from spectune.flags import parse_policy_list
 from spectune.validate_vllm import configs_of, ks_of, measured_metrics
-from spectune.vllm_speed import busy_ratio, iteration_agreement, phase_speeds
+from spectune.vllm_speed import (
+    ServedTimes,
+    busy_ratio,
+    iteration_agreement,
+    phase_speeds,
+    pooled,
+)
 
 
 def lines(*rows):
@@ -174,3 +180,42 @@ def test_phase_speeds_compare_shape_for_shape_whatever_the_mix():
     assert speeds["prefill"] == pytest.approx((9 + 5 * 18 + 36) / (10 + 5 * 20 + 30))
     # the busy ratio counts each side's own mix (and here the dummy's time): not 0.9 for decode
     assert busy_ratio(logged, steps, 0.001) != pytest.approx(0.9, abs=0.05)
+
+
+def window(decode_logged: float, decode_simulated: float, gap: float = 1.0) -> ServedTimes:
+    """A window that ran only decodes, with its host gap against a modelled 1 s."""
+    return ServedTimes({"prefill": (0.0, 0.0), "decode": (decode_logged, decode_simulated),
+                        "verify": (0.0, 0.0)}, (gap, 1.0), (decode_logged, decode_simulated))
+
+
+def test_a_calibration_pools_the_servers_earlier_windows_each_weighing_half_the_next():
+    """Serving order cal 0.5, run 0.5, cal 1.5, run 1.5, cal 3: the run at 3 req/s is scaled by
+    the five windows before it with weights 1/16, 1/8, 1/4, 1/2, 1 (validate_vllm.POOL_KEEP)."""
+    from spectune.validate_vllm import POOL_KEEP
+
+    served = [window(2.0, 1.0), window(1.0, 1.0), window(1.0, 1.0), window(1.0, 1.0),
+              window(1.0, 1.0)]
+    pool = None
+    for w in served:
+        pool = pooled(pool, w, POOL_KEEP)
+    speed = pool.speed()
+    weights = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1]
+    assert speed.phases["decode"] == pytest.approx(
+        sum(w * t for w, t in zip(weights, [2, 1, 1, 1, 1])) / sum(weights))
+    # a phase nothing matched takes the overall ratio: here the decodes'
+    assert speed.phases["prefill"] == speed.phases["verify"] == speed.phases["decode"]
+    assert speed.windows == 5 and speed.busy == pytest.approx(speed.phases["decode"])
+    # without decay every window weighs the same
+    flat = None
+    for w in served:
+        flat = pooled(flat, w, 1.0)
+    assert flat.speed().phases["decode"] == pytest.approx(6 / 5)
+
+
+def test_a_window_speed_never_scales_by_zero_or_a_negative_gap():
+    """A log whose iterations fill the busy time leaves no host gap (0, not negative); a
+    window with nothing simulated has no busy ratio; no phase scale is 0."""
+    speed = window(0.0, 0.0, gap=-0.2).speed()
+    assert speed.host == 0.0 and speed.busy is None
+    assert all(x == 1.0 for x in speed.phases.values())
+    assert speed.to_json()["busy_ratio"] is None

@@ -272,7 +272,7 @@ def test_phase_scales_multiply_the_targets_passes_of_their_phase_only():
     # a phase named by the caller (a continuing prompt chunk priced as a prefill)
     assert scaled.forward_s("target", 1, 50, 100, 6275, phase="prefill") == pytest.approx(
         1.25 * 1.5 * base.forward_s("target", 1, 50, 100, 6275, phase="prefill"), rel=1e-12)
-    # the fixed cost a mixed step pays once goes with its prefill
+    # a mixed step priced in parts takes the prefill pass's fixed cost out, at its scale
     assert scaled.fixed_pass_s == pytest.approx(1.25 * 1.5 * base.fixed_pass_s)
     assert scaled.describe()["phase_scales"] == {"prefill": 1.5, "decode": 1.0,
                                                  "verify": 0.8}
