@@ -20,9 +20,15 @@ def busy_ratio(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> float:
     """vLLM's logged time in iterations over the simulator's time in passes, for the whole run:
     above 1, vLLM ran slower than its profile (the machine's speed, or the profile's shapes).
     `host_s`: the host time each simulated step carries (a number, or one per step)."""
+    logged, simulated = busy_times(iterations, steps, host_s)
+    return logged / simulated if simulated else float("nan")
+
+
+def busy_times(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> tuple[float, float]:
+    """(vLLM's logged iteration time, the simulator's pass time) of a whole run, in seconds:
+    `busy_ratio`'s numerator and denominator, which windows pool as sums."""
     passes = steps.duration_s.to_numpy() - np.broadcast_to(host_s, len(steps))
-    simulated = float(passes.clip(min=0).sum())
-    return float(iterations.elapsed_ms.sum()) / 1000 / simulated if simulated else float("nan")
+    return float(iterations.elapsed_ms.sum()) / 1000, float(passes.clip(min=0).sum())
 
 
 def iteration_agreement(iterations: pd.DataFrame, steps: pd.DataFrame, host_s) -> dict:
@@ -122,10 +128,8 @@ class ServedTimes:
         requests, drafted, gap = served_gap(run.iterations, run.requests)
         modelled = float(np.sum(latency.step_overhead_s(requests.to_numpy(),
                                                         drafted.to_numpy())))
-        passes = steps.duration_s.to_numpy() - np.broadcast_to(host_s, len(steps))
         return cls(matched_times(run.iterations, steps, host_s), (gap, modelled),
-                   (float(run.iterations.elapsed_ms.sum()) / 1000,
-                    float(passes.clip(min=0).sum())))
+                   busy_times(run.iterations, steps, host_s))
 
     def __add__(self, other: ServedTimes) -> ServedTimes:
         return ServedTimes({name: (t + other.matched[name][0], s + other.matched[name][1])
