@@ -105,23 +105,50 @@ class DraftOutcome:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
 class HeldSteps:
     """The steps an engine ran on one `choose` of a policy that holds (`Policy.hold`): the
     first and those held after it, as (requests x steps) integer arrays, the requests in the
-    order of the step's `ctx.requests`. One column is one step's outcomes (`DraftOutcome`)."""
+    order of the step's `ctx.requests`. One column is one step's outcomes (`DraftOutcome`).
 
-    request_ids: Sequence[int]
-    k: np.ndarray  # drafts proposed: the chosen k, or fewer where the drafter ran out
-    accepted: np.ndarray  # accepted drafts that count (emitted - 1)
-    emitted: np.ndarray
-    position: np.ndarray  # output position of the step's first drafted token
-    #: `column_sums()`, where the engine has them already (it sums whole segments at once)
-    sums: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None
+    The arrays are built when first read: an engine that keeps the batch's sums per step
+    (simulator/batch_columns.py) has `column_sums` without them, and a policy that reads
+    only those never pays for them."""
+
+    __slots__ = ("_arrays", "_build", "request_ids", "steps", "sums")
+
+    def __init__(self, request_ids: Sequence[int], steps: int,
+                 build: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+                 sums: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None):
+        self.request_ids = request_ids
+        self.steps = steps
+        #: `column_sums()`, where the engine has them already (it sums whole segments at once)
+        self.sums = sums
+        self._build = build  # () -> (k, accepted, emitted, position)
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = self._build()
+        return self._arrays
 
     @property
-    def steps(self) -> int:
-        return self.k.shape[1]
+    def k(self) -> np.ndarray:
+        """Drafts proposed: the chosen k, or fewer where the drafter ran out."""
+        return self._read()[0]
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """Accepted drafts that count (emitted - 1)."""
+        return self._read()[1]
+
+    @property
+    def emitted(self) -> np.ndarray:
+        return self._read()[2]
+
+    @property
+    def position(self) -> np.ndarray:
+        """Output position of the step's first drafted token."""
+        return self._read()[3]
 
     def column_sums(self) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
         """Per step, over the requests: accepted drafts, drafts, and first rejections seen

@@ -142,9 +142,9 @@ class Goodput(Policy):
     def observe_held(self, ctx: StepContext, steps: HeldSteps) -> None:
         """The held steps' calls, and each step's outcomes as `observe` reads them, in order."""
         self._calls += steps.steps - 1
-        k, accepted = steps.k, steps.accepted
         if self.per_request:
-            for rid, ks, accs in zip(steps.request_ids, k.tolist(), accepted.tolist()):
+            for rid, ks, accs in zip(steps.request_ids, steps.k.tolist(),
+                                     steps.accepted.tolist()):
                 if not any(ks):
                     continue
                 totals = self._totals_r.setdefault(rid, [0, 0, 0])
@@ -163,7 +163,8 @@ class Goodput(Policy):
             return
         for step, (acc, drafted, rejected) in enumerate(zip(*columns)):
             if drafted:
-                groups = _groups(k[:, step].tolist(), accepted[:, step].tolist()) if (
+                groups = _groups(steps.k[:, step].tolist(),
+                                 steps.accepted[:, step].tolist()) if (
                     self.ema_input == "inverted") else ()
                 self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
                                               rejected, groups)

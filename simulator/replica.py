@@ -18,6 +18,7 @@ spectune models"). It never takes the fast path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from heapq import heappush
 
 import numpy as np
@@ -25,6 +26,7 @@ import simpy
 
 from policies import DraftOutcome, HeldSteps, Policy, StepCost
 from simulator.acceptance import AcceptanceReplay, Lookahead
+from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
@@ -83,6 +85,11 @@ class Replica:
         self.planned = type(self.scheduler).plans_whole_step
         # every decode step is a fast-path segment's (none read a position at a time)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
+        # where segments are priced from the batch's sums alone, the sums are kept across
+        # segments (simulator/batch_columns.py): every decode step is a segment's, so every
+        # running request advances with each of them
+        self.columns = (BatchColumns() if self.segments_only and cost.prices_chain_sums
+                        else None)
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -377,7 +384,7 @@ class Replica:
             ks, hold = self._ks, None
         while True:
             stretch = _Stretch.priced(self, batch, ks)
-            if stretch.drafts is None and hold is None:
+            if not stretch.capped and hold is None:
                 ends = np.cumsum(stretch.durations)
                 # run through the first iteration that ends at or after the next arrival: the
                 # arrival waits for that boundary anyway, and nothing a router reads (the
@@ -416,25 +423,20 @@ class Replica:
         `observe_held`, then the policy asked again at its end (at that step's time; a policy
         that holds reads no lookahead and stops no chain). Returns the steps committed, and
         the new (ks, hold) where the policy changed its ks first."""
-        gen, scheduler, tokens = stretch.gen, self.scheduler, stretch.tokens
-        emitted = gen[:, 1: n + 1] - gen[:, :n]
-        k = stretch.k_arr[:, None] if stretch.drafts is None else stretch.drafts[:, :n]
+        scheduler, tokens = self.scheduler, stretch.tokens
         # the steps' sums over the requests (HeldSteps.column_sums), for the n steps at once
         accepted_sum = (tokens[1: n + 1] - tokens[:n] - len(batch)).tolist()
         drafted_sum = ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
                        else stretch.drafted[:n].tolist())
-        rejected_sum = (emitted <= k).sum(axis=0).tolist()  # accepted (emitted - 1) < k
+        rejected_sum = stretch.rejected_sums(n)
         ids = [request.request_id for request in batch]
         done = 0
         while True:
             last = min(done + hold + 1, n)
             self._commit(batch, stretch, done, last)
-            step_ks = (np.repeat(stretch.k_arr[:, None], last - done, axis=1)
-                       if stretch.drafts is None else stretch.drafts[:, done:last])
-            step_emitted = emitted[:, done:last]
             ctx = scheduler.context(batch, float(clock[last]))
             self.policy.observe_held(ctx, HeldSteps(
-                ids, step_ks, step_emitted - 1, step_emitted, gen[:, done:last],
+                ids, last - done, partial(stretch.held_arrays, done, last),
                 (accepted_sum[done:last], drafted_sum[done:last], rejected_sum[done:last])))
             done = last
             if done == n:
@@ -458,10 +460,14 @@ class Replica:
         """Steps first..last - 1 of a stretch, applied to its requests (and the step count)."""
         n = last - first
         self.scheduler.step_index += n
-        gen, drafts, feeds = stretch.gen, stretch.drafts, stretch.feeds
+        if self.columns is not None:  # every running request took these steps
+            self.columns.now += n
+            self._commit_walks(batch, stretch.k_arr.tolist(), n)
+            return
+        gen, feeds = stretch.gen, stretch.feeds
         befores, afters = gen[:, first].tolist(), gen[:, last].tolist()
-        drafted = ([k * n for k in stretch.k_arr.tolist()] if drafts is None
-                   else drafts[:, first:last].sum(axis=1).tolist())
+        drafted = ([k * n for k in stretch.k_arr.tolist()] if not stretch.capped
+                   else stretch.drafts[:, first:last].sum(axis=1).tolist())
         feeds_after = None if feeds is None else feeds[:, last].tolist()
         for i, (request, before, after) in enumerate(zip(batch, befores, afters)):
             request.generated = after
@@ -476,20 +482,34 @@ class Replica:
                 request.draft_feed = 1 if self.catch_up == "one" else (
                     request.draft_feed + after - before)
 
+    def _commit_walks(self, batch, ks: list[int], n: int) -> None:
+        """`_commit` where the replica keeps the batch's sums: n steps read from each
+        request's walk lists (no draft model, so no feeds)."""
+        for request, k in zip(batch, ks):
+            at, before = request.chain_at, request.generated
+            after = request.chain_list[at + n]
+            request.generated = after
+            request.steps += n
+            drafted = request.chain_drafted
+            request.drafted += k * n if drafted is None else drafted[at + n] - drafted[at]
+            request.accepted += after - before - n
+            request.chain_at = at + n
+            request.chain_g = after
+
     def _log_segment(self, batch, start, n, starts, stretch: _Stretch) -> None:
         """The stretch's first n iterations, one block of step records."""
         tokens = stretch.tokens[: n + 1]  # the batch's tokens before each step, and after
         emitted = tokens[1:] - tokens[:-1]
-        k_arr, drafts = stretch.k_arr, stretch.drafts
+        k_arr, capped = stretch.k_arr, stretch.capped
         block = np.empty((len(STEP_INDEX), n))
-        drafted, max_k = (0, 0) if drafts is not None else (int(k_arr.sum()), int(k_arr.max()))
+        drafted, max_k = (0, 0) if capped else (int(k_arr.sum()), int(k_arr.max()))
         block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, drafted, max_k, 0, 0,
                              *self.scheduler.snapshot()))[:, None]
         block[STEP_INDEX["start_s"], 1:] = starts
         block[STEP_INDEX["duration_s"]] = stretch.durations[:n]
-        if drafts is not None:
+        if capped:
             block[STEP_INDEX["drafted"]] = stretch.drafted[:n]
-            block[STEP_INDEX["max_k"]] = drafts[:, :n].max(axis=0)
+            block[STEP_INDEX["max_k"]] = stretch.drafts[:, :n].max(axis=0)
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
@@ -510,35 +530,70 @@ class Replica:
 
     def _finish_done(self) -> None:
         for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
+            if request.summed:  # its walk's last entry, out of the batch's sums
+                self.columns.remove(request)
+                request.summed = False
             request.run = request.cap = request.chain = request.chain_ks = None
+            request.chain_list = request.chain_drafted = None
             request.chain_k = -1
 
 
 class _Stretch:
-    """A running set's next decode steps at fixed ks, priced at once: tokens generated before
-    each step and after the last (`gen`, requests x steps + 1; `tokens`, its column sums),
-    the drafts of each step where the drafter caps them (else None: k_arr every step; and
-    `drafted`, their column sums), the draft feeds (or None), and each step's seconds.
-    `steps`: how many, up to the first request's finish."""
+    """A running set's next decode steps at fixed ks, priced at once: the batch's tokens
+    generated before each step and after the last (`tokens`), its drafts per step where the
+    drafter caps them (`drafted`; else None: k_arr every step), the draft feeds (or None),
+    and each step's seconds. `steps`: how many, up to the first request's finish.
 
-    __slots__ = ("drafted", "drafts", "durations", "feeds", "gen", "k_arr", "steps", "tokens")
+    Per request (requests x steps): `gen` (tokens generated before each step and after the
+    last) and `drafts` (capped drafts), built from the walks only where something reads
+    them; priced from the replica's kept sums (BatchColumns) nothing else does."""
+
+    __slots__ = (
+        "_drafts",
+        "_gen",
+        "_rejected",
+        "ats",
+        "capped",
+        "chain_ks",
+        "chains",
+        "drafted",
+        "durations",
+        "feeds",
+        "k_arr",
+        "steps",
+        "tokens",
+    )
 
     @classmethod
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
         self = cls()
+        columns = replica.columns
         for request, k in zip(batch, ks):
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
+                if request.summed:
+                    columns.remove(request)
                 walk_chain(request, k)
-        n_steps = self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
-        # np.array of equal rows: a quarter of np.stack's time
-        gen = self.gen = np.array([request.chain[request.chain_at: request.chain_at + n_steps + 1]
-                                   for request in batch])
-        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
+                if columns is not None:
+                    columns.add(request, k)
+                    request.summed = True
+                    request.chain_list = request.chain.tolist()
+                    if request.chain_ks is not None:
+                        request.chain_drafted = np.concatenate(
+                            ([0], np.cumsum(request.chain_ks))).tolist()
+        # the walks as they are now (a walk is replaced, never changed, so `gen` and `drafts`
+        # can be built from these at any time, even after the requests moved on or left)
+        self.ats = [request.chain_at for request in batch]
+        self.chains = [request.chain for request in batch]
+        self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
+        self.capped = replica.capped
+        self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
-        # drafts per request and step: what the drafter could propose (requests x steps)
-        drafts = self.drafts = (
-            np.array([request.chain_ks[request.chain_at: request.chain_at + n_steps]
-                      for request in batch]) if replica.capped else None)
+        self._gen = self._drafts = self._rejected = None
+        if columns is not None:
+            return self._from_columns(replica, columns, batch)
+        gen = self.gen
+        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
+        drafts = self.drafts  # what the drafter could propose (requests x steps)
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
         # for the next chain, which a later segment's k > 0 pays; a segment where nothing
         # drafts only grows the backlog, and its end is enough (_commit)
@@ -557,6 +612,54 @@ class _Stretch:
                 in_step_order=replica.holds))
         self.durations = durations
         return self
+
+    def _from_columns(self, replica: Replica, columns: BatchColumns,
+                      batch: list[RequestState]) -> _Stretch:
+        """Priced from the batch's sums (no draft model, so no feeds)."""
+        tokens, drafted, pairs2, self._rejected = columns.window(self.steps)
+        self.tokens, self.feeds = tokens, None
+        self.drafted = drafted if self.capped else None
+        seqs = len(batch)
+        # each request's cached tokens before its first generated one: prompt - 1
+        before = sum(request.prompt_tokens for request in batch) - seqs
+        self.durations = replica.cost.chain_steps_s(seqs, drafted, tokens[:-1] + before,
+                                                    pairs2 // 2)
+        return self
+
+    @property
+    def gen(self) -> np.ndarray:
+        if self._gen is None:  # np.array of equal rows: a quarter of np.stack's time
+            n = self.steps
+            self._gen = np.array([chain[at: at + n + 1]
+                                  for chain, at in zip(self.chains, self.ats)])
+        return self._gen
+
+    @property
+    def drafts(self) -> np.ndarray | None:
+        if self._drafts is None and self.capped:
+            n = self.steps
+            self._drafts = np.array([chain_ks[at: at + n]
+                                     for chain_ks, at in zip(self.chain_ks, self.ats)])
+        return self._drafts
+
+    def rejected_sums(self, n: int) -> list[int]:
+        """Per step of the first n, the requests that saw a first rejection (accepted fewer
+        than they drafted: emitted <= k)."""
+        if self._rejected is not None:
+            return self._rejected[:n].tolist()
+        gen = self.gen
+        k = self.k_arr[:, None] if not self.capped else self.drafts[:, :n]
+        return (gen[:, 1: n + 1] - gen[:, :n] <= k).sum(axis=0).tolist()
+
+    def held_arrays(self, first: int, last: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Steps first..last - 1 per request, as HeldSteps holds them: (k, accepted, emitted,
+        position)."""
+        gen = self.gen
+        emitted = gen[:, first + 1: last + 1] - gen[:, first:last]
+        k = (np.repeat(self.k_arr[:, None], last - first, axis=1) if not self.capped
+             else self.drafts[:, first:last])
+        return k, emitted - 1, emitted, gen[:, first:last]
 
 
 class _At(simpy.events.Event):

@@ -14,9 +14,11 @@ class RequestState:
         "cap",
         "chain",
         "chain_at",
+        "chain_drafted",
         "chain_g",
         "chain_k",
         "chain_ks",
+        "chain_list",
         "draft_feed",
         "drafted",
         "generated",
@@ -28,6 +30,7 @@ class RequestState:
         "reserve",
         "run",
         "steps",
+        "summed",
     )
 
     def __init__(self, index: int, request_id: int, arrival_s: float, prompt: int, output: int):
@@ -51,6 +54,11 @@ class RequestState:
         self.chain_ks: np.ndarray | None = None
         self.chain_at = 0
         self.chain_g = -1  # chain[chain_at], kept beside it: checked without reading the array
+        #: where the replica keeps the batch's sums: the walk as a list, and (capped) its
+        #: drafts summed up to each step (chain_drafted[j]: steps before j), for commits
+        self.chain_list: list[int] | None = None
+        self.chain_drafted: list[int] | None = None
+        self.summed = False  # its walk is in the replica's kept sums (simulator/batch_columns.py)
 
     @property
     def context_tokens(self) -> int:

@@ -133,7 +133,7 @@ class StepCostModel:
         tokens generated before each step. The same integer arrays reach the latency model, so
         the same floats, with fewer numpy passes over (R, S) arrays: the fast path's hot spot.
         `gen_sums`, `drafted`: gen's and a 2-D ks' column sums, where the caller has them."""
-        if self.draft_tree is not None or self.latency.has_draft_model:
+        if not self.prices_chain_sums:
             return None
         before = prompts - 1  # each request's cached tokens before its first generated one
         cached = (gen.sum(axis=0) if gen_sums is None else gen_sums) + int(before.sum())
@@ -148,6 +148,19 @@ class StepCostModel:
             c1 = gen + (before + 1)[:, None]  # c + 1
             pairs = (k1 * (c1 + c1 + ks)).sum(axis=0) // 2
         return self._chain_step_s(len(prompts), drafted, cached, pairs)
+
+    @property
+    def prices_chain_sums(self) -> bool:
+        """Whether a chain's step is priced from its verify pass's sums alone (a model-free
+        drafter, no tree): what `chain_segment_s` and `chain_steps_s` price."""
+        return self.draft_tree is None and not self.latency.has_draft_model
+
+    def chain_steps_s(self, seqs: int, drafted: np.ndarray, cached: np.ndarray,
+                      pairs: np.ndarray) -> np.ndarray:
+        """Steps of one batch of `seqs` requests from their verify pass's sums (drafts, cached
+        tokens, causal pairs; arrays, one entry per step) where `prices_chain_sums`: the same
+        floats as `chain_segment_s` of the matrices those sums come from."""
+        return self._chain_step_s(seqs, drafted, cached, pairs)
 
     def _chain_step_s(self, seqs, drafted, cached, pairs):
         """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
