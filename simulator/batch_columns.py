@@ -16,29 +16,38 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.request import RequestState
+from simulator.step_cost import own_pairs
 
-#: the columns: tokens generated before each step (and after the last), drafts, twice the
-#: verify pass's causal pairs, and requests whose step saw a first rejection
-COLUMNS = ("tokens", "drafted", "pairs2", "rejected")
+#: the columns: the batch's cached tokens before each step (and after the last: differences
+#: give each step's emitted tokens), drafts, the verify pass's causal pairs, and requests
+#: whose step saw a first rejection
+COLUMNS = ("cached", "drafted", "pairs", "rejected")
 
 
 class BatchColumns:
     """Sums over the running requests' walks, by decode step from `now` (steps committed)."""
 
-    __slots__ = ("_origin", "_sums", "now")
+    __slots__ = ("_levels", "_origin", "_sums", "now")
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, k_max: int = 0) -> None:
+        """`k_max` > 0 keeps, below the sums, how many requests draft at least j tokens at
+        each step (j = 1..k_max): the most drafts of a step is the number of levels some
+        request reaches (a drafter that caps its drafts; k_max at least the ks drafted)."""
         self.now = 0  # decode steps committed so far
         self._origin = 0  # the step index of the arrays' first entry
-        self._sums = np.zeros((len(COLUMNS), capacity), dtype=np.int64)
+        self._levels = np.arange(1, k_max + 1, dtype=np.int64)[:, None]
+        self._sums = np.zeros((len(COLUMNS) + k_max, capacity), dtype=np.int64)
 
-    def window(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Views of the next `steps` steps' sums (tokens: steps + 1 entries, the last after
-        the last step): valid until the sums next change."""
+    def window(self, steps: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Views of the next `steps` steps' sums (cached: steps + 1 entries, the last after
+        the last step), and of the requests reaching each level of drafts (k_max x steps):
+        valid until the sums next change."""
         at = self.now - self._origin
         sums = self._sums
         return (sums[0, at: at + steps + 1], sums[1, at: at + steps],
-                sums[2, at: at + steps], sums[3, at: at + steps])
+                sums[2, at: at + steps], sums[3, at: at + steps],
+                sums[len(COLUMNS):, at: at + steps])
 
     def add(self, request: RequestState, k: int) -> None:
         """Add the request's remaining walk (from `chain_at`, drafting min(k, cap) a step)."""
@@ -53,18 +62,26 @@ class BatchColumns:
         m = len(gen) - 1  # steps left
         at = self._room(m + 1)
         op = np.add if sign > 0 else np.subtract
-        tokens, drafted, pairs2, rejected = self._sums[:, at: at + m + 1]
-        op(tokens, gen, out=tokens)
+        cached, drafted, pairs, rejected = self._sums[: len(COLUMNS), at: at + m + 1]
+        c = gen + (request.prompt_tokens - 1)  # its KV before each step: prompt - 1 + g
+        op(cached, c, out=cached)
         if m == 0:  # a finished walk holds its last entry only
             return
-        before = gen[:-1]
-        d = k if request.chain_ks is None else request.chain_ks[request.chain_at:]
-        op(drafted[:m], d, out=drafted[:m])
-        # (k + 1)(2 (c + 1) + k), c + 1 = prompt + g: twice the step's causal pairs
-        # (step_cost.chain_segment_s)
-        op(pairs2[:m], (d + 1) * (2 * (before + request.prompt_tokens) + d), out=pairs2[:m])
+        if request.chain_ks is None:  # k every step
+            op(drafted[:m], k, out=drafted[:m])
+            # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs
+            own = (k + 1) * (k + 2) // 2
+            op(pairs[:m], (k + 1) * c[:-1] + own, out=pairs[:m])
+        else:
+            d = request.chain_ks[request.chain_at:]
+            op(drafted[:m], d, out=drafted[:m])
+            op(pairs[:m], (d + 1) * c[:-1] + own_pairs(d), out=pairs[:m])
+            if len(self._levels):  # the levels j = 1..k_max its drafts reach, step by step
+                reached = self._sums[len(COLUMNS):, at: at + m]
+                op(reached, self._levels <= d, out=reached)
         # a first rejection: fewer emitted than d + 1
-        op(rejected[:m], gen[1:] - before <= d, out=rejected[:m])
+        op(rejected[:m], gen[1:] - gen[:-1] <= (k if request.chain_ks is None else d),
+           out=rejected[:m])
 
     def _room(self, length: int) -> int:
         """The index of step `now` in the arrays, with `length` entries from it available:
@@ -74,7 +91,7 @@ class BatchColumns:
         if at + length <= capacity:
             return at
         live = self._sums[:, at:]
-        sums = np.zeros((len(COLUMNS), max(capacity, 2 * length)), dtype=np.int64)
+        sums = np.zeros((len(self._sums), max(capacity, 2 * length)), dtype=np.int64)
         sums[:, : live.shape[1]] = live
         self._sums, self._origin = sums, self.now
         return 0

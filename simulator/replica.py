@@ -88,8 +88,10 @@ class Replica:
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
-        self.columns = (BatchColumns() if self.segments_only and cost.prices_chain_sums
-                        else None)
+        # (and, where step records are kept of capped drafts, each step's most drafts)
+        self.columns = (BatchColumns(k_max=scheduler.k_max if self.capped
+                                     and steps.records_rows else 0)
+                        if self.segments_only and cost.prices_chain_sums else None)
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -385,13 +387,13 @@ class Replica:
         while True:
             stretch = _Stretch.priced(self, batch, ks)
             if not stretch.capped and hold is None:
-                ends = np.cumsum(stretch.durations)
+                ends = stretch.durations.cumsum()
                 # run through the first iteration that ends at or after the next arrival: the
                 # arrival waits for that boundary anyway, and nothing a router reads (the
                 # replica's load) changes before the segment's last iteration, where the first
                 # finish can be.
                 horizon = self.next_arrival_s(self.index) - start
-                n = min(int(np.searchsorted(ends, horizon, side="left")) + 1, stretch.steps)
+                n = min(int(ends.searchsorted(horizon, side="left")) + 1, stretch.steps)
                 starts = ends[: n - 1] + start
                 end = self.env.timeout(float(ends[n - 1]))
                 self._record(batch, start, n, starts, stretch)
@@ -400,9 +402,9 @@ class Replica:
             # the step path's clock to the bit (it replaces step-by-step runs, of capped drafts
             # and of policies that hold): np.cumsum adds one iteration at a time, as the clock
             # does, and the segment ends at that sum
-            clock = np.cumsum(np.concatenate(([start], stretch.durations)))
+            clock = np.concatenate(([start], stretch.durations)).cumsum()
             horizon = self.next_arrival_s(self.index)
-            n = min(int(np.searchsorted(clock[1:], horizon, side="left")) + 1, stretch.steps)
+            n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
             replanned = None
             if hold is not None:
                 n, replanned = self._walk_holds(batch, ks, hold, n, clock, stretch)
@@ -509,7 +511,7 @@ class Replica:
         block[STEP_INDEX["duration_s"]] = stretch.durations[:n]
         if capped:
             block[STEP_INDEX["drafted"]] = stretch.drafted[:n]
-            block[STEP_INDEX["max_k"]] = stretch.drafts[:, :n].max(axis=0)
+            block[STEP_INDEX["max_k"]] = stretch.max_drafts(n)
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
         self.steps.add_block(block)
@@ -540,9 +542,10 @@ class Replica:
 
 class _Stretch:
     """A running set's next decode steps at fixed ks, priced at once: the batch's tokens
-    generated before each step and after the last (`tokens`), its drafts per step where the
-    drafter caps them (`drafted`; else None: k_arr every step), the draft feeds (or None),
-    and each step's seconds. `steps`: how many, up to the first request's finish.
+    generated before each step and after the last (`tokens`; read as differences only, so
+    the batch's cached tokens serve too), its drafts per step where the drafter caps them
+    (`drafted`; else None: k_arr every step), the draft feeds (or None), and each step's
+    seconds. `steps`: how many, up to the first request's finish.
 
     Per request (requests x steps): `gen` (tokens generated before each step and after the
     last) and `drafts` (capped drafts), built from the walks only where something reads
@@ -551,6 +554,7 @@ class _Stretch:
     __slots__ = (
         "_drafts",
         "_gen",
+        "_reached",
         "_rejected",
         "ats",
         "capped",
@@ -579,7 +583,7 @@ class _Stretch:
                     request.chain_list = request.chain.tolist()
                     if request.chain_ks is not None:
                         request.chain_drafted = np.concatenate(
-                            ([0], np.cumsum(request.chain_ks))).tolist()
+                            ([0], request.chain_ks.cumsum())).tolist()
         # the walks as they are now (a walk is replaced, never changed, so `gen` and `drafts`
         # can be built from these at any time, even after the requests moved on or left)
         self.ats = [request.chain_at for request in batch]
@@ -588,7 +592,7 @@ class _Stretch:
         self.capped = replica.capped
         self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
-        self._gen = self._drafts = self._rejected = None
+        self._gen = self._drafts = self._rejected = self._reached = None
         if columns is not None:
             return self._from_columns(replica, columns, batch)
         gen = self.gen
@@ -615,15 +619,13 @@ class _Stretch:
 
     def _from_columns(self, replica: Replica, columns: BatchColumns,
                       batch: list[RequestState]) -> _Stretch:
-        """Priced from the batch's sums (no draft model, so no feeds)."""
-        tokens, drafted, pairs2, self._rejected = columns.window(self.steps)
-        self.tokens, self.feeds = tokens, None
+        """Priced from the batch's sums (no draft model, so no feeds). `tokens` is the
+        batch's cached tokens: a constant more than its tokens generated, the same steps."""
+        cached, drafted, pairs, self._rejected, reached = columns.window(self.steps)
+        self._reached = reached if len(reached) else None
+        self.tokens, self.feeds = cached, None
         self.drafted = drafted if self.capped else None
-        seqs = len(batch)
-        # each request's cached tokens before its first generated one: prompt - 1
-        before = sum(request.prompt_tokens for request in batch) - seqs
-        self.durations = replica.cost.chain_steps_s(seqs, drafted, tokens[:-1] + before,
-                                                    pairs2 // 2)
+        self.durations = replica.cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
         return self
 
     @property
@@ -641,6 +643,12 @@ class _Stretch:
             self._drafts = np.array([chain_ks[at: at + n]
                                      for chain_ks, at in zip(self.chain_ks, self.ats)])
         return self._drafts
+
+    def max_drafts(self, n: int) -> np.ndarray:
+        """The most drafts a request proposes at each of the first n steps (capped)."""
+        if self._reached is not None:  # the levels of drafts some request reaches
+            return (self._reached[:, :n] > 0).sum(axis=0)
+        return self.drafts[:, :n].max(axis=0)
 
     def rejected_sums(self, n: int) -> list[int]:
         """Per step of the first n, the requests that saw a first rejection (accepted fewer

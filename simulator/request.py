@@ -95,10 +95,11 @@ def walk_chain(request: RequestState, k: int) -> None:
             width = np.minimum(width, caps)
         nxt = np.minimum(width + np.arange(1, m + 1, dtype=np.int64), m).tolist()
         walk = [0]
+        step = walk.append  # bound once: the loop runs once per step of the request
         p = 0
         while p < m:
             p = nxt[p]
-            walk.append(p)
+            step(p)
         chain = np.asarray(walk, dtype=np.int64) + g0
     request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
     request.chain_ks = None if caps is None else np.minimum(caps[chain[:-1] - g0], k)

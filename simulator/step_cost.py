@@ -140,7 +140,7 @@ class StepCostModel:
         k1 = ks + 1
         if ks.ndim == 1:  # (k + 1)(p - 1 + g) summed over the requests, for every step at once
             drafted = np.array([int(ks.sum())], dtype=np.int64)
-            pairs = k1 @ gen + (int(k1 @ before) + int(_own_pairs(ks).sum()))
+            pairs = k1 @ gen + (int(k1 @ before) + int(own_pairs(ks).sum()))
         else:
             drafted = ks.sum(axis=0) if drafted is None else drafted
             # (k + 1) c + (k + 1)(k + 2) / 2 = (k + 1)(2 (c + 1) + k) / 2, c = p - 1 + g: fewer
@@ -304,7 +304,7 @@ class StepCostModel:
 _OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2
 
 
-def _own_pairs(ks: np.ndarray) -> np.ndarray:
+def own_pairs(ks: np.ndarray) -> np.ndarray:
     """(k + 1)(k + 2) / 2 elementwise: one lookup instead of three array operations."""
     try:
         return _OWN_PAIRS[ks]

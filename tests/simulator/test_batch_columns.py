@@ -24,19 +24,20 @@ def _request(rng, index: int, capped: bool) -> RequestState:
 
 
 def _stacked(batch: list[RequestState], steps: int):
-    """What a segment would stack and sum: tokens, drafts, twice the pairs, rejections."""
+    """What a segment would stack and sum: cached tokens, drafts, causal pairs, rejections."""
     gen = np.array([r.chain[r.chain_at: r.chain_at + steps + 1] for r in batch])
     d = np.array([r.chain_ks[r.chain_at: r.chain_at + steps] if r.chain_ks is not None
                   else np.full(steps, r.chain_k) for r in batch])
-    c1 = gen[:, :-1] + np.array([r.prompt_tokens for r in batch])[:, None]
-    return (gen.sum(axis=0), d.sum(axis=0), ((d + 1) * (2 * c1 + d)).sum(axis=0),
+    c = gen + np.array([r.prompt_tokens - 1 for r in batch])[:, None]
+    pairs = (d + 1) * c[:, :-1] + (d + 1) * (d + 2) // 2
+    return (c.sum(axis=0), d.sum(axis=0), pairs.sum(axis=0),
             (gen[:, 1:] - gen[:, :-1] <= d).sum(axis=0))
 
 
 @pytest.mark.parametrize("capped", [False, True])
 def test_kept_sums_equal_the_stacked_walks_through_a_run(capped):
     rng = np.random.default_rng(7 + capped)
-    columns = BatchColumns(capacity=8)  # small: the arrays move and grow
+    columns = BatchColumns(capacity=8, k_max=8)  # small: the arrays move and grow
     running: list[RequestState] = []
     joined = 0
     for _ in range(300):
@@ -54,11 +55,15 @@ def test_kept_sums_equal_the_stacked_walks_through_a_run(capped):
             walk_chain(request, (request.chain_k + 1) % 9)
             columns.add(request, request.chain_k)
         steps = min(len(r.chain) - r.chain_at for r in running) - 1
-        tokens, drafted, pairs2, rejected = columns.window(steps)
+        cached, drafted, pairs, rejected, reached = columns.window(steps)
         want = _stacked(running, steps)
-        assert tokens.tolist() == want[0].tolist()
+        most = np.array([r.chain_ks[r.chain_at: r.chain_at + steps] if capped
+                         else np.full(steps, r.chain_k) for r in running]).max(axis=0)
+        if capped:  # the most drafts of each step: the levels some request reaches
+            assert (reached > 0).sum(axis=0).tolist() == most.tolist()
+        assert cached.tolist() == want[0].tolist()
         assert drafted.tolist() == want[1].tolist()
-        assert pairs2.tolist() == want[2].tolist()
+        assert pairs.tolist() == want[2].tolist()
         assert rejected.tolist() == want[3].tolist()
         n = int(rng.integers(1, steps + 1))  # commit n steps: every request takes them
         columns.now += n
@@ -86,13 +91,12 @@ def test_steps_priced_from_kept_sums_equal_the_segment_price():
         walk_chain(request, int(rng.integers(0, 9)))
         columns.add(request, request.chain_k)
     steps = min(len(r.chain) for r in batch) - 1
-    tokens, drafted, pairs2, _ = columns.window(steps)
+    cached, drafted, pairs, _, _ = columns.window(steps)
     prompts = np.array([r.prompt_tokens for r in batch])
     gen = np.array([r.chain[: steps + 1] for r in batch])
     drafts = np.array([r.chain_ks[:steps] for r in batch])
     want = cost.chain_segment_s(drafts, prompts, gen[:, :-1])
-    got = cost.chain_steps_s(len(batch), drafted, tokens[:-1] + int(prompts.sum()) - len(batch),
-                             pairs2 // 2)
+    got = cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
     assert got.tolist() == want.tolist()
     drafting = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                              get_gpu("h100")))
