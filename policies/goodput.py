@@ -182,7 +182,10 @@ class Goodput(Policy):
                 drafted_total += drafted
                 rej_total += rej
                 x = acc_total / (acc_total + rej_total) if acc_total + rej_total else 1.0
-                alpha = min(1.0, max(0.0, keep * alpha + (1.0 - keep) * x))
+                # min(1.0, max(0.0, a)) as _ema_of clamps, without the two calls
+                alpha = keep * alpha + (1.0 - keep) * x
+                alpha = alpha if alpha > 0.0 else 0.0
+                alpha = alpha if alpha < 1.0 else 1.0
         totals[:] = acc_total, drafted_total, rej_total
         self.alpha_hat = alpha
 
@@ -248,13 +251,17 @@ class Goodput(Policy):
         from the verify pass's sums where the cost model prices steps from them."""
         chain_sums = getattr(ctx.cost, "chain_sums_s", None)
         if chain_sums is not None:
-            b = len(contexts)
-            cached = sum(contexts) - b  # each request's KV before the verify pass
+            b, total = len(contexts), sum(contexts)
+            cached = total - b  # each request's KV before the verify pass
+            fits = self._fitting(ctx, [b * k for k in range(len(tokens))], b, total)
             # sum_r (k + 1) c_r + (k + 1)(k + 2) / 2 = (k + 1) C + b (k + 1)(k + 2) / 2
-            moved = [(b * k, (k + 1) * cached + b * ((k + 1) * (k + 2) // 2))
-                     for k in range(len(tokens))]
-            goodputs = self._goodputs_of_sums(ctx, tokens, moved, chain_sums, contexts, cached)
-            if goodputs is not None:
+            times = chain_sums(b, [b * k for k in fits], cached,
+                               [(k + 1) * cached + b * ((k + 1) * (k + 2) // 2) for k in fits]
+                               ) if fits else []
+            if times is not None:
+                goodputs = [0.0] * len(tokens)
+                for k, seconds in zip(fits, times):
+                    goodputs[k] = tokens[k] / seconds
                 return goodputs
         return self._goodputs(ctx, tokens, [[k] * len(contexts) for k in range(len(tokens))],
                               contexts)
@@ -282,10 +289,7 @@ class Goodput(Policy):
         """Tokens per second of each alternative with `drafts` drafts in all; 0 for one that
         would not fit the KV cache. `price(indices)` gives the fitting ones' step times (or
         None: then so is the answer)."""
-        b = len(contexts)
-        base = sum(contexts) // b * b + b  # the need but for the drafts
-        fits = [i for i, d in enumerate(drafts)
-                if (base + d) * self.kv_headroom <= ctx.kv_capacity_tokens]
+        fits = self._fitting(ctx, drafts, len(contexts), sum(contexts))
         times = price(fits)
         if times is None:  # the cost model does not price these steps that way
             return None
@@ -293,6 +297,14 @@ class Goodput(Policy):
         for i, seconds in zip(fits, times):
             out[i] = tokens[i] / seconds
         return out
+
+    def _fitting(self, ctx: StepContext, drafts: Sequence[int], b: int, total: int
+                 ) -> list[int]:
+        """Which alternatives (`drafts` in all, b requests holding `total` tokens) fit the KV
+        cache with the policy's headroom."""
+        base = total // b * b + b  # the need but for the drafts
+        return [i for i, d in enumerate(drafts)
+                if (base + d) * self.kv_headroom <= ctx.kv_capacity_tokens]
 
     def _plan_per_request(self, ctx: StepContext, k_cap: int) -> list[int]:
         """Per-request k: local ascent of sum_r E_r(k_r) / T_step(ks) (docs/policies.md §3 option).

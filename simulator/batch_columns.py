@@ -58,30 +58,29 @@ class BatchColumns:
         self._apply(request, request.chain_k, -1)
 
     def _apply(self, request: RequestState, k: int, sign: int) -> None:
-        gen = request.chain[request.chain_at:]
+        start = request.chain_at
+        gen = request.chain[start:]
         m = len(gen) - 1  # steps left
         at = self._room(m + 1)
-        op = np.add if sign > 0 else np.subtract
-        cached, drafted, pairs, rejected = self._sums[: len(COLUMNS), at: at + m + 1]
+        end, sums = at + m, self._sums
         c = gen + (request.prompt_tokens - 1)  # its KV before each step: prompt - 1 + g
-        op(cached, c, out=cached)
-        if m == 0:  # a finished walk holds its last entry only
-            return
-        if request.chain_ks is None:  # k every step
-            op(drafted[:m], k, out=drafted[:m])
-            # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs
-            own = (k + 1) * (k + 2) // 2
-            op(pairs[:m], (k + 1) * c[:-1] + own, out=pairs[:m])
+        shares = [(sums[0, at: end + 1], c)]
+        if m:  # else a finished walk: its last entry only
+            capped = request.chain_ks is not None
+            d = request.chain_ks[start:] if capped else k  # drafts: k every step uncapped
+            # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs;
+            # a first rejection: fewer emitted than d + 1
+            shares += ((sums[1, at:end], d),
+                       (sums[2, at:end], (d + 1) * c[:-1] + own_pairs(d)),
+                       (sums[3, at:end], gen[1:] - gen[:-1] <= d))
+            if capped and len(self._levels):  # the levels j = 1..k_max its drafts reach
+                shares.append((sums[len(COLUMNS):, at:end], self._levels <= d))
+        if sign > 0:  # in place: ufuncs given out= cost more calling
+            for column, share in shares:
+                column += share
         else:
-            d = request.chain_ks[request.chain_at:]
-            op(drafted[:m], d, out=drafted[:m])
-            op(pairs[:m], (d + 1) * c[:-1] + own_pairs(d), out=pairs[:m])
-            if len(self._levels):  # the levels j = 1..k_max its drafts reach, step by step
-                reached = self._sums[len(COLUMNS):, at: at + m]
-                op(reached, self._levels <= d, out=reached)
-        # a first rejection: fewer emitted than d + 1
-        op(rejected[:m], gen[1:] - gen[:-1] <= (k if request.chain_ks is None else d),
-           out=rejected[:m])
+            for column, share in shares:
+                column -= share
 
     def _room(self, length: int) -> int:
         """The index of step `now` in the arrays, with `length` entries from it available:

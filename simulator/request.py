@@ -87,7 +87,7 @@ def walk_chain(request: RequestState, k: int) -> None:
     g0, n = request.generated, request.output_tokens
     caps = None if request.cap is None else np.asarray(request.cap[g0:n], dtype=np.int64)
     if k == 0:
-        chain = np.arange(g0, n + 1, dtype=np.int64)
+        walked = np.arange(n - g0 + 1, dtype=np.int64)
     else:
         m = n - g0  # positions counted from g0 while walking
         width = np.minimum(request.run[g0:n], k)
@@ -100,9 +100,10 @@ def walk_chain(request: RequestState, k: int) -> None:
         while p < m:
             p = nxt[p]
             step(p)
-        chain = np.asarray(walk, dtype=np.int64) + g0
+        walked = np.asarray(walk, dtype=np.int64)
+    chain = walked + g0
     request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
-    request.chain_ks = None if caps is None else np.minimum(caps[chain[:-1] - g0], k)
+    request.chain_ks = None if caps is None else np.minimum(caps[walked[:-1]], k)
 
 
 def chain_is_current(request: RequestState, k: int) -> bool:

@@ -304,8 +304,11 @@ class StepCostModel:
 _OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2
 
 
-def own_pairs(ks: np.ndarray) -> np.ndarray:
-    """(k + 1)(k + 2) / 2 elementwise: one lookup instead of three array operations."""
+def own_pairs(ks):
+    """(k + 1)(k + 2) / 2 elementwise: one lookup instead of three array operations (an
+    int for an int)."""
+    if isinstance(ks, int):
+        return (ks + 1) * (ks + 2) // 2
     try:
         return _OWN_PAIRS[ks]
     except IndexError:  # a k past the table (or negative: the formula's answer, as ever)
