@@ -1,8 +1,7 @@
 """Per-request and per-step records of a simulation (and, with the same schema, of a live run).
 
 Steps are collected in blocks: single iterations append tuples, the engine's multi-step fast path
-appends segments (a first row and the columns that vary), and `StepLog.frame` stitches them in
-order. A log that does not keep
+appends whole 2-D arrays, and `StepLog.frame` stitches them in order. A log that does not keep
 its steps folds them into `StepTotals` as they come (what the summary needs), so memory stays
 flat however long the run.
 """
@@ -81,8 +80,7 @@ class StepTotals:
 
 
 class StepLog:
-    """Append-only log of iterations, in blocks: tuples (one per iteration), segments of the
-    fast path, or 2-D arrays (rows held back by `flush`).
+    """Append-only log of iterations, in blocks: tuples (one per iteration) or 2-D arrays.
 
     `keep` False: the steps are folded into totals (every FOLD rows of single iterations, and
     each block as it comes) and `frame()` is empty. `sink`: the steps are streamed instead,
@@ -109,28 +107,14 @@ class StepLog:
         if not self.keep and self.sink is None and len(self._rows) >= self.FOLD:
             self._fold()
 
-    def add_segment(self, head: tuple[float, ...], starts: np.ndarray, durations: np.ndarray,
-                    emitted: np.ndarray, drafted: np.ndarray | None = None,
-                    max_k: np.ndarray | None = None) -> None:
-        """A fast-path segment's len(durations) iterations: `head` is its first row (every
-        column), and the columns that vary from step to step are given as arrays (`starts`:
-        the later steps' starts; `drafted`, `max_k`: None where the head's hold throughout;
-        accepted follows from emitted). `max_k` may also be given as (levels x steps) counts
-        of the requests that draft at least 1, 2, ... tokens: the step's most drafts is the
-        number of levels some request reaches. Kept as they are until read: stitched into
-        rows once for all the segments (`_Segments.table`), not a block each."""
-        if not self.records_rows:
-            self._fold()
-            self._folded += StepTotals.of(
-                _Segments.one(head, starts, durations, emitted, drafted, max_k))
-            return
-        if self._blocks and isinstance(self._blocks[-1], _Segments):
-            segments = self._blocks[-1]
+    def add_block(self, block: np.ndarray) -> None:
+        """`block` has shape (len(STEP_COLUMNS), iterations): one row per column."""
+        self._rows = None
+        if self.keep or self.sink is not None:
+            self._blocks.append(block)
         else:
-            segments = _Segments()
-            self._blocks.append(segments)
-            self._rows = None
-        segments.add(head, starts, durations, emitted, drafted, max_k)
+            self._fold()
+            self._folded += StepTotals.of(block)
 
     @property
     def records_rows(self) -> bool:
@@ -140,7 +124,7 @@ class StepLog:
 
     def add_totals(self, iterations: int, request_steps: int, decode_iterations: int,
                    emitted: int, drafted: int) -> None:
-        """The totals of a segment not made (`records_rows` False): what `add_segment` folds
+        """The totals of a block not made (`records_rows` False): what `add_block` folds
         (counted in place: the fast path calls this once a segment; totals need no order, so
         the rows `add` holds stay until FOLD of them are folded)."""
         counts = self._counts
@@ -157,8 +141,8 @@ class StepLog:
 
     def _parts(self) -> list[np.ndarray]:
         width = len(STEP_COLUMNS)
-        return [np.asarray(b, dtype=np.float64).reshape(-1, width).T if isinstance(b, list)
-                else b.table() if isinstance(b, _Segments) else b for b in self._blocks]
+        return [np.asarray(b, dtype=np.float64).reshape(-1, width).T
+                if isinstance(b, list) else b for b in self._blocks]
 
     def totals(self) -> StepTotals:
         """The totals of every step logged so far."""
@@ -210,61 +194,6 @@ class StepLog:
         parts = self._parts() if self.keep else []
         table = np.concatenate(parts, axis=1) if parts else np.zeros((width, 0))
         return _frame(_ordered(table))
-
-
-class _Segments:
-    """Consecutive fast-path segments' step records (`StepLog.add_segment`), kept as each
-    segment's first row and the arrays of the columns that vary, until read."""
-
-    __slots__ = ("counts", "drafted", "durations", "emitted", "heads", "max_k", "starts")
-
-    def __init__(self) -> None:
-        self.heads: list[tuple[float, ...]] = []
-        self.counts: list[int] = []
-        self.starts: list[np.ndarray] = []
-        self.durations: list[np.ndarray] = []
-        self.emitted: list[np.ndarray] = []
-        self.drafted: list[np.ndarray | None] = []
-        self.max_k: list[np.ndarray | None] = []
-
-    def add(self, head, starts, durations, emitted, drafted, max_k) -> None:
-        self.heads.append(head)
-        self.counts.append(len(durations))
-        self.starts.append(starts)
-        self.durations.append(durations)
-        self.emitted.append(emitted)
-        self.drafted.append(drafted)
-        self.max_k.append(max_k)
-
-    @classmethod
-    def one(cls, *segment) -> np.ndarray:
-        """One segment's block."""
-        segments = cls()
-        segments.add(*segment)
-        return segments.table()
-
-    def table(self) -> np.ndarray:
-        """The block of every segment, in order (len(STEP_COLUMNS), iterations): each head
-        repeated over its segment, the varying columns written over it."""
-        counts = np.array(self.counts, dtype=np.int64)
-        table = np.repeat(np.array(self.heads, dtype=np.float64).T, counts, axis=1)
-        later = np.ones(table.shape[1], dtype=bool)
-        later[np.cumsum(counts) - counts] = False  # each segment's first step: its head's start
-        table[STEP_INDEX["start_s"], later] = np.concatenate(self.starts)
-        table[STEP_INDEX["duration_s"]] = np.concatenate(self.durations)
-        emitted = np.concatenate(self.emitted)
-        table[STEP_INDEX["accepted"]] = emitted - table[STEP_INDEX["decode_seqs"]]
-        table[STEP_INDEX["emitted"]] = emitted
-        steps = (("drafted", self.drafted, 1), ("max_k", self.max_k, 1),
-                 ("max_k", self.max_k, 2))  # max_k per step, or as levels reached
-        for name, arrays, ndim in steps:
-            given = [a is not None and a.ndim == ndim for a in arrays]
-            if not any(given):  # else every segment's head holds throughout
-                continue
-            values = np.concatenate([a for a, g in zip(arrays, given) if g], axis=ndim - 1)
-            table[STEP_INDEX[name], np.repeat(given, counts)] = (
-                values if ndim == 1 else (values > 0).sum(axis=0))
-        return table
 
 
 def _ordered(table: np.ndarray) -> np.ndarray:

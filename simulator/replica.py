@@ -30,7 +30,7 @@ from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
-from simulator.logs import RequestLog, StepLog
+from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import RequestState, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
@@ -499,19 +499,22 @@ class Replica:
             request.chain_g = after
 
     def _log_segment(self, batch, start, n, starts, stretch: _Stretch) -> None:
-        """The stretch's first n iterations, as one segment of step records."""
-        tokens = stretch.tokens  # the batch's tokens before each step, and after
-        emitted = tokens[1: n + 1] - tokens[:n]
-        capped = stretch.capped
-        if capped:  # per step (copies: the kept sums change later)
-            drafted, max_k = stretch.drafted[:n].copy(), stretch.max_drafts(n)
-            head_drafted, head_max_k = 0, 0
-        else:
-            drafted = max_k = None
-            head_drafted, head_max_k = int(stretch.k_arr.sum()), int(stretch.k_arr.max())
-        head = (self.index, start, 0.0, len(batch), 0, 0, head_drafted, head_max_k, 0, 0,
-                *self.scheduler.snapshot())
-        self.steps.add_segment(head, starts, stretch.durations[:n], emitted, drafted, max_k)
+        """The stretch's first n iterations, one block of step records."""
+        tokens = stretch.tokens[: n + 1]  # the batch's tokens before each step, and after
+        emitted = tokens[1:] - tokens[:-1]
+        k_arr, capped = stretch.k_arr, stretch.capped
+        block = np.empty((len(STEP_INDEX), n))
+        drafted, max_k = (0, 0) if capped else (int(k_arr.sum()), int(k_arr.max()))
+        block[:] = np.array((self.index, start, 0.0, len(batch), 0, 0, drafted, max_k, 0, 0,
+                             *self.scheduler.snapshot()))[:, None]
+        block[STEP_INDEX["start_s"], 1:] = starts
+        block[STEP_INDEX["duration_s"]] = stretch.durations[:n]
+        if capped:
+            block[STEP_INDEX["drafted"]] = stretch.drafted[:n]
+            block[STEP_INDEX["max_k"]] = stretch.max_drafts(n)
+        block[STEP_INDEX["accepted"]] = emitted - len(batch)
+        block[STEP_INDEX["emitted"]] = emitted
+        self.steps.add_block(block)
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
         """Each request's first-pass draft feed before each step of the segment, and after its
@@ -642,11 +645,9 @@ class _Stretch:
         return self._drafts
 
     def max_drafts(self, n: int) -> np.ndarray:
-        """The most drafts a request proposes at each of the first n steps (capped): per
-        step, or where the replica keeps them, as the requests reaching each level of drafts
-        (levels x steps, a copy: `StepLog.add_segment` counts the levels reached when read)."""
-        if self._reached is not None:
-            return self._reached[:, :n].copy()
+        """The most drafts a request proposes at each of the first n steps (capped)."""
+        if self._reached is not None:  # the levels of drafts some request reaches
+            return (self._reached[:, :n] > 0).sum(axis=0)
         return self.drafts[:, :n].max(axis=0)
 
     def rejected_sums(self, n: int) -> list[int]:
