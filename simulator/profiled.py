@@ -54,6 +54,9 @@ HOST_GAP_KEY = "iteration_gap"
 HOST_GAP_CONSTANT_KEY = "iteration_gap_s"
 #: a speculating engine's extra time in a step without drafts, timed in the profile
 IDLE_PROPOSER_KEY = "idle_proposer_s"
+#: the engine's speed measured after the profile, on windows it served, that `with_host_time`
+#: applies: {"phase_scales": {phase: s, ...}, "host_scale": s, "source": "..."}
+CALIBRATION_KEY = "calibration"
 
 
 class ProfiledLatency(LatencyModel):
@@ -131,9 +134,12 @@ class ProfiledLatency(LatencyModel):
         model fitted on served runs (`iteration_gap`: fixed, per request, per step that
         verifies drafts; live/vllm_gap.py), else a constant (`iteration_gap_s`), else none;
         `host_scale` multiplies it (the host's speed now against the runs it was fitted on);
-        `pass_scale` and `phase_scales` as the class says."""
+        `pass_scale` and `phase_scales` as the class says. A profile calibrated since it was
+        timed (its meta's `CALIBRATION_KEY`) has its scales applied too, times these."""
         if not (isinstance(host_scale, _SCALARS) and 0 <= host_scale < float("inf")):
             raise ConfigError(f"host_scale must be a finite number >= 0, got {host_scale!r}")
+        host_scale, phase_scales = _calibrated(table.meta.get(CALIBRATION_KEY), host_scale,
+                                               phase_scales)
         fitted = table.meta.get(HOST_GAP_KEY)
         if fitted is None:
             return cls(table, float(table.meta.get(HOST_GAP_CONSTANT_KEY, 0.0)) * host_scale,
@@ -297,6 +303,26 @@ def _build_role(rows: pd.DataFrame) -> _RoleModel:
         "phases": phases,
     }
     return model
+
+
+def _calibrated(calibration, host_scale: float, phase_scales: Mapping[str, float] | None
+                ) -> tuple[float, Mapping[str, float] | None]:
+    """The host and phase scales given, times a profile's calibration (meta
+    `CALIBRATION_KEY`, or None)."""
+    if calibration is None:
+        return host_scale, phase_scales
+    try:
+        host = calibration["host_scale"]
+        phases = _checked_phase_scales(calibration["phase_scales"])
+    except (KeyError, TypeError):
+        raise ConfigError(f"profiled latency: meta {CALIBRATION_KEY!r} must hold host_scale "
+                          f"and phase_scales; got {calibration!r}") from None
+    if not (isinstance(host, _SCALARS) and 0 < host < float("inf")):
+        raise ConfigError(f"profiled latency: meta {CALIBRATION_KEY!r}: host_scale must be a "
+                          f"finite number > 0, got {host!r}")
+    given = _checked_phase_scales(phase_scales) or {}
+    return host_scale * host, {p: (phases or {}).get(p, 1.0) * given.get(p, 1.0)
+                               for p in ROLE_PHASES["target"]}
 
 
 def _checked_phase_scales(scales: Mapping[str, float] | None) -> dict[str, float] | None:

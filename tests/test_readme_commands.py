@@ -30,7 +30,8 @@ where to add one: it is never skipped. The exceptions are explicit:
 - a `--device cuda` command on a machine without CUDA must end with exit code 2 and one line
   that names cuda (no traceback); with a GPU it runs, reduced, like the others;
 - a command that serves on a real vLLM (`--engine vllm`, `benchmarks/vllm_loop.py`), or reads
-  back what one served (`benchmarks/vllm_calibration.py`), is run by
+  back what one served (`benchmarks/vllm_calibration.py`, `benchmarks/vllm_loop_calibrated.py`),
+  is run by
   tests/live/test_vllm_real.py, reduced by VLLM_REDUCE, in README order, after that test has
   built vLLM's environment, and with checks of what vLLM served; here, only that VLLM_REDUCE
   covers it.
@@ -119,6 +120,10 @@ VLLM_REDUCE: dict[str, tuple[str, ...]] = {
     "python benchmarks/vllm_calibration.py": (
         "--rates", "2", "--requests", "3", "--output-tokens", "16",
         "--policies", "fixed:k=2,batch_adaptive:schedule=[[1,1,3],[2,128,1]]"),
+    # the same, then two tunes of those two configurations (plain, calibrated)
+    "python benchmarks/vllm_loop_calibrated.py": (
+        "--rates", "2", "--requests", "3", "--output-tokens", "16", "--seeds", "2",
+        "--policies", "fixed:k=2,batch_adaptive:schedule=[[1,1,3],[2,128,1]]"),
 }
 #: the README's test-suite line: CI itself, so it is not run here; `.ci/run` must run exactly it
 CI_COMMAND = "python -m pytest"
@@ -205,7 +210,8 @@ def reduce_key(tokens: list[str], table: dict | None = None) -> str | None:
 def needs_vllm(tokens: list[str]) -> bool:
     """The command serves on a real vLLM."""
     return option(tokens, "--engine") == "vllm" or any(
-        t.endswith(("benchmarks/vllm_loop.py", "benchmarks/vllm_calibration.py"))
+        t.endswith(("benchmarks/vllm_loop.py", "benchmarks/vllm_calibration.py",
+                    "benchmarks/vllm_loop_calibrated.py"))
         for t in tokens[:2])
 
 

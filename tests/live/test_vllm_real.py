@@ -112,9 +112,25 @@ def check_calibration(out: Path, argv: list[str]) -> None:
         assert all(abs(e) < 100 for e in way["errors_pct"])
 
 
+def check_loop_calibrated(out: Path, argv: list[str]) -> None:
+    """Both tunes' recommendations, each a configuration vLLM measured, and the profile
+    written with the speed the servers ran at before the measured window."""
+    loop = json.loads((out / "loop.json").read_text())
+    assert {v["profile"] for v in loop["verdicts"]} == {"plain", "calibrated"}
+    measured = {row["config"] for row in loop["measured"]}
+    for verdict in loop["verdicts"]:
+        assert verdict["rate"] == 2 and verdict["configs"] == 2
+        assert verdict["recommended"] in measured and verdict["recommended_vs_best_pct"] >= 0
+    phases = loop["speeds"]["2"]["passes_by_phase"]
+    assert set(phases) == {"prefill", "decode", "verify"}
+    meta = json.loads((out / "profile-rate2" / "latency.meta.json").read_text())
+    assert meta["calibration"]["phase_scales"] == phases
+
+
 CHECKS = {"spectune record": check_record, "spectune validate": check_validate,
           "python benchmarks/vllm_loop.py": check_loop,
-          "python benchmarks/vllm_calibration.py": check_calibration}
+          "python benchmarks/vllm_calibration.py": check_calibration,
+          "python benchmarks/vllm_loop_calibrated.py": check_loop_calibrated}
 
 
 def test_the_readme_vllm_commands(vllm_venv, tmp_path):

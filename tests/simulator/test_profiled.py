@@ -283,6 +283,35 @@ def test_phase_scales_multiply_the_targets_passes_of_their_phase_only():
         ProfiledLatency(table, phase_scales={"decode": 0.0})
 
 
+def test_a_calibrated_profile_applies_its_scales_as_given_ones():
+    """A profile whose meta carries a calibration (the engine's speed measured on windows it
+    served since) prices as the plain profile given those scales; scales given on top
+    multiply them."""
+    table = make_table()
+    table.meta["iteration_gap_s"] = 2e-3
+    calibration = {"phase_scales": {"decode": 1.1, "verify": 0.9}, "host_scale": 1.2,
+                   "source": "a test"}
+    calibrated = LatencyTable(table.rows, {**table.meta, "calibration": calibration})
+    got = ProfiledLatency.with_host_time(calibrated, host_scale=0.5,
+                                         phase_scales={"verify": 2.0})
+    want = ProfiledLatency.with_host_time(table, host_scale=0.6,
+                                          phase_scales={"decode": 1.1, "verify": 1.8})
+    shapes = [(4, 4, 400, 1300), (4, 12, 400, 1300), (2, 200, 0, 20100)]
+    for shape in shapes:
+        assert got.forward_s("target", *shape) == pytest.approx(
+            want.forward_s("target", *shape), rel=1e-12)
+    assert got.step_overhead_s(3, 0) == pytest.approx(want.step_overhead_s(3, 0))
+    assert got.describe()["phase_scales"] == {"prefill": 1.0, "decode": 1.1,
+                                              "verify": pytest.approx(1.8)}
+    plain = ProfiledLatency.with_host_time(table)
+    assert plain.forward_s("target", 4, 4, 400, 1300) != got.forward_s("target", 4, 4, 400, 1300)
+    for bad in ({"phase_scales": {"decode": 1.0}}, {"host_scale": 0.0, "phase_scales": {}},
+                {"host_scale": 1.0, "phase_scales": {"draft": 2.0}}):
+        with pytest.raises(ConfigError, match=r"calibration|not a target phase"):
+            ProfiledLatency.with_host_time(LatencyTable(table.rows,
+                                                        {**table.meta, "calibration": bad}))
+
+
 def test_heldout_split_never_removes_corners_or_boundaries():
     table = make_table()
     for seed in range(5):
