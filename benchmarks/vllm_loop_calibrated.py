@@ -25,7 +25,9 @@ and vLLM's measured mean E2E over the configurations (target: >= 0.8).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.vllm_calibration import kendall_tau  # noqa: E402
 from benchmarks.vllm_loop import SCENARIO, predictions, train_lengths  # noqa: E402
+from simulator.latency_table import table_paths  # noqa: E402
 
 SPECTUNE = [sys.executable, "-m", "spectune"]
 POLICIES = ("fixed:k=0,fixed:k=1,fixed:k=2,fixed:k=3,fixed:k=4,fixed:k=6,"
@@ -95,18 +98,24 @@ def calibrated_profile(profile: Path, speed, rate: float, folder: Path, out: Pat
 
 def tune(profile: Path, policies: str, rates: list[float], lengths: Path, recording: Path,
          requests: int, seeds: int, out: Path) -> pd.DataFrame:
-    """`spectune tune` of the configurations over `rates` with `profile` (kept in `out`, reused
-    when there): each configuration's predicted mean E2E per rate."""
-    if not (out / "tune.json").is_file():
-        cmd = ["tune", *SCENARIO, "--profile", str(profile), "--workload", "poisson",
-               "--lengths", str(lengths), "--requests", str(requests), "--acceptance",
-               str(recording), "--rates", *[f"{r:g}" for r in rates], "--seeds", str(seeds),
-               "--search", "grid", "--k-max", "6", "--policies", policies, "--no-report",
-               "--format", "json", "--out", str(out)]
+    """`spectune tune` of the configurations over `rates` with `profile`: each configuration's
+    predicted mean E2E per rate. Kept in `out` and reused only while its command and the
+    contents of the files it reads are the same (`inputs.json`)."""
+    cmd = ["tune", *SCENARIO, "--profile", str(profile), "--workload", "poisson",
+           "--lengths", str(lengths), "--requests", str(requests), "--acceptance",
+           str(recording), "--rates", *[f"{r:g}" for r in rates], "--seeds", str(seeds),
+           "--search", "grid", "--k-max", "6", "--policies", policies, "--no-report",
+           "--format", "json", "--out", str(out)]
+    inputs = {"command": cmd, "contents": {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+                                           for p in (*table_paths(profile), lengths, recording)}}
+    if not ((out / "tune.json").is_file() and (out / "inputs.json").is_file()
+            and json.loads((out / "inputs.json").read_text()) == inputs):
+        shutil.rmtree(out, ignore_errors=True)
         print("$ spectune " + " ".join(cmd), flush=True)
         done = subprocess.run(SPECTUNE + cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         if done.returncode != 0:
             sys.exit(f"spectune tune failed ({done.returncode})")
+        (out / "inputs.json").write_text(json.dumps(inputs, indent=1))
     return predictions(out)
 
 
@@ -117,28 +126,30 @@ def measured_e2e(folder: Path) -> pd.DataFrame:
         "policy": "config", "measured": "measured_e2e_s"})[["rate", "config", "measured_e2e_s"]]
 
 
-def across_windows(measured: pd.DataFrame, other: pd.DataFrame, predicted: pd.DataFrame
-                   ) -> list[dict]:
-    """Per rate: Kendall's tau between vLLM's two windows' rankings of the configurations
-    (how far one window's ranking can be trusted), the tune's against each window and
-    against their mean, and its recommendation against the best of the mean."""
-    both = measured.merge(other, on=["rate", "config"], suffixes=("", "_other")).merge(
-        predicted, on=["rate", "config"])
+def across_windows(windows: list[pd.DataFrame], predicted: pd.DataFrame) -> list[dict]:
+    """Per rate, over the windows (this folder's first, then the others): Kendall's tau
+    between each pair of vLLM's windows' rankings of the configurations (how far one window's
+    ranking can be trusted), the tune's against each window and against their mean, and its
+    recommendation against the best of the mean."""
+    both = predicted
+    for i, window in enumerate(windows):
+        both = both.merge(window.rename(columns={"measured_e2e_s": f"w{i}"}),
+                          on=["rate", "config"])
+    names = [f"w{i}" for i in range(len(windows))]
     rows = []
     for rate, g in both.groupby("rate"):
-        mean = list((g.measured_e2e_s + g.measured_e2e_s_other) / 2)
-        rows.append({"rate": rate,
-                     "tau_vllm_vs_vllm": kendall_tau(list(g.measured_e2e_s),
-                                                     list(g.measured_e2e_s_other)),
-                     "tau_tune_vs_this": kendall_tau(list(g.predicted_e2e_s),
-                                                     list(g.measured_e2e_s)),
-                     "tau_tune_vs_other": kendall_tau(list(g.predicted_e2e_s),
-                                                      list(g.measured_e2e_s_other)),
-                     "tau_tune_vs_mean": kendall_tau(list(g.predicted_e2e_s), mean),
-                     "best_of_mean": g.config.iloc[int(pd.Series(mean).idxmin())],
-                     "recommended_vs_best_of_mean_pct": (
-                         mean[int(g.predicted_e2e_s.reset_index(drop=True).idxmin())]
-                         / min(mean) - 1) * 100})
+        g = g.reset_index(drop=True)
+        mean = list(g[names].mean(axis=1))
+        tune = list(g.predicted_e2e_s)
+        rows.append({
+            "rate": rate,
+            "tau_vllm_vs_vllm": [round(kendall_tau(list(g[a]), list(g[b])), 2)
+                                 for i, a in enumerate(names) for b in names[i + 1:]],
+            "tau_tune_vs_each": [round(kendall_tau(tune, list(g[a])), 2) for a in names],
+            "tau_tune_vs_mean": kendall_tau(tune, mean),
+            "best_of_mean": g.config.iloc[int(pd.Series(mean).idxmin())],
+            "recommended_vs_best_of_mean_pct": (
+                mean[int(g.predicted_e2e_s.idxmin())] / min(mean) - 1) * 100})
     return rows
 
 
@@ -160,10 +171,10 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="the folder's validation seed")
     ap.add_argument("--seeds", type=int, default=20, help="tune's Poisson windows")
-    ap.add_argument("--other-window", type=Path,
-                    help="another such folder, the same configurations on another window: "
-                         "also how vLLM ranks them across the two windows, and the tune "
-                         "against their mean")
+    ap.add_argument("--other-windows", type=Path, nargs="+", default=[],
+                    help="other such folders, the same configurations on other windows: also "
+                         "how vLLM ranks them across the windows, and the tune against their "
+                         "mean")
     ap.add_argument("--out", type=Path, default=Path("runs/vllm-loop-calibrated"))
     args = ap.parse_args()
     if not (args.folder / "validate.csv").is_file():
@@ -172,6 +183,12 @@ def main() -> int:
     if not any(args.folder.glob("*/rate*-calibration")):
         sys.exit(f"{args.folder}: no calibration windows; it was validated without "
                  "--calibrate")
+    from simulator.latency_table import LatencyTable
+    from simulator.profiled import CALIBRATION_KEY
+
+    if CALIBRATION_KEY in LatencyTable.load(args.profile).meta:
+        sys.exit(f"{args.profile}: this profile is calibrated already; give the plain profile "
+                 "the folder's validation ran with")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     v = VllmValidation(profile=str(args.profile), venv=ROOT / ".venv-vllm", model_dir=Path("."),
@@ -179,7 +196,7 @@ def main() -> int:
                        configs=configs_of(parse_policy_list(args.policies)),
                        requests=args.requests, output_tokens=args.output_tokens,
                        seed=args.seed, calibrate=True)
-    lengths = out / "train_lengths.csv"
+    lengths = out / f"train_lengths-{args.output_tokens}.csv"
     if not lengths.is_file():
         train_lengths(lengths, args.output_tokens)
     recording = args.recording.resolve()
@@ -215,10 +232,12 @@ def main() -> int:
     pd.set_option("display.width", 200)
     frame = pd.DataFrame(verdicts)
     print(frame.to_string(index=False, float_format="%.3f"))
-    windows = [] if args.other_window is None else across_windows(
-        measured, measured_e2e(args.other_window), predicted["calibrated"])
+    windows = [] if not args.other_windows else across_windows(
+        [measured, *map(measured_e2e, args.other_windows)], predicted["calibrated"])
     if windows:
-        print(f"\nagainst {args.other_window} (the same configurations, another window):")
+        others = ", ".join(map(str, args.other_windows))
+        print(f"\nwith {others} (the same configurations, other windows; tau_vllm_vs_vllm "
+              "for each pair):")
         print(pd.DataFrame(windows).to_string(index=False, float_format="%.2f"))
     (out / "loop.json").write_text(json.dumps(
         {"folder": str(args.folder), "profile": str(args.profile),

@@ -263,7 +263,8 @@ class ProfiledLatency(LatencyModel):
             "draft_tree": None if self.draft_tree is None else self.draft_tree.to_json(),
             "roles": {role: m.report for role, m in self._roles.items()},
         } | ({"idle_proposer_s": self.idle_proposer_s} if self.idle_proposer_s else {}) | (
-            {"phase_scales": self.phase_scales} if self.phase_scales else {})
+            {"phase_scales": self.phase_scales} if self.phase_scales else {}) | (
+            {CALIBRATION_KEY: meta[CALIBRATION_KEY]} if CALIBRATION_KEY in meta else {})
 
 
 def _build_role(rows: pd.DataFrame) -> _RoleModel:
@@ -311,15 +312,17 @@ def _calibrated(calibration, host_scale: float, phase_scales: Mapping[str, float
     `CALIBRATION_KEY`, or None)."""
     if calibration is None:
         return host_scale, phase_scales
-    try:
-        host = calibration["host_scale"]
-        phases = _checked_phase_scales(calibration["phase_scales"])
-    except (KeyError, TypeError):
+    if not (isinstance(calibration, Mapping)
+            and isinstance(calibration.get("phase_scales"), Mapping)
+            and "host_scale" in calibration):
         raise ConfigError(f"profiled latency: meta {CALIBRATION_KEY!r} must hold host_scale "
-                          f"and phase_scales; got {calibration!r}") from None
-    if not (isinstance(host, _SCALARS) and 0 < host < float("inf")):
+                          f"and phase_scales ({{phase: scale}}); got {calibration!r}")
+    host = calibration["host_scale"]
+    phases = _checked_phase_scales(calibration["phase_scales"])
+    # 0 is a speed a window can measure: a log that leaves no time between iterations
+    if not (isinstance(host, _SCALARS) and 0 <= host < float("inf")):
         raise ConfigError(f"profiled latency: meta {CALIBRATION_KEY!r}: host_scale must be a "
-                          f"finite number > 0, got {host!r}")
+                          f"finite number >= 0, got {host!r}")
     given = _checked_phase_scales(phase_scales) or {}
     return host_scale * host, {p: (phases or {}).get(p, 1.0) * given.get(p, 1.0)
                                for p in ROLE_PHASES["target"]}

@@ -117,10 +117,11 @@ def check_loop_calibrated(out: Path, argv: list[str]) -> None:
     written with the speed the servers ran at before the measured window."""
     loop = json.loads((out / "loop.json").read_text())
     assert {v["profile"] for v in loop["verdicts"]} == {"plain", "calibrated"}
-    measured = {row["config"] for row in loop["measured"]}
+    measured = {row["config"]: row["measured_e2e_s"] for row in loop["measured"]}
     for verdict in loop["verdicts"]:
         assert verdict["rate"] == 2 and verdict["configs"] == 2
-        assert verdict["recommended"] in measured and verdict["recommended_vs_best_pct"] >= 0
+        assert verdict["recommended_vs_best_pct"] == pytest.approx(
+            (measured[verdict["recommended"]] / min(measured.values()) - 1) * 100)
     phases = loop["speeds"]["2"]["passes_by_phase"]
     assert set(phases) == {"prefill", "decode", "verify"}
     meta = json.loads((out / "profile-rate2" / "latency.meta.json").read_text())

@@ -81,12 +81,13 @@ def test_kept_sums_equal_the_stacked_walks_through_a_run(capped):
     assert not columns._sums[:, columns.now - columns._origin:].any()
 
 
-def test_steps_priced_from_kept_sums_equal_the_segment_price():
+@pytest.mark.parametrize("capped", [False, True])
+def test_steps_priced_from_kept_sums_equal_the_segment_price(capped):
     rng = np.random.default_rng(3)
     cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), None, get_gpu("h100")))
     assert cost.prices_chain_sums
     columns = BatchColumns()
-    batch = [_request(rng, i, True) for i in range(12)]
+    batch = [_request(rng, i, capped) for i in range(12)]
     for request in batch:
         walk_chain(request, int(rng.integers(0, 9)))
         columns.add(request, request.chain_k)
@@ -94,7 +95,9 @@ def test_steps_priced_from_kept_sums_equal_the_segment_price():
     cached, drafted, pairs, _, _ = columns.window(steps)
     prompts = np.array([r.prompt_tokens for r in batch])
     gen = np.array([r.chain[: steps + 1] for r in batch])
-    drafts = np.array([r.chain_ks[:steps] for r in batch])
+    # capped: each step's drafts (requests x steps); else each request's k, every step
+    drafts = (np.array([r.chain_ks[:steps] for r in batch]) if capped
+              else np.array([r.chain_k for r in batch]))
     want = cost.chain_segment_s(drafts, prompts, gen[:, :-1])
     got = cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
     assert got.tolist() == want.tolist()

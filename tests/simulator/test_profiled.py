@@ -305,8 +305,13 @@ def test_a_calibrated_profile_applies_its_scales_as_given_ones():
                                               "verify": pytest.approx(1.8)}
     plain = ProfiledLatency.with_host_time(table)
     assert plain.forward_s("target", 4, 4, 400, 1300) != got.forward_s("target", 4, 4, 400, 1300)
-    for bad in ({"phase_scales": {"decode": 1.0}}, {"host_scale": 0.0, "phase_scales": {}},
-                {"host_scale": 1.0, "phase_scales": {"draft": 2.0}}):
+    assert got.describe()["calibration"] == calibration  # where the scales came from
+    silent = LatencyTable(table.rows, {**table.meta, "calibration": {
+        "phase_scales": {}, "host_scale": 0.0}})  # a window with no time between iterations
+    assert ProfiledLatency.with_host_time(silent).step_overhead_s(3, 0) == 0.0
+    for bad in ({"phase_scales": {"decode": 1.0}}, {"host_scale": -1.0, "phase_scales": {}},
+                {"host_scale": 1.0, "phase_scales": {"draft": 2.0}},
+                {"host_scale": 1.0, "phase_scales": [1.0, 1.0]}, [1.0]):
         with pytest.raises(ConfigError, match=r"calibration|not a target phase"):
             ProfiledLatency.with_host_time(LatencyTable(table.rows,
                                                         {**table.meta, "calibration": bad}))
