@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from policies import DraftOutcome, HeldSteps, Policy, StepCost
-from simulator.acceptance import AcceptanceReplay, Lookahead
+from simulator.acceptance import AcceptanceReplay, Lookahead, signals_needed
 from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
@@ -97,6 +97,8 @@ class Replica:
                               "not a draft tree: use a chain drafter's trace")
         self.observes = type(policy).observe is not Policy.observe
         self.reads_signals = bool(type(policy).signals)
+        #: the trace's signals a step reads per request: the policy's, and its stop rule's
+        self._signal_names = tuple(sorted(signals_needed(policy)))
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
         self._ks: list[int] = []
@@ -113,6 +115,9 @@ class Replica:
 
     def submit(self, request: RequestState) -> None:
         request.run = self.acceptance.run(request.index)
+        if self._signal_names:  # read per step: looked up once, not per step
+            request.signals = {name: self.acceptance.signal(request.index, name)
+                               for name in self._signal_names}
         if self.capped:
             cap = self.acceptance.proposable(request.index)
             # a list where steps read one position at a time (numpy scalars are slow), an
@@ -227,8 +232,7 @@ class Replica:
             return self._stop_chains(batch, ks)
         out = []
         for request, k in zip(batch, ks):
-            top1 = self.acceptance.signal(request.index, "draft_top1")
-            ent = self.acceptance.signal(request.index, "draft_entropy")
+            top1, ent = request.signals["draft_top1"], request.signals["draft_entropy"]
             last = request.output_tokens - 1
             for d in range(k):
                 t = min(request.generated + d, last)
@@ -245,17 +249,16 @@ class Replica:
         if width == 0:
             return list(ks)
         depth = np.arange(width)
-        signal = self.acceptance.signal
         wanted = type(self.policy).stop_signals
         rows: dict[str, list] = {name: [] for name in ("draft_top1", "draft_entropy")
                                  if name in wanted}
         for request in batch:
-            g, index = request.generated, request.index
+            g, signals = request.generated, request.signals
             # a slice where the chain ends inside the request, else the last position repeated
             at = (slice(g, g + width) if g + width <= request.output_tokens
                   else np.minimum(g + depth, request.output_tokens - 1))
             for name, row in rows.items():
-                row.append(signal(index, name)[at])
+                row.append(signals[name][at])
         arrays = {name: np.array(row, dtype=np.float64) for name, row in rows.items()}
         unread = np.empty((len(batch), 0))
         return self.policy.stop_chains(batch, ks, arrays.get("draft_top1", unread),
@@ -290,8 +293,7 @@ class Replica:
     def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
         """Signals only for positions a real engine observed: accepted drafts + first rejection."""
         seen = min(acc + 1, k, request.output_tokens - g)
-        signals = {name: self.acceptance.signal(request.index, name)[g:g + seen]
-                   for name in type(self.policy).signals}
+        signals = {name: request.signals[name][g:g + seen] for name in type(self.policy).signals}
         return DraftOutcome(request.request_id, k, acc, emit, g, signals)
 
     # -- a scheduler that plans whole steps (vllm-v1) ----------------------------------------
@@ -535,7 +537,7 @@ class Replica:
             if request.summed:  # its walk's last entry, out of the batch's sums
                 self.columns.remove(request)
                 request.summed = False
-            request.run = request.cap = request.chain = request.chain_ks = None
+            request.run = request.cap = request.chain = request.chain_ks = request.signals = None
             request.chain_list = request.chain_drafted = None
             request.chain_k = -1
 

@@ -29,6 +29,7 @@ class RequestState:
         "request_id",
         "reserve",
         "run",
+        "signals",
         "steps",
         "summed",
     )
@@ -46,6 +47,8 @@ class RequestState:
         self.draft_feed = 0  # tokens the next chain's first draft pass feeds (draft_feed.py)
         self.accepted = 0
         self.run: np.ndarray | None = None
+        #: the trace's per-position signals the policy reads (simulator/replica.py's submit)
+        self.signals: dict[str, np.ndarray] | None = None
         #: drafts the drafter can propose at each position (an n-gram lookup's), or None
         self.cap: list[int] | None = None
         self.reserve = 0
