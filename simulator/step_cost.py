@@ -123,7 +123,7 @@ class StepCostModel:
         k = ks if ks.ndim == 2 else ks[:, None]
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
         pairs = ((k + 1) * cached).sum(axis=0) + ((k + 1) * (k + 2) // 2).sum(axis=0)
-        return self._chain_step_s(len(cached), k.sum(axis=0), cached.sum(axis=0), pairs)
+        return self.chain_steps_s(len(cached), k.sum(axis=0), cached.sum(axis=0), pairs)
 
     def chain_segment_s(self, ks: np.ndarray, prompts: np.ndarray, gen: np.ndarray,
                         gen_sums: np.ndarray | None = None, drafted: np.ndarray | None = None
@@ -147,7 +147,7 @@ class StepCostModel:
             # array passes; halving after the sum is exact (each (k + 1)(k + 2) is even)
             c1 = gen + (before + 1)[:, None]  # c + 1
             pairs = (k1 * (c1 + c1 + ks)).sum(axis=0) // 2
-        return self._chain_step_s(len(prompts), drafted, cached, pairs)
+        return self.chain_steps_s(len(prompts), drafted, cached, pairs)
 
     @property
     def prices_chain_sums(self) -> bool:
@@ -155,15 +155,10 @@ class StepCostModel:
         drafter, no tree): what `chain_segment_s` and `chain_steps_s` price."""
         return self.draft_tree is None and not self.latency.has_draft_model
 
-    def chain_steps_s(self, seqs: int, drafted: np.ndarray, cached: np.ndarray,
-                      pairs: np.ndarray) -> np.ndarray:
-        """Steps of one batch of `seqs` requests from their verify pass's sums (drafts, cached
-        tokens, causal pairs; arrays, one entry per step) where `prices_chain_sums`: the same
-        floats as `chain_segment_s` of the matrices those sums come from."""
-        return self._chain_step_s(seqs, drafted, cached, pairs)
-
-    def _chain_step_s(self, seqs, drafted, cached, pairs):
-        """A model-free chain's step from its verify pass's sums (elementwise over arrays)."""
+    def chain_steps_s(self, seqs, drafted, cached, pairs):
+        """A model-free chain's steps from their verify pass's sums, where `prices_chain_sums`:
+        requests, drafts, cached tokens and causal pairs (elementwise over arrays, one entry
+        per step): the same floats as `chain_segment_s` of the matrices they sum."""
         lat = self.latency
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         total = total + lat.step_overhead_s(seqs, drafted)
@@ -183,18 +178,17 @@ class StepCostModel:
         for all). The same floats as `step_s` of their ks; None where a step's price is not a
         function of those sums (a draft model, a tree, a latency model whose arrays might not
         match its scalars)."""
-        lat = self.latency
-        if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
+        if not (self.prices_chain_sums and self.latency.arrays_match_scalars):
             return None
         if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
             # a step or two: Python floats cost less than arrays, and are the same floats
-            return [float(self._chain_step_s(requests, int(d), cached, int(p)))
+            return [float(self.chain_steps_s(requests, int(d), cached, int(p)))
                     for d, p in zip(drafted, pairs)]
         if not isinstance(requests, int):
             requests = np.asarray(requests, dtype=np.int64)
         if not isinstance(cached, int):
             cached = np.asarray(cached, dtype=np.int64)
-        return np.atleast_1d(self._chain_step_s(
+        return np.atleast_1d(self.chain_steps_s(
             requests, np.asarray(drafted, dtype=np.int64), cached,
             np.asarray(pairs, dtype=np.int64))).tolist()
 

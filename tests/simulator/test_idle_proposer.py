@@ -52,7 +52,7 @@ def test_the_array_paths_charge_the_same_steps():
     np.testing.assert_array_equal(spec.chain_segment_s(ks, prompts, gen), one_by_one)
     # what a policy prices: the same floats
     assert spec.chain_sums_s(2, [0, 3], 300, [302, 310]) == [
-        spec._chain_step_s(2, 0, 300, 302), spec._chain_step_s(2, 3, 300, 310)]
+        spec.chain_steps_s(2, 0, 300, 302), spec.chain_steps_s(2, 3, 300, 310)]
     assert spec.chain_sums_s(2, [0], 300, [302])[0] == pytest.approx(
         plain.chain_sums_s(2, [0], 300, [302])[0] + IDLE, abs=1e-15)
 
