@@ -169,6 +169,7 @@ class Policy:
       uses_draft_stop      `stop_drafting` is consulted during drafting (confidence-style rules).
       stop_signals         the signals an override of `stop_chains` reads; the simulator leaves
                            the others out (a requests x 0 array), as building them costs.
+                           `stop_positions` reads them too.
       simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
     """
 
@@ -240,6 +241,15 @@ class Policy:
                     break
             out.append(k)
         return out
+
+    def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """Where the stop rule reads nothing but the drafted token's own signals (not the
+        request, its state or the token's depth): for a request's whole trace (`signals`: its
+        `stop_signals` per position, float64), True at each position a chain stops after. A
+        simulator then folds the rule into the drafter's cap per position, once per request,
+        instead of asking it every step (the policy's `draftable` then includes the stop).
+        None (the default): the rule depends on more."""
+        return None
 
     def finish(self, request_id: int) -> None:
         """The request left the system: drop any per-request state."""

@@ -11,9 +11,11 @@ a worked example and the choices made where the sources are silent: docs/policy-
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+import numpy as np
 
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
 from policies.heuristic import below
@@ -92,6 +94,7 @@ class GammaTunePlus(GammaTune):
     description: ClassVar[str] = (
         "GammaTune+: GammaTune, plus drafting stops when draft top-1 probability < τ")
     uses_draft_stop: ClassVar[bool] = True
+    stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
 
     tau: float = field(default=0.4, metadata={
         "help": "stop drafting when the draft's top-1 probability is below τ",
@@ -107,3 +110,6 @@ class GammaTunePlus(GammaTune):
         self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
     ) -> bool:
         return below(float(draft_top1), self.tau)
+
+    def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray:
+        return ~(signals["draft_top1"] >= self.tau)  # `below`, NaN included

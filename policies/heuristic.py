@@ -10,7 +10,7 @@ up to 20 tokens and stops after one whose draft probability is below 0.4. How th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -109,7 +109,10 @@ class Confidence(Policy):
     name: ClassVar[str] = "confidence"
     description: ClassVar[str] = (
         "transformers assisted generation: draft up to max_k, stop when draft top-1 < threshold")
+    # k is max_k throughout; the stop reads only each token's top-1 (`stop_positions`)
+    stateless_per_batch: ClassVar[bool] = True
     uses_draft_stop: ClassVar[bool] = True
+    stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
 
     max_k: int = field(default=20, metadata={"help": "longest chain (num_assistant_tokens)",
                                               "grid": (4, 8, 20)})
@@ -129,5 +132,8 @@ class Confidence(Policy):
         self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
     ) -> bool:
         return below(float(draft_top1), self.threshold)
+
+    def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray:
+        return ~(signals["draft_top1"] >= self.threshold)  # `below`, NaN included
 
 

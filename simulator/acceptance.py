@@ -118,6 +118,19 @@ def replay_for(acceptance: SpeculationTrace, output_tokens: np.ndarray, policy,
     return replay
 
 
+#: a cap that never binds (no stop ahead): above any k an engine drafts
+UNCAPPED = 1 << 30
+
+
+def stop_lengths(stops: np.ndarray) -> np.ndarray:
+    """Per position g, the drafts a chain starting at g takes under a stop rule that fires after
+    the tokens where `stops` is True: through the first stop at or after g, UNCAPPED where none
+    comes (past the request's end a chain reads its last position, which then did not stop)."""
+    at = np.arange(len(stops), dtype=np.int64)
+    first = np.minimum.accumulate(np.where(stops, at, UNCAPPED)[::-1])[::-1]
+    return np.where(first < UNCAPPED, first - at + 1, UNCAPPED)
+
+
 def _fit(values: np.ndarray, n: int) -> np.ndarray:
     """Cut or tile `values` to length n."""
     if len(values) >= n:

@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from policies import DraftOutcome, HeldSteps, Policy, StepCost
-from simulator.acceptance import AcceptanceReplay, Lookahead, signals_needed
+from simulator.acceptance import AcceptanceReplay, Lookahead, signals_needed, stop_lengths
 from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
@@ -72,11 +72,15 @@ class Replica:
         # a drafter that can run out of proposals (n-gram) drafts min(k, proposable) each step:
         # the fast path walks those steps too (walk_chain's cap), but a draft model's
         # catch-up after such steps it does not: with one, step one iteration at a time
-        self.capped = acceptance.limits_proposals
+        kind = type(policy)
+        # a stop rule that reads only each drafted token's signals (Policy.stop_positions) is
+        # folded into that cap, once per request: the chains it cuts are the capped ones
+        self.folds_stop = (kind.uses_draft_stop
+                           and kind.stop_positions is not Policy.stop_positions)
+        self.capped = acceptance.limits_proposals or self.folds_stop
         # a policy that holds its k for some steps (Policy.hold) runs those steps as a segment
         # (its runs were recorded step by step: its segments keep their floats to the bit,
         # which needs a latency model whose arrays give its scalars' numbers)
-        kind = type(policy)
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
                       and cost.latency.arrays_match_scalars)
@@ -98,7 +102,8 @@ class Replica:
         self.observes = type(policy).observe is not Policy.observe
         self.reads_signals = bool(type(policy).signals)
         #: the trace's signals a step reads per request: the policy's, and its stop rule's
-        self._signal_names = tuple(sorted(signals_needed(policy)))
+        self._signal_names = tuple(sorted(kind.signals if self.folds_stop
+                                          else signals_needed(policy)))
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
         self._ks: list[int] = []
@@ -119,11 +124,10 @@ class Replica:
             request.signals = {name: self.acceptance.signal(request.index, name)
                                for name in self._signal_names}
         if self.capped:
-            cap = self.acceptance.proposable(request.index)
+            cap = self._caps(request.index)
             # a list where steps read one position at a time (numpy scalars are slow), an
             # array where only the fast path's chains read it (in slices)
-            request.cap = (np.asarray(cap, dtype=np.int64) if self.segments_only
-                           else cap.astype(np.int64).tolist())
+            request.cap = cap if self.segments_only else cap.tolist()
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now
@@ -131,6 +135,19 @@ class Replica:
         if self._idle is not None:
             idle, self._idle = self._idle, None
             idle.succeed()
+
+    def _caps(self, index: int) -> np.ndarray:
+        """Per position, the most drafts a step there takes: what the drafter can propose (an
+        n-gram lookup's match), and where a chain from there stops (`folds_stop`)."""
+        acceptance = self.acceptance
+        cap = (np.asarray(acceptance.proposable(index), dtype=np.int64)
+               if acceptance.limits_proposals else None)
+        if self.folds_stop:
+            signals = {name: np.asarray(acceptance.signal(index, name), dtype=np.float64)
+                       for name in type(self.policy).stop_signals}
+            lengths = stop_lengths(self.policy.stop_positions(signals))
+            cap = lengths if cap is None else np.minimum(cap, lengths)
+        return cap
 
     # -- the process -------------------------------------------------------------------------
 
@@ -218,7 +235,7 @@ class Replica:
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
         ks = self.scheduler.choose(batch, self.env.now, lookahead)
-        if type(self.policy).uses_draft_stop:
+        if type(self.policy).uses_draft_stop and not self.folds_stop:
             ks = self._draft_stop(batch, ks)
         return ks
 
@@ -359,7 +376,7 @@ class Replica:
             for request in batch:
                 self.scheduler.propose(request, self.scheduler.config.k_max, placeholder=True)
             return
-        if type(self.policy).uses_draft_stop:
+        if type(self.policy).uses_draft_stop and not self.folds_stop:
             chosen = self._draft_stop(batch, chosen)
         chosen = self._cut_to_cap(batch, chosen)
         for request, k in zip(batch, chosen):
