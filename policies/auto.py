@@ -91,7 +91,7 @@ class Auto(Policy):
         self._top1_expected = np.zeros(TOP1_BINS)
         # the last plan, for the draft stop: its requests, acceptance rows and threshold
         self._plan_ids: list[int] = []
-        self._plan_rows: dict[int, int] = {}
+        self._plan_rows: dict[int, int] | None = {}
         self._plan_alpha = np.zeros((0, 0))
         self._plan_confidence = np.ones(TOP1_BINS)
         self._through: dict[int, float] = {}  # stop_drafting's chain so far, per request
@@ -120,8 +120,10 @@ class Auto(Policy):
         it), and whether any request is outside a streak (new, cold or fresh)."""
         streak, observed, expected = self._streak, self._observed, self._expected
         w = self.prior_weight
-        rows = [min(streak.get(rid, NEW), MAX_STREAK) - NEW for rid in ids]
-        ratios = [(observed.get(rid, 0.0) + w) / (expected.get(rid, 0.0) + w) for rid in ids]
+        rows, ratios = [], []
+        for rid in ids:
+            rows.append(min(streak.get(rid, NEW), MAX_STREAK) - NEW)
+            ratios.append((observed.get(rid, 0.0) + w) / (expected.get(rid, 0.0) + w))
         return rows, np.array(ratios) * mean_lift, bool(rows) and min(rows) <= FRESH - NEW
 
     @staticmethod
@@ -133,37 +135,36 @@ class Auto(Policy):
     def _mean_lift(self) -> float:
         """The confidence factor of a draft whose confidence is not known yet: all of them."""
         w = self.prior_weight
-        return (float(self._top1_observed.sum()) + w) / (float(self._top1_expected.sum()) + w)
+        return ((float(_add(self._top1_observed)) + w)
+                / (float(_add(self._top1_expected)) + w))
 
-    def _discovery(self, ctx: StepContext, rows: list[int], a_pop: np.ndarray,
-                   scales: np.ndarray, survival: np.ndarray) -> np.ndarray:
+    def _discovery(self, ctx: StepContext, rows: np.ndarray, a_pop: np.ndarray,
+                   scales: np.ndarray, survival: np.ndarray, contexts: list[int]) -> np.ndarray:
         """What accepting its first draft adds for a request outside a streak: how much more
         the next step's chain is worth in a streak than in its state now (each draft's chance
         less its price at this step, the drafts that pay summed). Where acceptance comes in
         spans (text being copied) a request that never drafts would never learn a span began;
         where it does not (i.i.d. drafts), a streak predicts nothing and this is 0."""
-        price = self._draft_price(ctx)
+        price = self._draft_price(ctx, contexts)
         depth = survival.shape[1]
         # every request as if in a streak of 1: one row of bins for all
         streak_row = a_pop[_BIN_TABLE[1 - NEW, :depth]]
-        hot = np.cumprod(np.minimum(streak_row * scales[:, None], ALPHA_MAX), axis=1)
-        gain = (np.maximum(hot - price, 0.0).sum(axis=1)
-                - np.maximum(survival - price, 0.0).sum(axis=1))
-        return np.where(np.array(rows) <= FRESH - NEW, np.maximum(gain, 0.0), 0.0)
+        hot = np.minimum(streak_row * scales[:, None], ALPHA_MAX).cumprod(axis=1)
+        gain = (_add(np.maximum(hot - price, 0.0), axis=1)
+                - _add(np.maximum(survival - price, 0.0), axis=1))
+        return np.where(rows <= FRESH - NEW, np.maximum(gain, 0.0), 0.0)
 
-    def _draft_price(self, ctx: StepContext) -> float:
+    def _draft_price(self, ctx: StepContext, contexts: list[int]) -> float:
         """One more draft's price in tokens: the tokens this step would have to emit in the
-        time it adds, at the rate of a step without drafts."""
-        requests = ctx.requests
-        b = len(requests)
+        time it adds, at the rate of a step without drafts (`contexts`: each request's)."""
+        b = len(contexts)
         sums = self._sums_pricer(ctx.cost)
         if sums is not None:  # the same floats as pricing the two rows of ks
-            cached = sum(r.context_tokens for r in requests) - b
-            first = requests[0].context_tokens - 1
+            cached = sum(contexts) - b
+            first = contexts[0] - 1
             times = sums(b, [0, 1], cached, [cached + b, cached + b + first + 2])
         else:
-            times = price_steps(ctx.cost, [[0] * b, [1] + [0] * (b - 1)],
-                                [r.context_tokens for r in requests])
+            times = price_steps(ctx.cost, [[0] * b, [1] + [0] * (b - 1)], contexts)
         return b * (times[1] - times[0]) / times[0]
 
     def _sums_pricer(self, cost):
@@ -181,55 +182,58 @@ class Auto(Policy):
         requests = ctx.requests
         b, depth = len(requests), min(self.k_max, ctx.k_max)
         ids = self._plan_ids = [r.request_id for r in requests]
-        self._plan_rows = {rid: row for row, rid in enumerate(ids)}
+        self._plan_rows = None  # built where stop_drafting asks (the live engine)
         mean_lift = self._mean_lift()
         self._plan_confidence = self._lift() / mean_lift  # fixed until the outcomes arrive
         self._threshold = math.inf
         if b == 0 or depth == 0:
             return [0] * b
-        rows, scales, outside = self._rows_scales(ids, mean_lift)
+        rows_list, scales, outside = self._rows_scales(ids, mean_lift)
+        rows = np.array(rows_list)
         a_pop = self._accepted / self._seen
         alpha = self._acceptance_in(a_pop, rows, scales, depth)
-        survival = np.cumprod(alpha, axis=1)  # the chance the j-th draft is accepted
+        survival = alpha.cumprod(axis=1)  # the chance the j-th draft is accepted
+        contexts, reach = [], []
+        for r in requests:
+            contexts.append(r.context_tokens)
+            # drafts past the request's end, or past what the drafter can propose, are worth
+            # nothing
+            can = getattr(r, "draftable", None)
+            left = r.output_tokens - r.generated - 1
+            reach.append(min(depth, left) if can is None else min(depth, left, can))
         # ... and what finding a streak adds to a first draft (column 0 stays the largest)
         if outside:
-            survival[:, 0] *= 1.0 + self._discovery(ctx, rows, a_pop, scales, survival)
-        # drafts past the request's end, or past what the drafter can propose, are worth nothing
-        reach = [min(depth, r.output_tokens - r.generated - 1,
-                     depth if getattr(r, "draftable", None) is None else r.draftable)
-                 for r in requests]
+            survival[:, 0] *= 1.0 + self._discovery(ctx, rows, a_pop, scales, survival, contexts)
         survival[np.arange(depth) >= np.array(reach)[:, None]] = 0.0
         self._plan_alpha = alpha
         worth = survival.ravel()
-        order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
-        totals, times = self._price(ctx, worth[order], order // depth, order % depth)
-        tokens = b + np.concatenate(([0.0], np.cumsum(worth[order])))[totals]
+        order = (-worth).argsort(kind="stable")[: int(np.count_nonzero(worth))]
+        totals, times = self._price(ctx, contexts, worth[order], order // depth, order % depth)
+        tokens = b + np.concatenate(([0.0], worth[order].cumsum()))[totals]
         rates = tokens / times
         rates[0] *= self.k0_bonus  # totals[0] is always 0 drafts
-        drafts = int(totals[int(np.argmax(rates))])
+        drafts = int(totals[int(rates.argmax())])
         if drafts == 0:
             return [0] * b
         self._threshold = float(worth[order[drafts - 1]])
         # plan past the threshold by `stop_slack`: the draft stop cuts each chain back
-        return np.count_nonzero(survival >= self._threshold * self.stop_slack, axis=1).tolist()
+        return _add(survival >= self._threshold * self.stop_slack, axis=1).tolist()
 
-    def _price(self, ctx: StepContext, worth: np.ndarray, rows: np.ndarray, cols: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def _price(self, ctx: StepContext, contexts: list[int], worth: np.ndarray, rows: np.ndarray,
+               cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draft totals D to weigh (the D most likely drafts each) and each one's step time:
         every D where the cost model prices a step from its verify pass's sums, else the totals
         of THRESHOLDS and TOTALS_TRIED. No KV check: the engine holds each request's look-ahead
         up to its k_max (a policy's own check refused drafts the reservation already covers)."""
-        requests = ctx.requests
-        b = len(requests)
-        contexts = [r.context_tokens for r in requests]
-        cached = np.array(contexts, dtype=np.int64) - 1  # each request's KV before the verify
+        b = len(contexts)
         chain_sums = self._sums_pricer(ctx.cost)
         if chain_sums is not None:
+            cached = np.array(contexts, dtype=np.int64) - 1  # each request's KV before the verify
+            cached_sum = sum(contexts) - b
             totals = np.arange(len(worth) + 1)
             # the j-th draft of request r (j from 1) adds c_r + j + 1 causal pairs to the verify
-            pairs = int(cached.sum()) + b + np.concatenate(
-                ([0], np.cumsum(cached[rows] + cols + 2)))
-            times = np.array(chain_sums(b, totals, int(cached.sum()), pairs), dtype=np.float64)
+            pairs = cached_sum + b + np.concatenate(([0], (cached[rows] + cols + 2).cumsum()))
+            times = np.array(chain_sums(b, totals, cached_sum, pairs), dtype=np.float64)
         else:
             n = len(worth)
             totals = np.unique(np.concatenate((
@@ -249,8 +253,8 @@ class Auto(Policy):
             return list(ks)  # a chain of one draft has nothing to stop
         plan = self._plan_alpha[:, :width]
         # the chance the chain is right through each draft, confidence known
-        through = np.cumprod(np.minimum(plan * self._plan_confidence[_top1_bins(draft_top1)],
-                                        ALPHA_MAX), axis=1)
+        through = np.minimum(plan * self._plan_confidence[_top1_bins(draft_top1)],
+                             ALPHA_MAX).cumprod(axis=1)
         stops = through[:, :-1] * plan[:, 1:] < self._threshold  # stop after that draft
         lengths = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, width)
         return np.minimum(lengths, ks).tolist()
@@ -261,6 +265,8 @@ class Auto(Policy):
         through this one (its confidence known) times the next one's planned acceptance, falls
         below the step's threshold: the same decisions as `stop_chains`, asked token by token
         in depth order."""
+        if self._plan_rows is None:
+            self._plan_rows = {rid: row for row, rid in enumerate(self._plan_ids)}
         row = self._plan_rows.get(request.request_id)
         if row is None or depth >= self._plan_alpha.shape[1]:
             return False
@@ -296,7 +302,8 @@ class Auto(Policy):
             ratio = self._ratio(rid)
             seen = min(o.accepted + 1, o.k)  # the accepted drafts and the first rejection
             top1 = o.signals.get("draft_top1")
-            top1 = [] if top1 is None else [float(v) for v in top1[:seen]]
+            top1 = ([] if top1 is None else top1[:seen].tolist() if isinstance(top1, np.ndarray)
+                    else [float(v) for v in top1[:seen]])
             bins = _BIN_ROWS[min(state, MAX_STREAK) - NEW]
             expected = 0.0
             for i in range(seen):
@@ -332,6 +339,9 @@ def _bin(state: int, depth: int) -> int:
         return state - NEW if state <= FRESH else min(state, MAX_STREAK) + 2
     return min(max(state, 0) + depth, MAX_STREAK) + 2
 
+
+#: np.sum without its Python wrapper (the same reduction): auto runs every step of the step path
+_add = np.add.reduce
 
 #: `_bin` of every state NEW..MAX_STREAK (row state - NEW) at every depth below 64 (a longer
 #: streak's bins are MAX_STREAK's)

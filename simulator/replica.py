@@ -100,7 +100,8 @@ class Replica:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
         self.observes = type(policy).observe is not Policy.observe
-        self.reads_signals = bool(type(policy).signals)
+        self._policy_signals = tuple(type(policy).signals)
+        self.reads_signals = bool(self._policy_signals)
         #: the trace's signals a step reads per request: the policy's, and its stop rule's
         self._signal_names = tuple(sorted(kind.signals if self.folds_stop
                                           else signals_needed(policy)))
@@ -310,7 +311,7 @@ class Replica:
     def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
         """Signals only for positions a real engine observed: accepted drafts + first rejection."""
         seen = min(acc + 1, k, request.output_tokens - g)
-        signals = {name: request.signals[name][g:g + seen] for name in type(self.policy).signals}
+        signals = {name: request.signals[name][g:g + seen] for name in self._policy_signals}
         return DraftOutcome(request.request_id, k, acc, emit, g, signals)
 
     # -- a scheduler that plans whole steps (vllm-v1) ----------------------------------------
