@@ -13,6 +13,7 @@ from policies.base import (
     Policy,
     PolicyError,
     RequestView,
+    RequestWalker,
     StepContext,
     StepCost,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "RequestView",
+    "RequestWalker",
     "StepContext",
     "StepCost",
     "alpha_from_mean_accepted",

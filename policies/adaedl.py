@@ -13,7 +13,7 @@ docs/policy-adaedl.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -48,6 +48,7 @@ class AdaEDL(Policy):
     description: ClassVar[str] = (
         "AdaEDL: stop drafting when 1 - sqrt(γ·draft entropy) < λ; λ tracks an acceptance target")
     uses_draft_stop: ClassVar[bool] = True
+    walker_stops: ClassVar[bool] = True  # its walker applies λ's stop
 
     max_k: int = field(default=10, metadata={"help": "longest chain drafted"})
     gamma: float = field(default=0.2, metadata={"help": "γ in the bound 1 - sqrt(γ·H)",
@@ -96,20 +97,57 @@ class AdaEDL(Policy):
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         cap = min(self.max_k, ctx.k_max)
         for o in outcomes:
-            if o.k <= 0:
-                continue
-            rid = o.request_id
-            rate = self.beta1 * self._rate.get(rid, 0.0) + (1.0 - self.beta1) * (o.accepted / o.k)
-            lam = self.threshold(rid)
-            if rate < self.target_acceptance:
-                aim = lam + self.epsilon
-            elif rate > self.target_acceptance and o.accepted >= cap:
-                aim = lam - self.epsilon
-            else:
-                aim = lam
-            self._rate[rid] = rate
-            self._lambda[rid] = self.beta2 * lam + (1.0 - self.beta2) * aim
+            if o.k > 0:
+                self._observe_one(o.request_id, o.k, o.accepted, cap)
+
+    def _observe_one(self, rid: int, drafted: int, accepted: int, cap: int) -> float:
+        """One step's outcome of a request that drafted; returns its next λ."""
+        rate = self.beta1 * self._rate.get(rid, 0.0) + (1.0 - self.beta1) * (accepted / drafted)
+        lam = self.threshold(rid)
+        if rate < self.target_acceptance:
+            aim = lam + self.epsilon
+        elif rate > self.target_acceptance and accepted >= cap:
+            aim = lam - self.epsilon
+        else:
+            aim = lam
+        self._rate[rid] = rate
+        lam = self._lambda[rid] = self.beta2 * lam + (1.0 - self.beta2) * aim
+        return lam
+
+    def walks_alone(self) -> bool:
+        return True
+
+    def walker(self, request_id: int, k_max: int,
+               signals: Mapping[str, np.ndarray]) -> _AdaEDLWalk:
+        return _AdaEDLWalk(self, request_id, k_max, signals["draft_entropy"])
 
     def finish(self, request_id: int) -> None:
         self._lambda.pop(request_id, None)
         self._rate.pop(request_id, None)
+
+
+class _AdaEDLWalk:
+    """`AdaEDL.choose`, its stop and `observe` for one request (`Policy.walker`): the bound at
+    every position computed once (numpy's sqrt is correctly rounded, as `math.sqrt`)."""
+
+    __slots__ = ("_bound", "_cap", "_lambda", "_last", "_policy", "_request_id")
+
+    def __init__(self, policy: AdaEDL, request_id: int, k_max: int, entropy: np.ndarray) -> None:
+        self._policy, self._request_id = policy, request_id
+        self._cap = min(policy.max_k, k_max)
+        entropy = np.asarray(entropy, dtype=np.float64)
+        self._bound = (1.0 - np.sqrt(np.maximum(policy.gamma * entropy, 0.0))).tolist()
+        self._last = len(self._bound) - 1
+        self._lambda = policy.threshold(request_id)
+
+    def k(self, position: int) -> int:
+        bound, lam, last = self._bound, self._lambda, self._last
+        for d in range(self._cap):  # the chain stops after its first token below λ
+            if not bound[min(position + d, last)] >= lam:
+                return d + 1
+        return self._cap
+
+    def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
+        if drafted > 0:
+            self._lambda = self._policy._observe_one(self._request_id, drafted, accepted,
+                                                     self._cap)

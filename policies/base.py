@@ -105,6 +105,22 @@ class DraftOutcome:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
+class RequestWalker(Protocol):
+    """One request's `choose` and `observe`, for a policy whose k for a request depends on that
+    request's outcomes alone (`Policy.walks_alone`): an engine that knows the request's future
+    (a simulator) asks it step after step for that request only, without a batch."""
+
+    def k(self, position: int) -> int:
+        """What `choose` gives the request at this output position, 0..the engine's k_max,
+        before the drafter's own cap; with the policy's draft stop applied where
+        `Policy.walker_stops` says so."""
+        ...
+
+    def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
+        """`observe` of the request's step at `position` (a `DraftOutcome`'s numbers)."""
+        ...
+
+
 class HeldSteps:
     """The steps an engine ran on one `choose` of a policy that holds (`Policy.hold`): the
     first and those held after it, as (requests x steps) integer arrays, the requests in the
@@ -171,6 +187,8 @@ class Policy:
                            the others out (a requests x 0 array), as building them costs.
                            `stop_positions` reads them too.
       simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
+      walker_stops         its `walker` applies its draft stop; else a simulator walks it only
+                           where it folds the stop into the drafter's cap (`stop_positions`).
     """
 
     name: ClassVar[str] = ""
@@ -180,6 +198,7 @@ class Policy:
     uses_draft_stop: ClassVar[bool] = False
     stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1", "draft_entropy"})
     simulation_only: ClassVar[bool] = False
+    walker_stops: ClassVar[bool] = False
 
     @classmethod
     def unused_parameters(cls, pinned: Mapping[str, Any]) -> frozenset[str]:
@@ -241,6 +260,19 @@ class Policy:
                     break
             out.append(k)
         return out
+
+    def walks_alone(self) -> bool:
+        """Whether each request's k depends on nothing but its own outcomes: not on the batch,
+        the load, the time or other requests. A simulator then walks each request's whole
+        decode at once through `walker`, instead of asking every step (False: the default)."""
+        return False
+
+    def walker(self, request_id: int, k_max: int,
+               signals: Mapping[str, np.ndarray]) -> RequestWalker:
+        """Where `walks_alone`: the request's `choose` and `observe` one step at a time, from
+        its state now (`signals`: its trace's signals per output position, those the policy
+        reads). The policy's own state moves as `observe` would move it."""
+        raise NotImplementedError(f"policy {self.name!r} does not walk requests alone")
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Where the stop rule reads nothing but the drafted token's own signals (not the

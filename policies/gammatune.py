@@ -68,21 +68,49 @@ class GammaTune(Policy):
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         for o in outcomes:
-            if o.k <= 0:
-                continue  # nothing drafted, nothing learned
-            rid = o.request_id
-            g = self._g.get(rid, self.g_init)
-            if o.accepted >= o.k:
-                self._g[rid] = int(self._clip(g + self.delta))
-                continue
-            g_hat = self._clip((1.0 - self.eta) * self._g_hat.get(rid, float(self.g_init))
-                               + self.eta * o.accepted)
-            self._g_hat[rid] = g_hat
-            self._g[rid] = int(self._clip(math.ceil(g_hat - _CEIL_TOLERANCE)))
+            if o.k > 0:  # nothing drafted, nothing learned
+                self._observe_one(o.request_id, o.k, o.accepted)
+
+    def _observe_one(self, rid: int, drafted: int, accepted: int) -> int:
+        """One step's outcome of a request that drafted; returns its next g."""
+        g = self._g.get(rid, self.g_init)
+        if accepted >= drafted:
+            g = self._g[rid] = int(self._clip(g + self.delta))
+            return g
+        g_hat = self._clip((1.0 - self.eta) * self._g_hat.get(rid, float(self.g_init))
+                           + self.eta * accepted)
+        self._g_hat[rid] = g_hat
+        g = self._g[rid] = int(self._clip(math.ceil(g_hat - _CEIL_TOLERANCE)))
+        return g
+
+    def walks_alone(self) -> bool:
+        return True
+
+    def walker(self, request_id: int, k_max: int,
+               signals: Mapping[str, np.ndarray]) -> _GammaTuneWalk:
+        return _GammaTuneWalk(self, request_id, k_max)
 
     def finish(self, request_id: int) -> None:
         self._g.pop(request_id, None)
         self._g_hat.pop(request_id, None)
+
+
+class _GammaTuneWalk:
+    """`GammaTune.choose` and `observe` for one request (`Policy.walker`); gammatune_plus's
+    stop reads each token alone, so a simulator folds it into the drafter's cap."""
+
+    __slots__ = ("_g", "_k_max", "_policy", "_request_id")
+
+    def __init__(self, policy: GammaTune, request_id: int, k_max: int) -> None:
+        self._policy, self._request_id, self._k_max = policy, request_id, k_max
+        self._g = policy._g.get(request_id, policy.g_init)
+
+    def k(self, position: int) -> int:
+        return min(self._g, self._k_max)
+
+    def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
+        if drafted > 0:
+            self._g = self._policy._observe_one(self._request_id, drafted, accepted)
 
 
 @register

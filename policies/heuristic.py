@@ -91,14 +91,43 @@ class Heuristic(Policy):
         for o in outcomes:
             if o.k <= 0:
                 continue  # nothing was drafted: nothing learned
-            k = self._k.get(o.request_id, self._start())
-            k = k + self.grow if o.accepted >= o.k else max(1, k - self.shrink)
-            self._k[o.request_id] = min(k, ceiling)
+            k = self._after(self._k.get(o.request_id, self._start()), o.k, o.accepted, ceiling)
+            self._k[o.request_id] = k
+
+    def _after(self, k: int, drafted: int, accepted: int, ceiling: int) -> int:
+        """A request's next k after a step that drafted some (observe)."""
+        return min(k + self.grow if accepted >= drafted else max(1, k - self.shrink), ceiling)
+
+    def walks_alone(self) -> bool:
+        return True  # a new request's start (carried over) is read at its first step, as choose
+
+    def walker(self, request_id: int, k_max: int,
+               signals: Mapping[str, np.ndarray]) -> _HeuristicWalk:
+        return _HeuristicWalk(self, request_id, k_max)
 
     def finish(self, request_id: int) -> None:
         k = self._k.pop(request_id, None)
         if k is not None:
             self._carried = k
+
+
+class _HeuristicWalk:
+    """`Heuristic.choose` and `observe` for one request (`Policy.walker`)."""
+
+    __slots__ = ("_ceiling", "_k_max", "_policy", "_request_id", "_state")
+
+    def __init__(self, policy: Heuristic, request_id: int, k_max: int) -> None:
+        self._policy, self._request_id, self._k_max = policy, request_id, k_max
+        self._state = policy._k.setdefault(request_id, policy._start())
+        self._ceiling = max(1, min(policy.k_max, k_max))
+
+    def k(self, position: int) -> int:
+        return min(self._state, self._k_max)
+
+    def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
+        if drafted > 0:
+            k = self._state = self._policy._after(self._state, drafted, accepted, self._ceiling)
+            self._policy._k[self._request_id] = k
 
 
 @register

@@ -31,7 +31,7 @@ from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
-from simulator.request import RequestState, walk_chain
+from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel
 
@@ -84,16 +84,28 @@ class Replica:
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
                       and cost.latency.arrays_match_scalars)
-        self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds)
-                          and not (self.capped and self.feeds))
         self.planned = type(self.scheduler).plans_whole_step
+        # a policy that decides each request's k from its own outcomes alone walks each
+        # request's whole decode at once (request.walk_alone), where every decode step is a
+        # segment's; its steps' drafts vary per request as capped ones do. Not with a draft
+        # model, whose catch-up the fast path does not walk where drafts vary; and, as for
+        # holds, only where the latency model's arrays give its scalars' numbers (such runs
+        # were recorded step by step)
+        self.walks = (fast_path and policy.walks_alone() and not self.feeds
+                      and (not kind.uses_draft_stop or self.folds_stop or kind.walker_stops)
+                      and not scheduler.chunked_prefill and not self.planned
+                      and cost.latency.arrays_match_scalars)
+        #: each request's drafts vary from step to step in a segment (chain_ks)
+        self.varied = self.capped or self.walks
+        self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds or self.walks)
+                          and not (self.capped and self.feeds))
         # every decode step is a fast-path segment's (none read a position at a time)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
         # (and, where step records are kept of capped drafts, each step's most drafts)
-        self.columns = (BatchColumns(k_max=scheduler.k_max if self.capped
+        self.columns = (BatchColumns(k_max=scheduler.k_max if self.varied
                                      and steps.records_rows else 0)
                         if self.segments_only and cost.prices_chain_sums else None)
         if self.planned and cost.draft_tree is not None:
@@ -396,7 +408,9 @@ class Replica:
         scheduler = self.scheduler
         batch = scheduler.running
         start = self.env.now
-        if self.holds:  # asked here, and again where each hold ends (_walk_holds)
+        if self.walks:  # each request's steps decided by its walk (_Stretch.priced)
+            ks, hold = [WALKED] * len(batch), None
+        elif self.holds:  # asked here, and again where each hold ends (_walk_holds)
             ks = self._choose_uncapped(batch)
             hold = self.policy.hold()
         else:  # asked once per running set
@@ -596,7 +610,11 @@ class _Stretch:
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
                 if request.summed:
                     columns.remove(request)
-                walk_chain(request, k)
+                if k == WALKED:
+                    walk_alone(request, replica.policy.walker(
+                        request.request_id, replica.config.k_max, request.signals or {}))
+                else:
+                    walk_chain(request, k)
                 if columns is not None:
                     columns.add(request, k)
                     request.summed = True
@@ -609,7 +627,7 @@ class _Stretch:
         self.ats = [request.chain_at for request in batch]
         self.chains = [request.chain for request in batch]
         self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
-        self.capped = replica.capped
+        self.capped = replica.varied
         self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
         self._gen = self._drafts = self._rejected = self._reached = None

@@ -1,4 +1,5 @@
-"""A request's state inside the engine, and the walk of its positions under a fixed k."""
+"""A request's state inside the engine, and the walk of its positions under a fixed k (or
+under a policy that decides each request's k from its own outcomes alone)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,36 @@ def walk_chain(request: RequestState, k: int) -> None:
     chain = walked + g0
     request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
     request.chain_ks = None if caps is None else np.minimum(caps[walked[:-1]], k)
+
+
+#: the `chain_k` of a walk its policy decided step by step (`walk_alone`), not a fixed k
+WALKED = -2
+
+
+def walk_alone(request: RequestState, walker) -> None:
+    """`walk_chain` for a policy that decides each request's k from its own outcomes alone
+    (`Policy.walks_alone`): every remaining step asks `walker` (a `RequestWalker`) for its k,
+    drafts min(k, cap[g]), accepts min(d, run[g]) and tells the walker, as the step path's
+    choose, cap, verification and observe do. The walk runs to the request's end once, so
+    its steps' drafts are `chain_ks` and its `chain_k` is WALKED."""
+    g, n = request.generated, request.output_tokens
+    run = request.run[g:n].tolist()  # counted from g, as the positions below
+    cap = None if request.cap is None else np.asarray(request.cap[g:n]).tolist()
+    ask, tell = walker.k, walker.saw
+    walk, drafts = [0], []
+    p, m = 0, n - g
+    while p < m:
+        k = ask(g + p)
+        if cap is not None and cap[p] < k:
+            k = cap[p]
+        emit = min((run[p] if run[p] < k else k) + 1, m - p) if k else 1
+        tell(k, emit - 1, emit, g + p)
+        p += emit
+        walk.append(p)
+        drafts.append(k)
+    request.chain = np.asarray(walk, dtype=np.int64) + g
+    request.chain_k, request.chain_at, request.chain_g = WALKED, 0, g
+    request.chain_ks = np.asarray(drafts, dtype=np.int64)
 
 
 def chain_is_current(request: RequestState, k: int) -> bool:

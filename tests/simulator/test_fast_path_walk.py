@@ -1,0 +1,127 @@
+"""Policies that decide each request's k from its own outcomes alone (`Policy.walks_alone`:
+heuristic, gammatune, gammatune_plus, adaedl) take the fast path by walking each request's
+whole decode at once: the same records, to the bit, and the same policy state as asking
+`choose` and `observe` every step, which is how such runs were recorded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from support.engine import LinearLatency, workload
+
+from policies import Policy, make_policy
+from policies.gammatune import GammaTunePlus
+from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator.replica import Replica
+from simulator.request import WALKED, RequestState, walk_alone
+from spectune.simulate import SimulationSpec, build_inputs
+from traces import parametric_trace, parse_acceptance
+
+
+class _Keep:
+    """Keeps the policy objects each replica copies, to compare their state after the run."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.policies: list[Policy] = []
+        real = Replica.__init__
+
+        def init(replica, *args, **kwargs):
+            real(replica, *args, **kwargs)
+            self.policies.append(replica.policy)
+
+        monkeypatch.setattr(Replica, "__init__", init)
+
+
+POLICIES = [("heuristic", {}), ("heuristic", {"carry_over": "true", "k_init": "3"}),
+            ("heuristic", {"grow": "1", "shrink": "2", "k_max": "6"}), ("gammatune", {}),
+            ("gammatune", {"eta": "0.7", "delta": "1", "g_max": "8"}), ("gammatune_plus", {}),
+            ("adaedl", {}), ("adaedl", {"gamma": "0.5", "target_acceptance": "0.6"})]
+
+
+@pytest.mark.parametrize("policy,params", POLICIES,
+                         ids=lambda p: p if isinstance(p, str) else
+                         ",".join(f"{k}={v}" for k, v in p.items()) or "default")
+@pytest.mark.parametrize("acceptance,replicas", [("smollm2-ngram", 1), ("smollm2-eagle-ngram", 3),
+                                                 ("beta:6,3~20", 1)])
+def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params, acceptance,
+                                                     replicas):
+    if policy != "heuristic" and acceptance.startswith("beta"):
+        pytest.skip("the parametric trace has no draft signals for the stop rules")
+    spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
+                          acceptance=acceptance, draft="none", seed=2)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    keep = _Keep(monkeypatch)
+    fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                           make_policy(policy, params), inputs.kv_capacity_tokens,
+                           SchedulerConfig(max_num_seqs=24), ClusterConfig(replicas),
+                           fast_path=fast) for fast in (True, False))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    walked, stepped = keep.policies[:replicas], keep.policies[replicas:]
+    for a, b in zip(walked, stepped):
+        assert vars(a) == vars(b)
+    decode = fast.steps[fast.steps.decode_seqs > 0]
+    assert decode.drafted.nunique() > 3  # ks moved from step to step
+
+
+class _Steps:
+    """A walker that drafts the ks it is given, in turn, and records what it was told."""
+
+    def __init__(self, ks):
+        self.ks, self.told = list(ks), []
+
+    def k(self, position):
+        return self.ks[len(self.told)]
+
+    def saw(self, drafted, accepted, emitted, position):
+        self.told.append((drafted, accepted, emitted, position))
+
+
+def test_a_walk_by_hand():
+    """From g = 1 over runs [_, 2, 0, 5, 1, 0, 0, 3, 1, 0, 4, 2] with caps of 3 everywhere but
+    position 4 (1): k = 3 at 1 accepts 2 -> 4; k = 4 capped to 1 at 4 accepts 1 -> 6; k = 0 at 6
+    emits 1 -> 7; k = 2 at 7 accepts 2 -> 10; k = 5 capped to 3 at 10 accepts 3, cut at the
+    request's end (12) -> 2 emitted."""
+    request = RequestState(0, 0, 0.0, 10, 12)
+    request.generated = 1
+    request.run = np.array([0, 2, 0, 5, 1, 0, 0, 3, 1, 0, 4, 2])
+    request.cap = [3, 3, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3]
+    walker = _Steps([3, 4, 0, 2, 5])
+    walk_alone(request, walker)
+    assert request.chain.tolist() == [1, 4, 6, 7, 10, 12]
+    assert request.chain_ks.tolist() == [3, 1, 0, 2, 3]
+    assert walker.told == [(3, 2, 3, 1), (1, 1, 2, 4), (0, 0, 1, 6), (2, 2, 3, 7), (3, 1, 2, 10)]
+    assert request.chain_k == WALKED
+
+
+class _UnfoldedGammaTunePlus(GammaTunePlus):
+    """gammatune_plus with its stop asked token by token: its walker does not apply the stop,
+    so it must not be walked."""
+
+    stop_positions = Policy.stop_positions
+
+
+@pytest.mark.parametrize("case", ["draft model", "chunked prefill", "vllm-v1", "unfolded stop"])
+def test_where_requests_are_not_walked(case):
+    rng = np.random.default_rng(3)
+    n = 30
+    wl = workload(np.arange(n) * 0.01, rng.integers(1, 50, n), rng.integers(2, 40, n))
+    trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
+    policy = make_policy("heuristic", {})
+    latency, scheduler = LinearLatency(draft=False), SchedulerConfig()
+    if case == "draft model":
+        latency = LinearLatency(draft=True)
+    elif case == "chunked prefill":
+        scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=64)
+    elif case == "vllm-v1":
+        scheduler = SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=256)
+    else:
+        spec = SimulationSpec(workload="poisson", rate=10.0, requests=60, lengths="azure-conv",
+                              acceptance="smollm2-eagle-ngram", draft="none", seed=1)
+        inputs = build_inputs(spec, {}, SchedulerConfig())
+        wl, trace, latency = inputs.workload, inputs.acceptance, inputs.latency
+        policy = _UnfoldedGammaTunePlus()
+    result = simulate(wl, latency, trace, policy, 10_000_000, scheduler)
+    assert result.meta["fast_path"] is False
