@@ -130,20 +130,21 @@ class _AdaEDLWalk:
     """`AdaEDL.choose`, its stop and `observe` for one request (`Policy.walker`): the bound at
     every position computed once (numpy's sqrt is correctly rounded, as `math.sqrt`)."""
 
-    __slots__ = ("_bound", "_cap", "_lambda", "_last", "_policy", "_request_id")
+    __slots__ = ("_bound", "_cap", "_lambda", "_policy", "_request_id")
 
     def __init__(self, policy: AdaEDL, request_id: int, k_max: int, entropy: np.ndarray) -> None:
         self._policy, self._request_id = policy, request_id
         self._cap = min(policy.max_k, k_max)
         entropy = np.asarray(entropy, dtype=np.float64)
         self._bound = (1.0 - np.sqrt(np.maximum(policy.gamma * entropy, 0.0))).tolist()
-        self._last = len(self._bound) - 1
         self._lambda = policy.threshold(request_id)
 
     def k(self, position: int) -> int:
-        bound, lam, last = self._bound, self._lambda, self._last
-        for d in range(self._cap):  # the chain stops after its first token below λ
-            if not bound[min(position + d, last)] >= lam:
+        lam = self._lambda
+        # the chain stops after its first token below λ; past the request's end it reads the
+        # last position, which was read within the slice and did not stop it
+        for d, bound in enumerate(self._bound[position: position + self._cap]):
+            if not bound >= lam:
                 return d + 1
         return self._cap
 

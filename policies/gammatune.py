@@ -60,28 +60,27 @@ class GammaTune(Policy):
         self._g: dict[int, int] = {}
         self._g_hat: dict[int, float] = {}
 
-    def _clip(self, value: float) -> float:
-        return min(max(value, self.g_min), self.g_max)
-
     def choose(self, ctx: StepContext) -> Sequence[int]:
         return [min(self._g.get(r.request_id, self.g_init), ctx.k_max) for r in ctx.requests]
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         for o in outcomes:
-            if o.k > 0:  # nothing drafted, nothing learned
-                self._observe_one(o.request_id, o.k, o.accepted)
+            if o.k <= 0:
+                continue  # nothing drafted, nothing learned
+            rid = o.request_id
+            g, g_hat = self._next(self._g.get(rid, self.g_init),
+                                  self._g_hat.get(rid, float(self.g_init)), o.k, o.accepted)
+            self._g[rid] = g
+            if o.accepted < o.k:
+                self._g_hat[rid] = g_hat
 
-    def _observe_one(self, rid: int, drafted: int, accepted: int) -> int:
-        """One step's outcome of a request that drafted; returns its next g."""
-        g = self._g.get(rid, self.g_init)
+    def _next(self, g: int, g_hat: float, drafted: int, accepted: int) -> tuple[int, float]:
+        """A request's next (g, ĝ) after a step that drafted: ĝ moves on a rejection only."""
+        lo, hi = self.g_min, self.g_max  # each value clipped to them (a walk's every step)
         if accepted >= drafted:
-            g = self._g[rid] = int(self._clip(g + self.delta))
-            return g
-        g_hat = self._clip((1.0 - self.eta) * self._g_hat.get(rid, float(self.g_init))
-                           + self.eta * accepted)
-        self._g_hat[rid] = g_hat
-        g = self._g[rid] = int(self._clip(math.ceil(g_hat - _CEIL_TOLERANCE)))
-        return g
+            return int(min(max(g + self.delta, lo), hi)), g_hat
+        g_hat = min(max((1.0 - self.eta) * g_hat + self.eta * accepted, lo), hi)
+        return int(min(max(math.ceil(g_hat - _CEIL_TOLERANCE), lo), hi)), g_hat
 
     def walks_alone(self) -> bool:
         return True
@@ -99,18 +98,23 @@ class _GammaTuneWalk:
     """`GammaTune.choose` and `observe` for one request (`Policy.walker`); gammatune_plus's
     stop reads each token alone, so a simulator folds it into the drafter's cap."""
 
-    __slots__ = ("_g", "_k_max", "_policy", "_request_id")
+    __slots__ = ("_g", "_g_hat", "_k_max", "_policy", "_request_id")
 
     def __init__(self, policy: GammaTune, request_id: int, k_max: int) -> None:
         self._policy, self._request_id, self._k_max = policy, request_id, k_max
         self._g = policy._g.get(request_id, policy.g_init)
+        self._g_hat = policy._g_hat.get(request_id, float(policy.g_init))
 
     def k(self, position: int) -> int:
         return min(self._g, self._k_max)
 
     def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
-        if drafted > 0:
-            self._g = self._policy._observe_one(self._request_id, drafted, accepted)
+        if drafted > 0:  # as observe
+            policy, rid = self._policy, self._request_id
+            self._g, g_hat = policy._next(self._g, self._g_hat, drafted, accepted)
+            policy._g[rid] = self._g
+            if accepted < drafted:
+                self._g_hat = policy._g_hat[rid] = g_hat
 
 
 @register

@@ -126,11 +126,12 @@ def walk_alone(request: RequestState, walker) -> None:
     ask, tell = walker.k, walker.saw
     walk, drafts = [0], []
     p, m = 0, n - g
-    while p < m:
+    while p < m:  # plain comparisons: this loop runs once per step of every request
         k = ask(g + p)
         if cap is not None and cap[p] < k:
             k = cap[p]
-        emit = min((run[p] if run[p] < k else k) + 1, m - p) if k else 1
+        accepted = (run[p] if run[p] < k else k) if k else 0
+        emit = accepted + 1 if accepted < m - p else m - p  # cut at the request's length
         tell(k, emit - 1, emit, g + p)
         p += emit
         walk.append(p)
