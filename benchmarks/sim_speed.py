@@ -15,6 +15,10 @@ run: 10k-request recorded-trace runs (fixed k=4 and goodput, 8 req/s) by engine 
 the wall of the `spectune simulate` command; 100k of them (fixed k=4) by engine time; the
 default `spectune tune` by its wall on every core. `--target-requests N` scales the rows (N,
 10N; the tune row then runs N/33 requests per seed instead of its default 300).
+Fourth table (`--every-policy N`): every registered policy with its defaults (fixed: k=4) on
+the path the simulator takes for it, on the shipped n-gram recording and on a parametric
+acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
+iteration.
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -37,9 +41,10 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from policies import make_policy  # noqa: E402
+from policies import make_policy, policy_names  # noqa: E402
 from simulator import SchedulerConfig, summarize  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
+from simulator.errors import ConfigError  # noqa: E402
 from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
 
 
@@ -98,6 +103,42 @@ def recorded_table(n: int, repeats: int) -> None:
               f"{r['e2e_mean']:>11.6f}", flush=True)
 
 
+#: the fourth table's acceptance sources: the shipped n-gram recording (proposal caps, draft
+#: signals) and a parametric one (the only one with the KL that kld_variance reads)
+EVERY_ACCEPTANCE = ("smollm2-ngram", "beta:7,3~20")
+#: the scale issue's target per simulated iteration
+TARGET_US = 10.0
+
+
+def every_policy_table(n: int, repeats: int) -> None:
+    """Every registered policy's us per simulated iteration, on the path it takes."""
+    print(f"\n{n:,} requests per run, every policy with its defaults (fixed: k=4), model-free "
+          f"draft, 8 req/s (times: median of {repeats}, rows interleaved)")
+    _header(f"{'policy':>15} {'acceptance':>14} {'path':>5} {'engine_s':>9} "
+            f"{'iterations':>11} {'us/iter':>8} {'batch':>6} {'<= 10 us':>9}")
+    rows = [(policy, acceptance) for acceptance in EVERY_ACCEPTANCE for policy in policy_names()]
+    runs: dict[tuple[str, str], list[dict] | str] = {row: [] for row in rows}
+    for _ in range(repeats):
+        for row in rows:
+            if isinstance(runs[row], str):
+                continue
+            policy, acceptance = row
+            try:
+                runs[row].append(measure(n, 4, acceptance, 8.0, policy, draft="none"))
+            except ConfigError as e:  # a policy that reads a signal this source lacks
+                runs[row] = f"n/a: {str(e).split(';')[0]}"
+    for (policy, acceptance), results in runs.items():
+        if isinstance(results, str):
+            print(f"{policy:>15} {acceptance:>14}  {results}", flush=True)
+            continue
+        r = results[0]
+        engine_s = float(np.median([x["engine_s"] for x in results]))
+        us = engine_s / r["iterations"] * 1e6
+        print(f"{policy:>15} {acceptance:>14} {'fast' if r['fast_path'] else 'step':>5} "
+              f"{engine_s:>9.2f} {r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
+              f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED_ARGS = ["--workload", "poisson", "--rate", "8", "--lengths", "azure-conv",
                  "--acceptance", "smollm2-ngram", "--draft", "none", "--seed", "0"]
@@ -147,6 +188,8 @@ def main() -> None:
                         help="also the targets table (a few minutes)")
     parser.add_argument("--target-requests", type=int, default=10_000,
                         help="requests of the targets' recorded rows (the 100k row: 10x)")
+    parser.add_argument("--every-policy", type=int, default=0, metavar="N",
+                        help="also every policy's us per iteration, N requests a run (0: skip)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, python "
           f"{platform.python_version()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
@@ -161,6 +204,8 @@ def main() -> None:
                   f"{r['iterations']:>11,} {r['mean_batch']:>6.2f}", flush=True)
     if args.recorded:
         recorded_table(args.recorded, args.repeats)
+    if args.every_policy:
+        every_policy_table(args.every_policy, args.repeats)
     if args.targets:
         targets_table(args.target_requests)
 
