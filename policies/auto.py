@@ -91,7 +91,7 @@ class Auto(Policy):
         self._top1_expected = np.zeros(TOP1_BINS)
         # the last plan, for the draft stop: its requests, acceptance rows and threshold
         self._plan_ids: list[int] = []
-        self._plan_rows: dict[int, int] | None = {}
+        self._plan_rows: dict[int, int] | None = None  # built where stop_drafting asks
         self._plan_alpha = np.zeros((0, 0))
         self._plan_confidence = np.ones(TOP1_BINS)
         self._through: dict[int, float] = {}  # stop_drafting's chain so far, per request

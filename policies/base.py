@@ -201,6 +201,18 @@ class Policy:
     walker_stops: ClassVar[bool] = False
 
     @classmethod
+    def replaces(cls, name: str, *methods: str) -> bool:
+        """Whether this class overrides `name` (a fast form: `stop_positions`, `walker`) in a
+        class at least as derived as each that defines one of `methods`, the ones it stands
+        for: a subclass that changed one of those without redefining `name` keeps the slow,
+        exact path rather than its parent's fast form of rules it no longer follows."""
+        if getattr(cls, name) is getattr(Policy, name):
+            return False
+        own = next(c for c in cls.__mro__ if name in vars(c))
+        return all(issubclass(own, next(c for c in cls.__mro__ if m in vars(c)))
+                   for m in methods)
+
+    @classmethod
     def unused_parameters(cls, pinned: Mapping[str, Any]) -> frozenset[str]:
         """Parameters that do nothing given the pinned ones: a tuner does not search them."""
         return frozenset()
@@ -271,7 +283,10 @@ class Policy:
                signals: Mapping[str, np.ndarray]) -> RequestWalker:
         """Where `walks_alone`: the request's `choose` and `observe` one step at a time, from
         its state now (`signals`: its trace's signals per output position, those the policy
-        reads). The policy's own state moves as `observe` would move it."""
+        reads). The policy's own state moves as `observe` would move it, but all at once: a
+        simulator walks a request's whole decode when it starts, ahead of its clock, and never
+        again. Used only where the class that defines it also defines `choose`, `observe`
+        and (unless folded, `stop_positions`) the draft stop (`replaces`)."""
         raise NotImplementedError(f"policy {self.name!r} does not walk requests alone")
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -279,8 +294,9 @@ class Policy:
         request, its state or the token's depth): for a request's whole trace (`signals`: its
         `stop_signals` per position, float64), True at each position a chain stops after. A
         simulator then folds the rule into the drafter's cap per position, once per request,
-        instead of asking it every step (the policy's `draftable` then includes the stop).
-        None (the default): the rule depends on more."""
+        instead of asking it every step (the request view's `draftable` then includes the stop,
+        so such a policy should not read it). Used only where the class that defines it also
+        defines the rule (`replaces`). None (the default): the rule depends on more."""
         return None
 
     def finish(self, request_id: int) -> None:

@@ -76,7 +76,7 @@ class Replica:
         # a stop rule that reads only each drafted token's signals (Policy.stop_positions) is
         # folded into that cap, once per request: the chains it cuts are the capped ones
         self.folds_stop = (kind.uses_draft_stop
-                           and kind.stop_positions is not Policy.stop_positions)
+                           and kind.replaces("stop_positions", "stop_drafting", "stop_chains"))
         self.capped = acceptance.limits_proposals or self.folds_stop
         # a policy that holds its k for some steps (Policy.hold) runs those steps as a segment
         # (its runs were recorded step by step: its segments keep their floats to the bit,
@@ -91,13 +91,19 @@ class Replica:
         # model, whose catch-up the fast path does not walk where drafts vary; and, as for
         # holds, only where the latency model's arrays give its scalars' numbers (such runs
         # were recorded step by step)
+        # (its walker stands for choose and observe, and for a draft stop not folded)
+        asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
+                 else ())
         self.walks = (fast_path and policy.walks_alone() and not self.feeds
-                      and (not kind.uses_draft_stop or self.folds_stop or kind.walker_stops)
+                      and kind.replaces("walker", "choose", "observe", *asked)
+                      and (not asked or kind.walker_stops)
                       and not scheduler.chunked_prefill and not self.planned
                       and cost.latency.arrays_match_scalars)
         #: each request's drafts vary from step to step in a segment (chain_ks)
         self.varied = self.capped or self.walks
+        # (a draft stop asked token by token reads each step's positions: never in a segment)
         self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds or self.walks)
+                          and (not kind.uses_draft_stop or self.folds_stop or self.walks)
                           and not (self.capped and self.feeds))
         # every decode step is a fast-path segment's (none read a position at a time)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -610,9 +616,12 @@ class _Stretch:
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
                 if request.summed:
                     columns.remove(request)
-                if k == WALKED:
+                if k == WALKED:  # once, from its first decode step (chain_k is -1 until then)
+                    if request.chain_k != -1:
+                        raise RuntimeError(f"request {request.request_id} walked twice")
                     walk_alone(request, replica.policy.walker(
-                        request.request_id, replica.config.k_max, request.signals or {}))
+                        request.request_id, replica.config.k_max, request.signals or {}),
+                        replica.config.k_max, replica.policy.name)
                 else:
                     walk_chain(request, k)
                 if columns is not None:

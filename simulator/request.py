@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.errors import ConfigError
+
 
 class RequestState:
     """A request inside the engine; policies see it as a read-only `RequestView`."""
@@ -114,12 +116,13 @@ def walk_chain(request: RequestState, k: int) -> None:
 WALKED = -2
 
 
-def walk_alone(request: RequestState, walker) -> None:
+def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> None:
     """`walk_chain` for a policy that decides each request's k from its own outcomes alone
     (`Policy.walks_alone`): every remaining step asks `walker` (a `RequestWalker`) for its k,
     drafts min(k, cap[g]), accepts min(d, run[g]) and tells the walker, as the step path's
     choose, cap, verification and observe do. The walk runs to the request's end once, so
-    its steps' drafts are `chain_ks` and its `chain_k` is WALKED."""
+    its steps' drafts are `chain_ks` and its `chain_k` is WALKED. A k outside 0..k_max is
+    refused, as the scheduler refuses a `choose` that gives one."""
     g, n = request.generated, request.output_tokens
     run = request.run[g:n].tolist()  # counted from g, as the positions below
     cap = None if request.cap is None else np.asarray(request.cap[g:n]).tolist()
@@ -128,6 +131,9 @@ def walk_alone(request: RequestState, walker) -> None:
     p, m = 0, n - g
     while p < m:  # plain comparisons: this loop runs once per step of every request
         k = ask(g + p)
+        if not 0 <= k <= k_max:
+            raise ConfigError(f"policy {policy!r} chose k={k}, outside the engine's "
+                              f"0..k_max={k_max}; raise k_max or lower the policy's k")
         if cap is not None and cap[p] < k:
             k = cap[p]
         accepted = (run[p] if run[p] < k else k) if k else 0

@@ -98,7 +98,8 @@ REDUCE: dict[str, tuple[str, ...]] = {
                                            "azure-conv", "--loads", "0.4", "--policies", "auto",
                                            "goodput", "--jobs", "2"),
     "python benchmarks/sim_speed.py": ("--sizes", "1000", "--recorded", "300"),  # 100k: ~1 min
-    # every policy on two acceptance sources, 3 runs of 2,000 requests each: ~2 min
+    # the first tables, then every policy on two acceptance sources, 3 runs of 2,000 requests
+    # each (~3 min): one run of 100
     "python benchmarks/sim_speed.py --every-policy": ("--sizes", "1000", "--recorded", "0",
                                                       "--every-policy", "100", "--repeats", "1"),
     # the targets: 10k and 100k recorded runs and the default tune, ~3 min; scaled to 300

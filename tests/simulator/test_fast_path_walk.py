@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from support.engine import LinearLatency, workload
 
-from policies import Policy, make_policy
-from policies.gammatune import GammaTunePlus
+from policies import DraftOutcome, Policy, StepContext, make_policy
+from policies.gammatune import GammaTune, GammaTunePlus
+from policies.heuristic import Confidence, below
 from simulator import ClusterConfig, SchedulerConfig, simulate
 from simulator.replica import Replica
 from simulator.request import WALKED, RequestState, walk_alone
@@ -89,7 +90,7 @@ def test_a_walk_by_hand():
     request.run = np.array([0, 2, 0, 5, 1, 0, 0, 3, 1, 0, 4, 2])
     request.cap = [3, 3, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3]
     walker = _Steps([3, 4, 0, 2, 5])
-    walk_alone(request, walker)
+    walk_alone(request, walker, k_max=8)
     assert request.chain.tolist() == [1, 4, 6, 7, 10, 12]
     assert request.chain_ks.tolist() == [3, 1, 0, 2, 3]
     assert walker.told == [(3, 2, 3, 1), (1, 1, 2, 4), (0, 0, 1, 6), (2, 2, 3, 7), (3, 1, 2, 10)]
@@ -125,3 +126,83 @@ def test_where_requests_are_not_walked(case):
         policy = _UnfoldedGammaTunePlus()
     result = simulate(wl, latency, trace, policy, 10_000_000, scheduler)
     assert result.meta["fast_path"] is False
+
+
+class _StricterConfidence(Confidence):
+    """confidence with its own rule, stop_drafting only: the parent's fold must not stand in."""
+
+    def stop_drafting(self, request, depth, draft_top1, draft_entropy):
+        return below(float(draft_top1), 0.8)
+
+
+class _LoggedGammaTune(GammaTune):
+    """gammatune with its own observe: the parent's walker must not stand in for it."""
+
+    def observe(self, ctx, outcomes):
+        super().observe(ctx, outcomes)
+
+
+def test_a_subclass_that_changes_a_rule_is_not_given_its_parents_fast_form():
+    spec = SimulationSpec(workload="poisson", rate=10.0, requests=80, lengths="azure-conv",
+                          acceptance="smollm2-eagle-ngram", draft="none", seed=6)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+
+    def run(policy):
+        return simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
+                        inputs.kv_capacity_tokens)
+
+    stricter, same_rule = run(_StricterConfidence()), run(Confidence(threshold=0.8))
+    assert not stricter.meta["fast_path"] and same_rule.meta["fast_path"]
+    pd.testing.assert_frame_equal(stricter.requests, same_rule.requests, check_exact=True)
+    logged = run(_LoggedGammaTune())
+    assert not logged.meta["fast_path"]
+    pd.testing.assert_frame_equal(logged.requests, run(make_policy("gammatune", {})).requests,
+                                  check_exact=True)
+
+
+@pytest.mark.parametrize("policy,params", [("heuristic", {}), ("heuristic", {"carry_over": "true"}),
+                                           ("gammatune", {"eta": "0.5"}), ("adaedl", {}),
+                                           ("adaedl", {"gamma": "0.6", "beta1": "0.2"})])
+def test_a_walker_is_its_policys_choose_and_observe_step_by_step(policy, params):
+    """One request, step by step: the walker's ks and the policy's whole state after each
+    step equal those of choose (its draft stop asked token by token), the cap and observe."""
+    rng = np.random.default_rng(7)
+    n, k_max = 120, 8
+    run = rng.integers(0, 9, n)
+    cap = rng.integers(0, 9, n).tolist()
+    entropy = np.where(rng.random(n) < 0.1, np.nan, rng.exponential(1.0, n))
+    signals = {"draft_entropy": entropy, "draft_top1": rng.random(n)}
+    stepped, walked = make_policy(policy, params), make_policy(policy, params)
+    for p in (stepped, walked):  # a request already finished, for carry_over to carry
+        p.observe(_ctx([], k_max), [])
+        if policy == "heuristic":
+            p._carried = 4
+    request = RequestState(0, 7, 0.0, 20, n)
+    request.generated = 1
+    walker = walked.walker(7, k_max, signals)
+    g, states = 1, []
+    while g < n:
+        ctx = _ctx([request], k_max)
+        k = int(stepped.choose(ctx)[0])
+        if type(stepped).uses_draft_stop:  # as the replica's _draft_stop
+            for d in range(k):
+                t = min(g + d, n - 1)
+                if stepped.stop_drafting(request, d, float(signals["draft_top1"][t]),
+                                         float(entropy[t])):
+                    k = d + 1
+                    break
+        assert walker.k(g) == k
+        k = min(k, cap[g])
+        emit = min((min(k, int(run[g])) if k else 0) + 1, n - g)
+        stepped.observe(ctx, [DraftOutcome(7, k, emit - 1, emit, g)])
+        walker.saw(k, emit - 1, emit, g)
+        assert vars(walked) == vars(stepped)
+        states.append(k)
+        g += emit
+        request.generated = g
+    assert len(set(states)) > 2  # the ks moved
+
+
+def _ctx(requests, k_max):
+    return StepContext(now_s=0.0, replica=0, step_index=0, requests=requests, k_max=k_max,
+                       cost=None, kv_capacity_tokens=0, kv_free_tokens=0, waiting=0)
