@@ -249,4 +249,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simulator.errors import ConfigError
+
+    try:
+        sys.exit(main())
+    except ConfigError as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")
