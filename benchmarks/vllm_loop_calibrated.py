@@ -232,8 +232,12 @@ def main() -> int:
     pd.set_option("display.width", 200)
     frame = pd.DataFrame(verdicts)
     print(frame.to_string(index=False, float_format="%.3f"))
-    windows = [] if not args.other_windows else across_windows(
-        [measured, *map(measured_e2e, args.other_windows)], predicted["calibrated"])
+    windows = []
+    if args.other_windows:
+        every = [measured, *map(measured_e2e, args.other_windows)]
+        windows = across_windows(every, predicted["calibrated"])
+        for row, plain in zip(windows, across_windows(every, predicted["plain"])):
+            row["tau_plain_vs_mean"] = plain["tau_tune_vs_mean"]  # the tune without calibration
     if windows:
         others = ", ".join(map(str, args.other_windows))
         print(f"\nwith {others} (the same configurations, other windows; tau_vllm_vs_vllm "
