@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support.engine import LinearLatency, workload
+from support.engine import KeptPolicies, LinearLatency, workload
 
 from policies import HeldSteps, Policy, make_policy
 from policies.goodput import Goodput
@@ -18,22 +18,8 @@ from spectune.simulate import SimulationSpec, build_inputs
 from traces import parametric_trace, parse_acceptance
 
 
-class _Keep:
-    """Keeps the policy objects each replica copies, to compare their state after the run."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.policies: list[Policy] = []
-        real = Replica.__init__
-
-        def init(replica, *args, **kwargs):
-            real(replica, *args, **kwargs)
-            self.policies.append(replica.policy)
-
-        monkeypatch.setattr(Replica, "__init__", init)
-
-
 def _both(monkeypatch, inputs, policy, scheduler, cluster=None):
-    keep = _Keep(monkeypatch)
+    keep = KeptPolicies(monkeypatch)
     runs = [simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
                      inputs.kv_capacity_tokens, scheduler, cluster, fast_path=fast)
             for fast in (True, False)]

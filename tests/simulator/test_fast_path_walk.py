@@ -8,31 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support.engine import LinearLatency, workload
+from support.engine import KeptPolicies, LinearLatency, workload
 
 from policies import DraftOutcome, Policy, StepContext, make_policy
 from policies.gammatune import GammaTune, GammaTunePlus
 from policies.heuristic import Confidence, below
 from simulator import ClusterConfig, SchedulerConfig, simulate
-from simulator.replica import Replica
 from simulator.request import WALKED, RequestState, walk_alone
 from spectune.simulate import SimulationSpec, build_inputs
 from traces import parametric_trace, parse_acceptance
-
-
-class _Keep:
-    """Keeps the policy objects each replica copies, to compare their state after the run."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.policies: list[Policy] = []
-        real = Replica.__init__
-
-        def init(replica, *args, **kwargs):
-            real(replica, *args, **kwargs)
-            self.policies.append(replica.policy)
-
-        monkeypatch.setattr(Replica, "__init__", init)
-
 
 POLICIES = [("heuristic", {}), ("heuristic", {"carry_over": "true", "k_init": "3"}),
             ("heuristic", {"grow": "1", "shrink": "2", "k_max": "6"}), ("gammatune", {}),
@@ -52,7 +36,7 @@ def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
                           acceptance=acceptance, draft="none", seed=2)
     inputs = build_inputs(spec, {}, SchedulerConfig())
-    keep = _Keep(monkeypatch)
+    keep = KeptPolicies(monkeypatch)
     fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
                            make_policy(policy, params), inputs.kv_capacity_tokens,
                            SchedulerConfig(max_num_seqs=24), ClusterConfig(replicas),

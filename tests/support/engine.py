@@ -73,3 +73,20 @@ def feed_recorder(seen: list) -> Policy:
             return super().choose(ctx)
 
     return FeedRecorder()
+
+
+class KeptPolicies:
+    """Keeps the policy object each replica of a run uses (they copy the one given), to compare
+    their state after the run: `policies`, in the order the replicas were built."""
+
+    def __init__(self, monkeypatch) -> None:
+        from simulator.replica import Replica
+
+        self.policies: list[Policy] = []
+        real = Replica.__init__
+
+        def init(replica, *args, **kwargs):
+            real(replica, *args, **kwargs)
+            self.policies.append(replica.policy)
+
+        monkeypatch.setattr(Replica, "__init__", init)
