@@ -14,6 +14,7 @@ infinite or NaN KL: docs/policy-kld-variance.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -33,14 +34,23 @@ _K_LIMIT = 64
 def clean_kl(values) -> np.ndarray:
     """Observed KL values as float64: NaN dropped, clipped to [0, KL_CEILING] (+inf -> ceiling)."""
     kl = np.asarray(values, dtype=np.float64).ravel()
-    return np.clip(kl[~np.isnan(kl)], 0.0, KL_CEILING)
+    return kl[~np.isnan(kl)].clip(0.0, KL_CEILING)
 
 
 def weighted_variance(values: np.ndarray, decay: float) -> float:
     """Variance with weights decay^age, age 0 = the last (newest) value."""
-    weights = decay ** np.arange(len(values) - 1, -1, -1, dtype=np.float64)
-    mean = float((weights * values).sum() / weights.sum())
-    return float((weights * (values - mean) ** 2).sum() / weights.sum())
+    weights, total = _weights(decay, len(values))
+    mean = float((weights * values).sum() / total)
+    return float((weights * (values - mean) ** 2).sum() / total)
+
+
+@functools.lru_cache(maxsize=1024)
+def _weights(decay: float, n: int) -> tuple[np.ndarray, np.float64]:
+    """decay^age for ages n - 1 .. 0, and their sum: the same for every history of n values,
+    so computed once (observe weighs two histories per request per step)."""
+    weights = decay ** np.arange(n - 1, -1, -1, dtype=np.float64)
+    weights.flags.writeable = False
+    return weights, weights.sum()
 
 
 def variance_ratio(history: np.ndarray, decay: float) -> float:
@@ -182,7 +192,9 @@ class KldVariance(Policy):
             k_min_r, k_max_r = st.bounds
             ratio = variance_ratio(np.fromiter(st.history, np.float64, len(st.history)),
                                    self.decay)
-            k = dsl_step(ratio, float(kls.mean()), k_min_r, k_max_r, self.alpha, self.temperature)
+            # kls.mean() without its Python wrapper: the same sum, divided by the same count
+            mean_kl = float(np.add.reduce(kls) / len(kls))
+            k = dsl_step(ratio, mean_kl, k_min_r, k_max_r, self.alpha, self.temperature)
             proposed[o.request_id] = k
             if was_ready and o.k > 0:
                 pool.append(k)
