@@ -24,15 +24,20 @@ POLICIES = [("heuristic", {}), ("heuristic", {"carry_over": "true", "k_init": "3
             ("adaedl", {}), ("adaedl", {"gamma": "0.5", "target_acceptance": "0.6"})]
 
 
-@pytest.mark.parametrize("policy,params", POLICIES,
-                         ids=lambda p: p if isinstance(p, str) else
-                         ",".join(f"{k}={v}" for k, v in p.items()) or "default")
-@pytest.mark.parametrize("acceptance,replicas", [("smollm2-ngram", 1), ("smollm2-eagle-ngram", 3),
-                                                 ("beta:6,3~20", 1)])
+#: every setting on both recordings; the parametric trace has no draft signals, so only the
+#: policies without a stop rule run on it
+CASES = [(policy, params, acceptance, replicas)
+         for acceptance, replicas in (("smollm2-ngram", 1), ("smollm2-eagle-ngram", 3))
+         for policy, params in POLICIES] + [
+    (policy, params, "beta:6,3~20", 1) for policy, params in POLICIES
+    if policy in ("heuristic", "gammatune")]
+
+
+@pytest.mark.parametrize("policy,params,acceptance,replicas", CASES,
+                         ids=[f"{a}-{r}-{p}-" + (",".join(f"{k}={v}" for k, v in q.items())
+                                                 or "default") for p, q, a, r in CASES])
 def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params, acceptance,
                                                      replicas):
-    if policy != "heuristic" and acceptance.startswith("beta"):
-        pytest.skip("the parametric trace has no draft signals for the stop rules")
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
                           acceptance=acceptance, draft="none", seed=2)
     inputs = build_inputs(spec, {}, SchedulerConfig())
