@@ -107,7 +107,7 @@ class DraftOutcome:
 
 class RequestWalker(Protocol):
     """One request's `choose` and `observe`, for a policy whose k for a request depends on that
-    request's outcomes alone (`Policy.walks_alone`): an engine that knows the request's future
+    request's outcomes alone (`Policy.walker`): an engine that knows the request's future
     (a simulator) asks it step after step for that request only, without a batch."""
 
     def k(self, position: int) -> int:
@@ -273,20 +273,17 @@ class Policy:
             out.append(k)
         return out
 
-    def walks_alone(self) -> bool:
-        """Whether each request's k depends on nothing but its own outcomes: not on the batch,
-        the load, the time or other requests. A simulator then walks each request's whole
-        decode at once through `walker`, instead of asking every step (False: the default)."""
-        return False
-
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> RequestWalker:
-        """Where `walks_alone`: the request's `choose` and `observe` one step at a time, from
-        its state now (`signals`: its trace's signals per output position, those the policy
-        reads). The policy's own state moves as `observe` would move it, but all at once: a
-        simulator walks a request's whole decode when it starts, ahead of its clock, and never
-        again. Used only where the class that defines it also defines `choose`, `observe`
-        and (unless folded, `stop_positions`) the draft stop (`replaces`)."""
+        """Overridden by a policy whose k for each request depends on nothing but that
+        request's own outcomes (not on the batch, the load, the time or other requests): the
+        request's `choose` and `observe` one step at a time, from its state now (`signals`: its
+        trace's signals per output position, those the policy reads). A simulator then walks
+        each request's whole decode at once instead of asking every step, so the policy's
+        state moves as `observe` would move it but all at once, when the decode starts, ahead
+        of the clock, and never again. Used only where the class that defines it also defines
+        `choose`, `observe` and (unless folded, `stop_positions`) the draft stop
+        (`replaces`)."""
         raise NotImplementedError(f"policy {self.name!r} does not walk requests alone")
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:

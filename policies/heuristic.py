@@ -91,18 +91,16 @@ class Heuristic(Policy):
         for o in outcomes:
             if o.k <= 0:
                 continue  # nothing was drafted: nothing learned
-            k = self._after(self._k.get(o.request_id, self._start()), o.k, o.accepted, ceiling)
+            k = self._next(self._k.get(o.request_id, self._start()), o.k, o.accepted, ceiling)
             self._k[o.request_id] = k
 
-    def _after(self, k: int, drafted: int, accepted: int, ceiling: int) -> int:
+    def _next(self, k: int, drafted: int, accepted: int, ceiling: int) -> int:
         """A request's next k after a step that drafted some (observe)."""
         return min(k + self.grow if accepted >= drafted else max(1, k - self.shrink), ceiling)
 
-    def walks_alone(self) -> bool:
-        return True  # a new request's start (carried over) is read at its first step, as choose
-
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _HeuristicWalk:
+        # a new request's start (carried over) is read at its first step, as choose reads it
         return _HeuristicWalk(self, request_id, k_max)
 
     def finish(self, request_id: int) -> None:
@@ -126,7 +124,7 @@ class _HeuristicWalk:
 
     def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
         if drafted > 0:
-            k = self._state = self._policy._after(self._state, drafted, accepted, self._ceiling)
+            k = self._state = self._policy._next(self._state, drafted, accepted, self._ceiling)
             self._policy._k[self._request_id] = k
 
 

@@ -94,7 +94,7 @@ class Replica:
         # (its walker stands for choose and observe, and for a draft stop not folded)
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
-        self.walks = (fast_path and policy.walks_alone() and not self.feeds
+        self.walks = (fast_path and not self.feeds
                       and kind.replaces("walker", "choose", "observe", *asked)
                       and (not asked or kind.walker_stops)
                       and not scheduler.chunked_prefill and not self.planned

@@ -118,7 +118,7 @@ WALKED = -2
 
 def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> None:
     """`walk_chain` for a policy that decides each request's k from its own outcomes alone
-    (`Policy.walks_alone`): every remaining step asks `walker` (a `RequestWalker`) for its k,
+    (`Policy.walker`): every remaining step asks `walker` (a `RequestWalker`) for its k,
     drafts min(k, cap[g]), accepts min(d, run[g]) and tells the walker, as the step path's
     choose, cap, verification and observe do. The walk runs to the request's end once, so
     its steps' drafts are `chain_ks` and its `chain_k` is WALKED. A k outside 0..k_max is

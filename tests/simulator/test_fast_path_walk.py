@@ -1,4 +1,4 @@
-"""Policies that decide each request's k from its own outcomes alone (`Policy.walks_alone`:
+"""Policies that decide each request's k from its own outcomes alone (`Policy.walker`:
 heuristic, gammatune, gammatune_plus, adaedl) take the fast path by walking each request's
 whole decode at once: the same records, to the bit, and the same policy state as asking
 `choose` and `observe` every step, which is how such runs were recorded."""
