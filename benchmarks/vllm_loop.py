@@ -109,7 +109,8 @@ def main() -> int:
         run(["tune", *common, "--policies", "fixed", "--out", str(out / "tune")],
             out / "tune.log")
     tune = json.loads((out / "tune" / "tune.json").read_text())
-    recommended = {f"{r['rate']:g}": r["params"]["k"] for r in tune["recommendations"]}
+    # the best fixed k per rate (the tune's own recommendation may be the table, measured below)
+    recommended = {f"{r['rate']:g}": r["params"]["k"] for r in tune["best_fixed"]}
     export = json.loads((out / "tune" / "exports" / "vllm_speculative_config.json").read_text())
     table = export["speculative_config"].get("num_speculative_tokens_per_batch_size")
     table_spec = ("batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))

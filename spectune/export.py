@@ -35,12 +35,6 @@ from spectune.files import write_json
 _SGLANG_GLOBALS = ("ema_alpha", "update_interval", "warmup_batches", "strategy", "_spectune")
 
 
-def _ranges(schedule: BatchSchedule) -> list[list[int]]:
-    """Inclusive [lo, hi, k] ranges, contiguous from batch size 1."""
-    los = [1] + [bs + 1 for bs, _ in schedule.steps[:-1]]
-    return [[lo, bs, k] for lo, (bs, k) in zip(los, schedule.steps)]
-
-
 # -- each engine's name for the drafter -----------------------------------------------------------
 
 #: Why no engine can switch these drafters' k by batch size, and what to do instead.
@@ -129,7 +123,7 @@ def to_vllm(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
                           ">= 1; give the engine's maximum draft length as k_max")
     method = _vllm_method(drafter) if drafter is not None else {}
     return {"speculative_config": {**method, "num_speculative_tokens": schedule.k_max,
-                                   "num_speculative_tokens_per_batch_size": _ranges(schedule)}}
+                                   "num_speculative_tokens_per_batch_size": schedule.ranges()}}
 
 
 def to_trtllm(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
@@ -151,7 +145,7 @@ def to_sglang(schedule: BatchSchedule, drafter: Drafter | None = None) -> dict:
     drafter is checked here and named on the launch command (`how_to_use`)."""
     if drafter is not None:
         _sglang_algorithm(drafter)
-    return {str(lo): {"candidate_steps": [k]} for lo, _, k in _ranges(schedule)}
+    return {str(lo): {"candidate_steps": [k]} for lo, _, k in schedule.ranges()}
 
 
 def _section(config: Any, engine: str, name: str) -> Mapping:

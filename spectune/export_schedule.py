@@ -50,6 +50,12 @@ class BatchSchedule:
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "k_max", int(self.k_max))
 
+    def ranges(self) -> list[list[int]]:
+        """Inclusive [lo, hi, k] ranges, contiguous from batch size 1 (vLLM's
+        num_speculative_tokens_per_batch_size, batch_adaptive's schedule)."""
+        los = [1] + [bs + 1 for bs, _ in self.steps[:-1]]
+        return [[lo, bs, k] for lo, (bs, k) in zip(los, self.steps)]
+
 
 def schedule_from_points(points: Sequence[tuple[float, int]], k_max: int, max_batch: int,
                          source: str = "") -> BatchSchedule:

@@ -30,6 +30,7 @@ from spectune.evaluate import (
     Task,
     check_executor,
 )
+from spectune.export_schedule import BatchSchedule, schedule_from_points
 from spectune.objectives import Objective, get_objective
 from spectune.search import (
     Candidate,
@@ -129,11 +130,20 @@ def pinned_values(name: str, pinned: dict[str, str]) -> dict:
 def scheduler_for(scheduler: SchedulerConfig, c: Candidate,
                   k_max_given: bool) -> SchedulerConfig:
     """A fixed k past a k_max the user did not set runs with k_max = k: the engine's
-    num_speculative_tokens is then k (the KV look-ahead grows with it)."""
-    k = c.params_dict.get("k") if c.policy == "fixed" else None
+    num_speculative_tokens is then k (the KV look-ahead grows with it); so does a pinned
+    batch-size table's largest k."""
+    k = c.params_dict.get("k") if c.policy == "fixed" else _table_k_max(c)
     if k is not None and k > scheduler.k_max and not k_max_given:
         return replace(scheduler, k_max=int(k))
     return scheduler
+
+
+def _table_k_max(c: Candidate) -> int | None:
+    """The largest k of a batch_adaptive candidate's pinned vLLM-form table, else None."""
+    import json
+
+    table = c.params_dict.get("schedule") if c.policy == "batch_adaptive" else None
+    return max(int(k) for _, _, k in json.loads(table)) if isinstance(table, str) else None
 
 
 class _Search:
@@ -156,6 +166,11 @@ class _Search:
 
     def scheduler_for(self, c: Candidate) -> SchedulerConfig:
         return scheduler_for(self.scheduler, c, self.k_max_given)
+
+    def row(self, rate: float, c: Candidate, values: list[float]) -> dict:
+        """A candidate's record at a rate: its scores over the seeds and mean metrics."""
+        return _row(rate, c, values, self.metrics[(rate, c)][-len(values):], self.objective,
+                    self.scheduler_for(c).k_max)
 
     def evaluator(self, rate: float):
         def evaluate(pairs: list[tuple[Candidate, int]]) -> list[float]:
@@ -269,25 +284,39 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
     scenario, scheduler, objective = search.scenario, search.scheduler, search.objective
     runner, seeds = search.runner, search.seeds
     specs = [(name, pinned_values(name, pinned)) for name, pinned in spec.policy_specs()]
-    rows, recommendations, best_fixed = [], [], []
+    searched: dict[float, Scores] = {}
     for rate in spec.rates:
         scores: Scores = {}
         for name, pinned in specs:
             scores.update(search.policy(rate, name, pinned, spec))
         scores.update(successive_halving([BASELINE], seeds, search.evaluator(rate)))
+        searched[rate] = scores
+    best_fixed = []
+    for rate, scores in searched.items():
+        fixed = {c: v for c, v in scores.items() if c.policy == "fixed" and len(v) == len(seeds)}
+        if fixed:
+            best_fixed.append(search.row(rate, _best(fixed), fixed[_best(fixed)]))
+    # the table the engines' configs hold, priced as a candidate at every rate: what a user
+    # who deploys the exports gets, beside policies no engine config can express (auto)
+    schedule = engine_schedule(best_fixed, scheduler) if best_fixed else None
+    table = table_candidate(schedule) if schedule is not None else None
+    rows, recommendations, engine_rows = [], [], []
+    for rate, scores in searched.items():
+        if table is not None:
+            evaluate_on_seeds(search.evaluator(rate), scores, [table], seeds)
         full = {c: v for c, v in scores.items() if len(v) == len(seeds)}
-        rate_rows = {c: _row(rate, c, v, search.metrics[(rate, c)][-len(v):], objective,
-                             search.scheduler_for(c).k_max) for c, v in scores.items()}
+        rate_rows = {c: search.row(rate, c, v) for c, v in scores.items()}
         rows += list(rate_rows.values())
         best = _best(full)
         recommendation = dict(rate_rows[best])
         recommendation["baseline"] = {"label": BASELINE.label,
                                       "objective": rate_rows[BASELINE]["objective"]}
         recommendations.append(recommendation)
+        if table is not None:
+            engine_rows.append({**rate_rows[table], "vs_recommended_pct": (
+                rate_rows[table]["objective"] / recommendation["objective"] - 1) * 100})
         fixed = [c for c in full if c.policy == "fixed"]
-        if fixed:
-            k_best = _best({c: full[c] for c in fixed})
-            best_fixed.append(rate_rows[k_best])
+        k_best = _best({c: full[c] for c in fixed}) if fixed else None
         for c in dict.fromkeys([best, *([k_best] if fixed else [])]):
             for text in edge_notes(c, dict(specs).get(c.policy, {}), search):
                 search.note(text, rate)
@@ -301,16 +330,43 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
                                             started, search.k_max_given),
               "recommendations": recommendations, "best_fixed": best_fixed,
               "candidates": rows, "samples": [], "exports": {},
+              "engine_table": None if table is None else {
+                  "schedule": schedule.ranges(), "k_max": schedule.k_max,
+                  "source": schedule.source, "label": table.label, "rates": engine_rows},
               "notes": [f"{text} (at {', '.join(f'{r:g}' for r in rates)} req/s)"
                         for text, rates in search.notes.items()]}
     if out is not None:
-        _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out,
+        _write_extras(result, spec, scenario, scheduler, recommendations, schedule, out,
                       runner)
         result["meta"]["wall_s"] = time.perf_counter() - started
         from spectune.files import write_json
 
         write_json(out / "tune.json", result)
     return result
+
+
+def engine_schedule(best_fixed: list[dict], scheduler: SchedulerConfig) -> BatchSchedule:
+    """The draft length by batch size table of the engines' configs: the best fixed k at each
+    rate, placed at the mean batch size it ran at (export_schedule.schedule_from_points)."""
+    points = [(r["metrics"]["mean_batch_size"] or 1.0, int(r["params"]["k"]))
+              for r in best_fixed]
+    return schedule_from_points(
+        points, k_max=max(scheduler.k_max, *(k for _, k in points)),
+        max_batch=scheduler.max_num_seqs,
+        source="spectune tune: the best fixed k at each rate, placed at the mean batch "
+               f"size it ran at ({', '.join(f'{b:.1f}->{k}' for b, k in points)})")
+
+
+def table_candidate(schedule: BatchSchedule) -> Candidate:
+    """`batch_adaptive` pinned to the table, as a user would pin it (the same cache entries);
+    a table of one k is that fixed k (already priced: the best at every rate)."""
+    import json
+
+    if len(schedule.steps) == 1:
+        return Candidate("fixed", (("k", schedule.steps[0][1]),))
+    text = json.dumps(schedule.ranges(), separators=(",", ":"))
+    return Candidate("batch_adaptive", tuple(pinned_values("batch_adaptive",
+                                                           {"schedule": text}).items()))
 
 
 def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bool) -> dict:
@@ -338,9 +394,9 @@ def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bo
             "wall_s": time.perf_counter() - started}
 
 
-def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed, out: Path,
+def _write_extras(result, spec, scenario, scheduler, recommendations, schedule, out: Path,
                   runner: Runner):
-    """Sample runs for the report, and the engines' configs from the best fixed k per rate."""
+    """Sample runs for the report, and the engines' configs of the table (`engine_schedule`)."""
     from spectune.samples import slug, write_sample
 
     if spec.samples:  # simulated over the runner's workers, written where they run: here
@@ -354,16 +410,9 @@ def _write_extras(result, spec, scenario, scheduler, recommendations, best_fixed
         for task, paths in zip(tasks, runner.map_here(write_sample, tasks, folders)):
             result["samples"].append({"rate": task.rate, "label": task.candidate.label, **{
                 k: str(Path(v).relative_to(out)) for k, v in paths.items()}})
-    if best_fixed:
-        from spectune.export import scenario_drafter, schedule_from_points
+    if schedule is not None:
+        from spectune.export import scenario_drafter
 
-        points = [(r["metrics"]["mean_batch_size"] or 1.0, int(r["params"]["k"]))
-                  for r in best_fixed]
-        schedule = schedule_from_points(
-            points, k_max=max(scheduler.k_max, *(k for _, k in points)),
-            max_batch=scheduler.max_num_seqs,
-            source="spectune tune: the best fixed k at each rate, placed at the mean batch "
-                   f"size it ran at ({', '.join(f'{b:.1f}->{k}' for b, k in points)})")
         result["exports"], result["export_problems"] = _export_each(
             out / "exports", schedule, scenario_drafter(scenario, scheduler))
 

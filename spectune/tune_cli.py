@@ -82,8 +82,13 @@ def main(args: argparse.Namespace) -> int:
     if args.format == "json":
         recs = [{k: r[k] for k in ("rate", "policy", "params", "objective", "ci_low", "ci_high")}
                 for r in result["recommendations"]]
+        table = result.get("engine_table")
         print(to_json({"recommendations": recs, "report": report,
-                       "exports": {k: str(args.out / v) for k, v in result["exports"].items()}}))
+                       "exports": {k: str(args.out / v) for k, v in result["exports"].items()},
+                       "engine_table": table and {
+                           "schedule": table["schedule"], "rates": [
+                               {k: r[k] for k in ("rate", "objective", "vs_recommended_pct")}
+                               for r in table["rates"]]}}))
         return 0
     print(format_table(result))
     if result["exports"]:
@@ -154,8 +159,39 @@ def format_table(result: dict) -> str:
     lines += [line(header), "-" * len(line(header))]
     for row in rows:
         lines += [line(row[:6]), f"{'':>{widths[0]}}  recommended: {row[6]}"]
+    lines += _engine_table(result, unit)
     lines += _notes(result)
     return "\n".join(lines)
+
+
+#: policies whose k an engine's config can hold (one k, or a k per batch size); the others
+#: decide per request or per step (auto, goodput, ...), which no engine's config expresses
+ENGINE_POLICIES = ("fixed", "batch_adaptive")
+
+
+def _engine_table(result: dict, unit: str) -> list[str]:
+    """The table the engine configs hold, priced at every rate against the recommendation."""
+    table = result.get("engine_table")
+    if not table:
+        return []
+    steps = ", ".join(f"{lo}-{hi}: k={k}" if lo != hi else f"{lo}: k={k}"
+                      for lo, hi, k in table["schedule"])
+    rows = [(f"{r['rate']:g}", _value(r["objective"], unit), f"{r['vs_recommended_pct']:+.1f}%")
+            for r in table["rates"]]
+    header = ("rate", "objective", "vs recommended")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = ["", f"engine configs' table (batch size: k): {steps}", "  ".join(
+        h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["-" * len(lines[-1])]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    beyond = [r for r in result["recommendations"] if r["policy"] not in ENGINE_POLICIES]
+    if beyond:
+        names = ", ".join(dict.fromkeys(r["label"] for r in beyond))
+        rates = ", ".join(f"{r['rate']:g}" for r in beyond)
+        lines.append(f"(at {rates} req/s the recommendation, {names}, sets each request's k "
+                     "at every step, which no engine's config can hold: the configs hold this "
+                     "table)")
+    return lines
 
 
 def _notes(result: dict) -> list[str]:

@@ -58,6 +58,23 @@ def test_tune_table_keeps_every_parameter_and_separates_cells():
     assert "no interval (1 seed)" in one and "1 seed," in one and "1 seeds" not in one
 
 
+def test_tune_table_prices_the_engine_configs_table_and_says_what_they_cannot_hold():
+    from spectune.tune_cli import format_table
+
+    result = _tune_result("auto()", 0.5, 0.7)
+    result["engine_table"] = {"schedule": [[1, 4, 3], [5, 128, 1]], "rates": [
+        {"rate": 4.0, "objective": 0.6003, "vs_recommended_pct": 2.0}]}
+    text = format_table(result)
+    assert "engine configs' table (batch size: k): 1-4: k=3, 5-128: k=1" in text
+    assert re.search(r"\n\s+4\s+600\.3 ms\s+\+2\.0%\n", text)
+    assert "at 4 req/s the recommendation, auto(), sets each request's k" in text
+    fixed = _tune_result("fixed(k=4)", 0.5, 0.7)
+    fixed["engine_table"] = result["engine_table"]
+    assert "engine configs' table" in format_table(fixed)
+    assert "no engine's config can hold" not in format_table(fixed)
+    assert "engine configs' table" not in format_table(_tune_result("fixed(k=4)", 0.5, 0.7))
+
+
 def test_plan_without_capacity_says_why(tmp_path, capsys):
     argv = ["plan", "--slo-ttft", "0.000001", "--policies", "fixed:k=0", "--hardware-options",
             "H100-SXM", "--requests", "20", "--jobs", "1", "--out", str(tmp_path)]

@@ -132,6 +132,9 @@ def make_tune(folder: Path, seed: int = 0) -> Path:
                                  "candidates": cands, "samples": samples,
                                  "exports": {"vllm": "exports/vllm.json"},
                                  "export_problems": {"sglang": "ngram <has no table>"},
+                                 "engine_table": {"schedule": [[1, 4, 3], [5, 128, 1]],
+                                                  "rates": [{"rate": 4.0, "objective": 1.234,
+                                                             "vs_recommended_pct": 1.5}]},
                                  "notes": ["fixed k=16 is the longest run (at 4 req/s)"]})
     return folder
 
@@ -223,6 +226,7 @@ def test_tune_report(tmp_path):
     assert "azure-conv" in page and "roofline H100" in page  # where the numbers come from
     assert "exports/vllm.json" in page
     assert "sglang: ngram &lt;has no table&gt;" in page  # why an engine got no file, escaped
+    assert "(1-4: k=3, 5-128: k=1)" in page and "4 req/s: 1.234 (+1.5% against" in page
     assert "<li>fixed k=16 is the longest run (at 4 req/s)</li>" in page  # the search's notes
     assert not list(out.parent.glob(".report.html.*"))  # no temp file left behind
 

@@ -161,6 +161,58 @@ def test_tune_writes_samples_exports_and_resumes(tuned):
     assert again["recommendations"] == result["recommendations"]
 
 
+def test_the_engine_configs_table_is_priced_as_a_candidate_at_every_rate(tmp_path):
+    """The table the exports hold runs on the tune's seeds at every rate, as a user's table
+    pinned by hand would (the same cache entries), and the recommendation is the best over
+    every candidate, that table included: here it wins under load. A table of one k is that
+    fixed k, not simulated again."""
+    import dataclasses
+    import shutil
+
+    scenario = dataclasses.replace(SCENARIO, acceptance="iid:0.5")
+    spec = dataclasses.replace(SMALL, rates=(5.0, 150.0), samples=False)
+    result = run_tune(spec, scenario, SchedulerConfig(), tmp_path / "t")
+    table = result["engine_table"]
+    assert len(table["schedule"]) == 2 and table["label"].startswith("batch_adaptive(")
+    vllm = json.loads((tmp_path / "t" / "exports" / "vllm_speculative_config.json").read_text())
+    assert vllm["speculative_config"]["num_speculative_tokens_per_batch_size"] == \
+        table["schedule"]
+    assert [r["rate"] for r in table["rates"]] == [5.0, 150.0]
+    for row, rec in zip(table["rates"], result["recommendations"]):
+        assert row["label"] == table["label"] and row["seeds"] == 2
+        assert row in [dict(c, vs_recommended_pct=row["vs_recommended_pct"])
+                       for c in result["candidates"]]
+        assert row["objective"] == pytest.approx(np.mean(row["per_seed"]))
+        assert row["vs_recommended_pct"] == pytest.approx(
+            (row["objective"] / rec["objective"] - 1) * 100)
+        assert rec["objective"] <= row["objective"]
+    assert result["recommendations"][1]["label"] == table["label"]
+    shutil.copytree(tmp_path / "t" / "evals", tmp_path / "p" / "evals")
+    pinned = run_tune(dataclasses.replace(spec, policies="batch_adaptive:schedule=" + json.dumps(
+        table["schedule"], separators=(",", ":"))), scenario, SchedulerConfig(), tmp_path / "p")
+    assert pinned["meta"]["reused_from_cache"] == pinned["meta"]["simulations"]
+    assert [r["objective"] for r in pinned["recommendations"] if r["label"] == table["label"]
+            ] == [r["objective"] for r in table["rates"]]
+    from spectune.plan import _candidates, from_tune  # plan reads the table back exactly
+
+    planned = _candidates(from_tune(tmp_path / "t", SimulationSpec(slo_ttft=1.0))[2])
+    assert Candidate("batch_adaptive", (("schedule", table["label"][len(
+        "batch_adaptive(schedule="):-1]),)) in planned
+    one = run_tune(dataclasses.replace(spec, rates=(5.0,)), scenario, SchedulerConfig(), None)
+    assert one["engine_table"]["label"] == one["best_fixed"][0]["label"]
+    assert not any(c["policy"] == "batch_adaptive" for c in one["candidates"])
+
+
+def test_a_pinned_tables_largest_k_past_an_unset_k_max_raises_it():
+    from spectune.tune import scheduler_for
+
+    table = Candidate("batch_adaptive", (("schedule", "[[1,4,16],[5,128,2]]"),))
+    assert scheduler_for(SchedulerConfig(), table, k_max_given=False).k_max == 16
+    assert scheduler_for(SchedulerConfig(), table, k_max_given=True).k_max == 10
+    low = Candidate("batch_adaptive", (("schedule", "[[1,128,3]]"),))
+    assert scheduler_for(SchedulerConfig(), low, k_max_given=False).k_max == 10
+
+
 def test_samples_written_by_the_workers_are_those_written_in_turn(tuned, tmp_path):
     """With two local workers the samples are simulated in the pool, and are the same files."""
     import dataclasses
@@ -258,7 +310,7 @@ def test_a_best_k_on_the_grids_top_extends_the_search_to_the_stated_cap():
     """Free drafting at 99% acceptance: every longer k is better, so the search runs past the
     grid's top (10) to fixed's hard cap (32) and says the optimum may lie beyond it."""
     result = _fixed_tune("iid:0.99", k_max_given=False)
-    tried = sorted(c["params"]["k"] for c in result["candidates"])
+    tried = sorted(c["params"]["k"] for c in result["candidates"] if c["policy"] == "fixed")
     assert tried[-4:] == [12, 16, 24, 32]
     rec = result["recommendations"][0]
     assert rec["label"] == "fixed(k=32)" and rec["k_max"] == 32
@@ -267,10 +319,10 @@ def test_a_best_k_on_the_grids_top_extends_the_search_to_the_stated_cap():
 
 def test_the_users_k_max_is_not_extended_and_an_inner_optimum_is_silent():
     capped = _fixed_tune("iid:0.99", k_max_given=True)
-    assert max(c["params"]["k"] for c in capped["candidates"]) == 10
+    assert max(c["params"]["k"] for c in capped["candidates"] if c["policy"] == "fixed") == 10
     assert capped["recommendations"][0]["label"] == "fixed(k=10)" and capped["notes"] == []
     inner = _fixed_tune("iid:0.3", k_max_given=False)
-    assert max(c["params"]["k"] for c in inner["candidates"]) == 10
+    assert max(c["params"]["k"] for c in inner["candidates"] if c["policy"] == "fixed") == 10
     assert inner["recommendations"][0]["params"]["k"] < 10 and inner["notes"] == []
 
 
@@ -312,7 +364,8 @@ def test_a_pinned_value_that_clashes_with_a_grid_value_is_skipped_with_a_note():
     spec = TuneSpec(rates=(4.0,), policies="kld_variance:k_init=6", seeds=1, points=1, jobs=1,
                     samples=False)
     result = run_tune(spec, scenario, SchedulerConfig(), None)
-    grids = {c["params"]["k_max_cfg"] for c in result["candidates"] if c["policy"] != "fixed"}
+    grids = {c["params"]["k_max_cfg"] for c in result["candidates"]
+             if c["policy"] == "kld_variance"}
     assert grids == {8, 20}
     assert any("skipped" in n and "k_max_cfg=4" in n for n in result["notes"])
 
