@@ -51,6 +51,8 @@ class Oracle(Policy):
             raise ValueError(f"k_max must be in 0..64, got {self.k_max}")
         if self.knows not in KNOWS:
             raise ValueError(f"knows must be one of {', '.join(KNOWS)}, got {self.knows!r}")
+        self._sums_for: object = None  # the cost model `_sums` was read from
+        self._sums = None
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         if ctx.lookahead is None:
@@ -63,8 +65,19 @@ class Oracle(Policy):
             left = r.output_tokens - r.generated - 1  # drafts past the last token are wasted
             runs.append(min(int(ctx.lookahead(r.request_id)[r.generated]), left, bound))
         contexts = [r.context_tokens for r in ctx.requests]
+        top = max(runs, default=0)
+        if top == 0:  # nothing to accept: no draft pays
+            return [0] * len(runs)
+        if self._sums_for is not ctx.cost:  # asked once per cost model
+            sums = getattr(ctx.cost, "chain_sums_s", None)
+            self._sums_for = ctx.cost
+            self._sums = sums if sums is not None and sums(1, [0], 0, [0]) is not None else None
+        sums = self._sums
+        if sums is not None:
+            cap = _best_cap(sums, runs, contexts, top)
+            return [min(run, cap) for run in runs]
         best_ks, best_rate = [0] * len(runs), -1.0
-        for cap in range(0, max(runs, default=0) + 1):
+        for cap in range(0, top + 1):
             ks = [min(run, cap) for run in runs]
             rate = (len(ks) + sum(ks)) / ctx.cost.step_s(ks, contexts)
             if rate > best_rate:
@@ -112,3 +125,29 @@ class Oracle(Policy):
         low, high = grid[k][max(at - 1, 0)], grid[k][min(at + 1, len(grid[k]) - 1)]
         k, d = best_of([(k, x) for x in range(low, high + 1)])
         return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
+
+
+def _best_cap(sums, runs: list[int], contexts: list[int], top: int) -> int:
+    """The cap in 0..top with the most tokens per second where the cost model prices a step
+    from its verify pass's sums (`chain_sums_s`, the same floats as `step_s`), one Python
+    float per cap (a few caps: cheaper than arrays)."""
+    b, cached = len(runs), sum(contexts) - len(runs)
+    best, best_rate = 0, -1.0
+    for cap, (drafted, pairs) in enumerate(cap_sums(runs, contexts, top)):
+        rate = (b + drafted) / sums(b, [drafted], cached, [pairs])[0]
+        if rate > best_rate:
+            best, best_rate = cap, rate
+    return best
+
+
+def cap_sums(runs: list[int], contexts: list[int], top: int) -> list[tuple[int, int]]:
+    """Per cap 0..top, the verify pass's drafts and causal pairs when each request drafts
+    min(run, cap), each cap's grown from the last one's."""
+    drafted, pairs = 0, sum(contexts)  # k = 0: c_r - 1 cached and 1 fed, so c_r pairs each
+    out = [(drafted, pairs)]
+    for cap in range(1, top + 1):  # drafting cap rather than cap - 1 adds c_r + cap pairs
+        grown = [c for run, c in zip(runs, contexts) if run >= cap]
+        drafted += len(grown)
+        pairs += sum(grown) + len(grown) * cap
+        out.append((drafted, pairs))
+    return out

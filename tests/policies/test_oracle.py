@@ -7,6 +7,7 @@ import pytest
 from support.policy_fakes import FakeRequest, LinearCost, context
 
 from policies import make_policy
+from policies.oracle import cap_sums
 
 
 def _ctx(runs, cost=None, k_max=10, generated=1, output=200):
@@ -92,3 +93,40 @@ def test_knowing_probabilities_needs_them_in_the_trace():
     lookahead = Lookahead([FakeRequest(0)], AcceptanceReplay(trace, np.array([4])))
     with pytest.raises(ConfigError, match="accept_prob"):
         lookahead.probabilities(0)
+
+
+@pytest.mark.parametrize("idle_s", [0.0, 2e-4])
+def test_caps_priced_from_the_verify_sums_choose_as_the_step_by_step_prices(idle_s):
+    """On a cost model that prices a step from its verify pass's sums (the roofline, a
+    model-free drafter) the oracle prices each cap from those sums: the same cap as pricing
+    every cap's ks with step_s, on random batches (ties included: equal floats)."""
+    from dataclasses import replace
+
+    from simulator import SchedulerConfig
+    from simulator.step_cost import StepCostModel
+    from spectune.simulate import SimulationSpec, build_latency
+
+    latency, _ = build_latency(SimulationSpec(draft="none"), SchedulerConfig())
+    cost = StepCostModel(latency)
+    cost.idle_s = idle_s  # the idle proposer's time on steps that draft nothing
+    assert cost.chain_sums_s(1, [0], 0, [0]) is not None
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        b = int(rng.integers(1, 40))
+        runs = rng.integers(0, 12, size=b).tolist()
+        prompts = rng.integers(1, 3000, size=b).tolist()
+        reqs = [replace(FakeRequest(i, generated=1, output_tokens=400), prompt_tokens=p)
+                for i, p in enumerate(prompts)]
+        table = {i: np.full(400, run) for i, run in enumerate(runs)}
+        ctx = context(reqs, k_max=10, cost=cost, lookahead=table.__getitem__)
+        contexts = [r.context_tokens for r in reqs]
+        rates = [(b + sum(min(run, cap) for run in runs))
+                 / cost.step_s([min(run, cap) for run in runs], contexts)
+                 for cap in range(max(min(max(runs), 10), 0) + 1)]
+        cap = int(np.argmax(rates))  # the first of equal rates, as the oracle keeps
+        cached = sum(contexts) - b
+        for k, (drafted, pairs) in enumerate(cap_sums(runs, contexts, len(rates) - 1)):
+            ks = [min(run, k) for run in runs]
+            assert cost.chain_sums_s(b, [drafted], cached, [pairs])[0] == cost.step_s(
+                ks, contexts)
+        assert list(make_policy("oracle").choose(ctx)) == [min(run, cap, 10) for run in runs]
