@@ -32,16 +32,22 @@ _K_LIMIT = 64
 
 
 def clean_kl(values) -> np.ndarray:
-    """Observed KL values as float64: NaN dropped, clipped to [0, KL_CEILING] (+inf -> ceiling)."""
+    """Observed KL values as float64: NaN dropped, clipped to [0, KL_CEILING] (+inf -> ceiling;
+    the two ufuncs rather than ndarray.clip's Python wrapper)."""
     kl = np.asarray(values, dtype=np.float64).ravel()
-    return kl[~np.isnan(kl)].clip(0.0, KL_CEILING)
+    return np.minimum(np.maximum(kl[~np.isnan(kl)], 0.0), KL_CEILING)
 
 
 def weighted_variance(values: np.ndarray, decay: float) -> float:
     """Variance with weights decay^age, age 0 = the last (newest) value."""
     weights, total = _weights(decay, len(values))
-    mean = float((weights * values).sum() / total)
-    return float((weights * (values - mean) ** 2).sum() / total)
+    mean = float(_add(weights * values) / total)
+    return float(_add(weights * (values - mean) ** 2) / total)
+
+
+#: ndarray.sum without its Python wrapper (the same reduction): observe weighs two histories
+#: per request per step
+_add = np.add.reduce
 
 
 @functools.lru_cache(maxsize=1024)
@@ -193,12 +199,13 @@ class KldVariance(Policy):
             ratio = variance_ratio(np.fromiter(st.history, np.float64, len(st.history)),
                                    self.decay)
             # kls.mean() without its Python wrapper: the same sum, divided by the same count
-            mean_kl = float(np.add.reduce(kls) / len(kls))
+            mean_kl = float(_add(kls) / len(kls))
             k = dsl_step(ratio, mean_kl, k_min_r, k_max_r, self.alpha, self.temperature)
             proposed[o.request_id] = k
             if was_ready and o.k > 0:
                 pool.append(k)
-        cap = math.ceil(float(np.mean(pool))) if self.cap and pool else None
+        # the mean of a few small ints, exact in a float: np.mean's float without its wrappers
+        cap = math.ceil(sum(pool) / len(pool)) if self.cap and pool else None
         for rid, k in proposed.items():
             self._requests[rid].k = k if cap is None else min(k, cap)
 
