@@ -336,6 +336,12 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
               "notes": [f"{text} (at {', '.join(f'{r:g}' for r in rates)} req/s)"
                         for text, rates in search.notes.items()]}
     if out is not None:
+        if engine_rows:  # the exports' note says what the table was simulated to give
+            schedule = replace(schedule, source=f"{schedule.source}; simulated, "
+                               f"{objective.metric}: " + ", ".join(
+                                   f"{r['objective']:.4g} {objective.unit} at {r['rate']:g} req/s "
+                                   f"({r['vs_recommended_pct']:+.1f}% against the "
+                                   "recommendation)" for r in engine_rows))
         _write_extras(result, spec, scenario, scheduler, recommendations, schedule, out,
                       runner)
         result["meta"]["wall_s"] = time.perf_counter() - started

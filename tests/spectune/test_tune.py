@@ -177,6 +177,9 @@ def test_the_engine_configs_table_is_priced_as_a_candidate_at_every_rate(tmp_pat
     vllm = json.loads((tmp_path / "t" / "exports" / "vllm_speculative_config.json").read_text())
     assert vllm["speculative_config"]["num_speculative_tokens_per_batch_size"] == \
         table["schedule"]
+    assert vllm["_spectune"]["source"].endswith(", ".join(  # what it was simulated to give
+        f"{r['objective']:.4g} s at {r['rate']:g} req/s ({r['vs_recommended_pct']:+.1f}% "
+        "against the recommendation)" for r in table["rates"]))
     assert [r["rate"] for r in table["rates"]] == [5.0, 150.0]
     for row, rec in zip(table["rates"], result["recommendations"]):
         assert row["label"] == table["label"] and row["seeds"] == 2
