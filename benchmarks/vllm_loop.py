@@ -7,7 +7,7 @@ whether the recommendation wins and whether the simulator ranks the configuratio
    questions the validation never serves). Workload: Poisson arrivals, (prompt, output) lengths
    of those train questions. Every fixed k is simulated over every seed (`--search grid`); the
    recommendation per rate is the best fixed k, and the tune's vLLM export is a per-batch-size
-   table built from them. A second tune prices that table on the same seeds.
+   table built from them, which the tune prices on the same seeds (`engine_table`).
 2. **Measure** (`spectune validate --engine vllm`): k in {0, 2, 4, 6}, each rate's recommended k
    and the table, each on its own server, on held-out questions with Poisson arrivals.
 3. **Compare**, per rate: the recommendation's measured mean E2E against the best measured
@@ -113,15 +113,10 @@ def main() -> int:
     recommended = {f"{r['rate']:g}": r["params"]["k"] for r in tune["best_fixed"]}
     export = json.loads((out / "tune" / "exports" / "vllm_speculative_config.json").read_text())
     table = export["speculative_config"].get("num_speculative_tokens_per_batch_size")
+    # a table of one k is that fixed k, measured already
     table_spec = ("batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))
-                  if table and max(k for _, _, k in table) > 0 else None)
-    if table_spec and not (out / "tune-table" / "tune.json").is_file():
-        run(["tune", *common, "--policies", table_spec, "--out", str(out / "tune-table")],
-            out / "tune-table.log")
-    predicted = predictions(out / "tune")
-    if table_spec:
-        predicted = pd.concat([predicted, predictions(out / "tune-table")],
-                              ignore_index=True).drop_duplicates(["rate", "config"])
+                  if table and len(table) > 1 else None)
+    predicted = predictions(out / "tune")  # the table's rows among them
     ks = sorted({int(k) for k in args.ks.split(",")} | set(recommended.values()))
     configs = [f"fixed:k={k}" for k in ks] + ([table_spec] if table_spec else [])
     if not (out / "validate" / "validate.csv").is_file():
