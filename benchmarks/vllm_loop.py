@@ -5,11 +5,11 @@ whether the recommendation wins and whether the simulator ranks the configuratio
    (`--scheduler vllm-v1`, its CPU defaults and KV capacity) and an acceptance recording made on
    vLLM (`spectune record --engine vllm --split train`: vLLM's greedy outputs on the Spec-Bench
    questions the validation never serves). Workload: Poisson arrivals, (prompt, output) lengths
-   of those train questions. Every fixed k is simulated over every seed (`--search grid`); the
-   recommendation per rate is the best fixed k, and the tune's vLLM export is a per-batch-size
-   table built from them, which the tune prices on the same seeds (`engine_table`).
-2. **Measure** (`spectune validate --engine vllm`): k in {0, 2, 4, 6}, each rate's recommended k
-   and the table, each on its own server, on held-out questions with Poisson arrivals.
+   of those train questions. Every fixed k is simulated over every seed (`--search grid`), and
+   the tune's vLLM export, a per-batch-size table built from the best fixed k per rate, is
+   priced on the same seeds (`engine_table`); the recommendation per rate is the best of them.
+2. **Measure** (`spectune validate --engine vllm`): k in {0, 2, 4, 6}, each rate's best fixed
+   k and the table, each on its own server, on held-out questions with Poisson arrivals.
 3. **Compare**, per rate: the recommendation's measured mean E2E against the best measured
    configuration (target: within 3%), and Kendall's tau between the tune's predicted and vLLM's
    measured mean E2E over the configurations (target: >= 0.8).
@@ -80,6 +80,17 @@ def predictions(tune: Path) -> pd.DataFrame:
     return pd.DataFrame(rows).drop_duplicates(["rate", "config"])
 
 
+def served_as(recommendation: dict) -> str:
+    """The configuration a tune's recommendation is served as: its fixed k, or its table (a
+    table of one k as that k)."""
+    if recommendation["policy"] == "fixed":
+        return f"fixed:k={recommendation['params']['k']}"
+    table = json.loads(recommendation["params"]["schedule"])
+    if len(table) == 1:
+        return f"fixed:k={table[0][2]}"
+    return "batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recording", type=Path, required=True,
@@ -109,15 +120,15 @@ def main() -> int:
         run(["tune", *common, "--policies", "fixed", "--out", str(out / "tune")],
             out / "tune.log")
     tune = json.loads((out / "tune" / "tune.json").read_text())
-    # the best fixed k per rate (the tune's own recommendation may be the table, measured below)
-    recommended = {f"{r['rate']:g}": r["params"]["k"] for r in tune["best_fixed"]}
+    best_ks = {int(r["params"]["k"]) for r in tune["best_fixed"]}
     export = json.loads((out / "tune" / "exports" / "vllm_speculative_config.json").read_text())
     table = export["speculative_config"].get("num_speculative_tokens_per_batch_size")
     # a table of one k is that fixed k, measured already
     table_spec = ("batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))
                   if table and len(table) > 1 else None)
+    recommended = {f"{r['rate']:g}": served_as(r) for r in tune["recommendations"]}
     predicted = predictions(out / "tune")  # the table's rows among them
-    ks = sorted({int(k) for k in args.ks.split(",")} | set(recommended.values()))
+    ks = sorted({int(k) for k in args.ks.split(",")} | best_ks)
     configs = [f"fixed:k={k}" for k in ks] + ([table_spec] if table_spec else [])
     if not (out / "validate" / "validate.csv").is_file():
         again = [] if args.measured is None else ["--measured", str(args.measured.resolve())]
@@ -133,10 +144,10 @@ def main() -> int:
     verdicts = []
     for rate, group in table_df.groupby("rate"):
         best = group.measured_e2e_s.min()
-        rec = group[group.config == f"fixed:k={recommended[f'{rate:g}']}"].measured_e2e_s.iloc[0]
+        rec = group[group.config == recommended[f"{rate:g}"]].measured_e2e_s.iloc[0]
         tau = kendalltau(group.predicted_e2e_s, group.measured_e2e_s).statistic
         tau_replay = kendalltau(group.replayed_e2e_s, group.measured_e2e_s).statistic
-        verdicts.append({"rate": rate, "recommended": f"fixed:k={recommended[f'{rate:g}']}",
+        verdicts.append({"rate": rate, "recommended": recommended[f"{rate:g}"],
                          "best_measured": group.loc[group.measured_e2e_s.idxmin(), "config"],
                          "recommended_vs_best_pct": (rec / best - 1) * 100,
                          "kendall_tau_tune": tau, "kendall_tau_replay": tau_replay})

@@ -57,6 +57,11 @@ class BatchSchedule:
         return [[lo, bs, k] for lo, (bs, k) in zip(los, self.steps)]
 
 
+def ranges_text(ranges: Sequence[Sequence[int]]) -> str:
+    """Inclusive [lo, hi, k] ranges as words: "1-9: k=16, 10-29: k=10, 30: k=5"."""
+    return ", ".join(f"{lo}-{hi}: k={k}" if lo != hi else f"{lo}: k={k}" for lo, hi, k in ranges)
+
+
 def schedule_from_points(points: Sequence[tuple[float, int]], k_max: int, max_batch: int,
                          source: str = "") -> BatchSchedule:
     """From measured (mean batch size, best k) pairs (one per request rate, any order, batch sizes

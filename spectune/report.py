@@ -161,25 +161,28 @@ def tune_section(folder: Path, doc: dict) -> Section:
     if isinstance(exports, dict) and exports:
         listed = ", ".join(f"{html.escape(k)}: <code>{html.escape(str(v))}</code>"
                            for k, v in exports.items())
-        section.parts.append(f"<p>Engine settings: {listed}{_engine_table(doc, metric)}</p>")
+        table = _engine_table(doc, metric, meta.get("unit", ""))
+        section.parts.append(f"<p>Engine settings: {listed}{table}</p>")
     section.parts += _listed("Not written", [f"{engine}: {why}" for engine, why in
                                              (doc.get("export_problems") or {}).items()])
     section.parts += _listed("Notes on the search", doc.get("notes") or [])
     return section
 
 
-def _engine_table(doc: dict, metric: str) -> str:
+def _engine_table(doc: dict, metric: str, unit: str) -> str:
     """What the engine settings hold (a k per batch size) and what they are predicted to give."""
+    from spectune.export_schedule import ranges_text
+    from spectune.tune import against, figure
+
     table = doc.get("engine_table")
     if not isinstance(table, dict) or not table.get("rates"):
         return ""
-    steps = ", ".join(f"{lo}-{hi}: k={k}" for lo, hi, k in table["schedule"])
-    priced = "; ".join(f"{r['rate']:g} req/s: {r['objective']:.4g} "
-                       f"({r['vs_recommended_pct']:+.1f}% against the recommendation)"
-                       for r in table["rates"])
-    return (f". They hold one table of k by batch size ({html.escape(steps)}), built from the "
-            f"best fixed k at each rate; its {html.escape(metric)}, simulated on the same "
-            f"seeds: {html.escape(priced)}")
+    priced = "; ".join(f"{r['rate']:g} req/s: {figure(r['objective'], unit)} "
+                       f"({against(r['worse_than_recommended_pct'])})" for r in table["rates"])
+    steps = html.escape(ranges_text(table["schedule"]))
+    return (f". They hold one table of k by batch size ({steps}), built from the best fixed k "
+            f"at each rate; its {html.escape(metric)}, simulated on the same seeds: "
+            f"{html.escape(priced)}")
 
 
 def _listed(title: str, items: list) -> list[str]:

@@ -81,6 +81,9 @@ class TuneSpec:
     def __post_init__(self) -> None:
         if not self.rates or not all(r > 0 and np.isfinite(r) for r in self.rates):
             raise ConfigError(f"--rates must be positive req/s, got {self.rates}")
+        if len(set(self.rates)) != len(self.rates):
+            given = " ".join(f"{r:g}" for r in self.rates)
+            raise ConfigError(f"--rates names a rate twice ({given}): give each once")
         if self.jobs < 0:
             raise ConfigError(f"--jobs must be >= 0 (0: one worker per core), got {self.jobs}")
         check_executor(self.executor, self.ray_address)
@@ -165,7 +168,12 @@ class _Search:
             rates.append(rate)
 
     def scheduler_for(self, c: Candidate) -> SchedulerConfig:
-        return scheduler_for(self.scheduler, c, self.k_max_given)
+        """`scheduler_for`, a pinned table's k_max kept within what the acceptance can
+        replay (the table's larger ks run clamped to it, as they did before k_max grew)."""
+        scheduler = scheduler_for(self.scheduler, c, self.k_max_given)
+        if c.policy != "fixed" and scheduler.k_max > max(self.k_limit, self.scheduler.k_max):
+            return replace(scheduler, k_max=max(self.k_limit, self.scheduler.k_max))
+        return scheduler
 
     def row(self, rate: float, c: Candidate, values: list[float]) -> dict:
         """A candidate's record at a rate: its scores over the seeds and mean metrics."""
@@ -299,7 +307,7 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
     # the table the engines' configs hold, priced as a candidate at every rate: what a user
     # who deploys the exports gets, beside policies no engine config can express (auto)
     schedule = engine_schedule(best_fixed, scheduler) if best_fixed else None
-    table = table_candidate(schedule) if schedule is not None else None
+    table = table_candidate(schedule, searched, len(seeds)) if schedule is not None else None
     rows, recommendations, engine_rows = [], [], []
     for rate, scores in searched.items():
         if table is not None:
@@ -313,8 +321,9 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
                                       "objective": rate_rows[BASELINE]["objective"]}
         recommendations.append(recommendation)
         if table is not None:
-            engine_rows.append({**rate_rows[table], "vs_recommended_pct": (
-                rate_rows[table]["objective"] / recommendation["objective"] - 1) * 100})
+            engine_rows.append({**rate_rows[table], "worse_than_recommended_pct": worse_pct(
+                rate_rows[table]["objective"], recommendation["objective"],
+                objective.direction)})
         fixed = [c for c in full if c.policy == "fixed"]
         k_best = _best({c: full[c] for c in fixed}) if fixed else None
         for c in dict.fromkeys([best, *([k_best] if fixed else [])]):
@@ -339,9 +348,9 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
         if engine_rows:  # the exports' note says what the table was simulated to give
             schedule = replace(schedule, source=f"{schedule.source}; simulated, "
                                f"{objective.metric}: " + ", ".join(
-                                   f"{r['objective']:.4g} {objective.unit} at {r['rate']:g} req/s "
-                                   f"({r['vs_recommended_pct']:+.1f}% against the "
-                                   "recommendation)" for r in engine_rows))
+                                   f"{figure(r['objective'], objective.unit)} at {r['rate']:g} "
+                                   f"req/s ({against(r['worse_than_recommended_pct'])})"
+                                   for r in engine_rows))
         _write_extras(result, spec, scenario, scheduler, recommendations, schedule, out,
                       runner)
         result["meta"]["wall_s"] = time.perf_counter() - started
@@ -353,26 +362,56 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
 
 def engine_schedule(best_fixed: list[dict], scheduler: SchedulerConfig) -> BatchSchedule:
     """The draft length by batch size table of the engines' configs: the best fixed k at each
-    rate, placed at the mean batch size it ran at (export_schedule.schedule_from_points)."""
+    rate, placed at the mean batch size it ran at (export_schedule.schedule_from_points). Its
+    k_max (the engines' num_speculative_tokens) is the table's largest k, or the scheduler's:
+    the k_max the table is simulated with (`scheduler_for`)."""
     points = [(r["metrics"]["mean_batch_size"] or 1.0, int(r["params"]["k"]))
               for r in best_fixed]
-    return schedule_from_points(
+    schedule = schedule_from_points(
         points, k_max=max(scheduler.k_max, *(k for _, k in points)),
         max_batch=scheduler.max_num_seqs,
         source="spectune tune: the best fixed k at each rate, placed at the mean batch "
                f"size it ran at ({', '.join(f'{b:.1f}->{k}' for b, k in points)})")
+    return replace(schedule, k_max=max(scheduler.k_max, *(k for _, k in schedule.steps)))
 
 
-def table_candidate(schedule: BatchSchedule) -> Candidate:
-    """`batch_adaptive` pinned to the table, as a user would pin it (the same cache entries);
-    a table of one k is that fixed k (already priced: the best at every rate)."""
+def table_candidate(schedule: BatchSchedule, searched: dict[float, Scores],
+                    seeds: int) -> Candidate:
+    """`batch_adaptive` pinned to the table, as a user would pin it (the same cache entries).
+    A table of one k is that fixed k where the search ran it on every seed at every rate (it
+    steps as the fixed k does); elsewhere the table is its own candidate, so that no fixed k
+    is completed on seeds the search dropped it from."""
     import json
 
     if len(schedule.steps) == 1:
-        return Candidate("fixed", (("k", schedule.steps[0][1]),))
+        fixed = Candidate("fixed", (("k", schedule.steps[0][1]),))
+        if all(len(scores.get(fixed, ())) == seeds for scores in searched.values()):
+            return fixed
     text = json.dumps(schedule.ranges(), separators=(",", ":"))
     return Candidate("batch_adaptive", tuple(pinned_values("batch_adaptive",
                                                            {"schedule": text}).items()))
+
+
+def worse_pct(value: float, best: float, direction: str) -> float | None:
+    """How much worse `value` is than `best`, in percent of it (negative: better), for an
+    objective to minimise or maximise; None where no ratio means anything (a zero or
+    unbounded best, as goodput under an SLO no request met)."""
+    if not (best and np.isfinite(best) and np.isfinite(value)):
+        return None
+    return (value / best - 1) * 100 if direction == "min" else (1 - value / best) * 100
+
+
+def figure(value: float, unit: str) -> str:
+    """A value with four significant digits and its unit, without exponents."""
+    text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return f"{text} {unit}" if unit else text
+
+
+def against(worse: float | None) -> str:
+    """`worse_pct` as words: "+1.2% against the recommendation", or why there is no figure."""
+    if worse is None:
+        return "no ratio to the recommendation's zero or unbounded value"
+    return f"{abs(worse):.1f}% {'worse' if worse > 0 else 'better'} than the recommendation"
 
 
 def _meta(spec, scenario, scheduler, objective, runner, started, k_max_given: bool) -> dict:

@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
                        "exports": {k: str(args.out / v) for k, v in result["exports"].items()},
                        "engine_table": table and {
                            "schedule": table["schedule"], "rates": [
-                               {k: r[k] for k in ("rate", "objective", "vs_recommended_pct")}
+                               {k: r[k] for k in ("rate", "objective",
+                                                  "worse_than_recommended_pct")}
                                for r in table["rates"]]}}))
         return 0
     print(format_table(result))
@@ -171,26 +172,27 @@ ENGINE_POLICIES = ("fixed", "batch_adaptive")
 
 def _engine_table(result: dict, unit: str) -> list[str]:
     """The table the engine configs hold, priced at every rate against the recommendation."""
+    from spectune.export_schedule import ranges_text
+
     table = result.get("engine_table")
     if not table:
         return []
-    steps = ", ".join(f"{lo}-{hi}: k={k}" if lo != hi else f"{lo}: k={k}"
-                      for lo, hi, k in table["schedule"])
-    rows = [(f"{r['rate']:g}", _value(r["objective"], unit), f"{r['vs_recommended_pct']:+.1f}%")
-            for r in table["rates"]]
-    header = ("rate", "objective", "vs recommended")
+    rows = [(f"{r['rate']:g}", _value(r["objective"], unit),
+             "-" if r["worse_than_recommended_pct"] is None
+             else f"{r['worse_than_recommended_pct']:+.1f}%") for r in table["rates"]]
+    header = ("rate", "objective", "worse than recommended")
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    lines = ["", f"engine configs' table (batch size: k): {steps}", "  ".join(
-        h.rjust(w) for h, w in zip(header, widths))]
+    lines = ["", f"engine configs' table (batch size: k): {ranges_text(table['schedule'])}",
+             "  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["-" * len(lines[-1])]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     beyond = [r for r in result["recommendations"] if r["policy"] not in ENGINE_POLICIES]
     if beyond:
         names = ", ".join(dict.fromkeys(r["label"] for r in beyond))
         rates = ", ".join(f"{r['rate']:g}" for r in beyond)
-        lines.append(f"(at {rates} req/s the recommendation, {names}, sets each request's k "
-                     "at every step, which no engine's config can hold: the configs hold this "
-                     "table)")
+        lines.append(f"(at {rates} req/s the recommendation, {names}, changes k while serving, "
+                     "per request or step by step, which no engine's config can hold: the "
+                     "configs hold this table)")
     return lines
 
 

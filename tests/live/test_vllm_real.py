@@ -96,7 +96,8 @@ def check_loop(out: Path, argv: list[str]) -> None:
     """The tune's recommendation and its measurement beside k = 0, with the verdicts."""
     loop = json.loads((out / "loop.json").read_text())
     (verdict,) = loop["verdicts"]
-    assert verdict["rate"] == 2 and verdict["recommended"].startswith("fixed:k=")
+    assert verdict["rate"] == 2 and verdict["recommended"].startswith(("fixed:k=",
+                                                                         "batch_adaptive:"))
     configs = {row["config"] for row in loop["table"]}
     assert {"fixed:k=0", verdict["recommended"]} <= configs
     assert all(row["measured_e2e_s"] > 0 and row["predicted_e2e_s"] > 0 for row in loop["table"])

@@ -63,11 +63,11 @@ def test_tune_table_prices_the_engine_configs_table_and_says_what_they_cannot_ho
 
     result = _tune_result("auto()", 0.5, 0.7)
     result["engine_table"] = {"schedule": [[1, 4, 3], [5, 128, 1]], "rates": [
-        {"rate": 4.0, "objective": 0.6003, "vs_recommended_pct": 2.0}]}
+        {"rate": 4.0, "objective": 0.6003, "worse_than_recommended_pct": 2.0}]}
     text = format_table(result)
     assert "engine configs' table (batch size: k): 1-4: k=3, 5-128: k=1" in text
     assert re.search(r"\n\s+4\s+600\.3 ms\s+\+2\.0%\n", text)
-    assert "at 4 req/s the recommendation, auto(), sets each request's k" in text
+    assert "at 4 req/s the recommendation, auto(), changes k while serving" in text
     fixed = _tune_result("fixed(k=4)", 0.5, 0.7)
     fixed["engine_table"] = result["engine_table"]
     assert "engine configs' table" in format_table(fixed)

@@ -125,7 +125,7 @@ def make_tune(folder: Path, seed: int = 0) -> Path:
                             **_write_sample(rng, folder, sub, rate, row is base)})
     meta = {"workload": "azure-conv", "latency_model": "roofline H100",
             "acceptance": "parametric alpha=0.7", "objective": "mean-e2e",
-            "objective_metric": "e2e_mean_s", "direction": "min",
+            "objective_metric": "e2e_mean_s", "direction": "min", "unit": "s",
             "slo": {"ttft_s": 2.0, "tpot_s": 0.05}, "seeds": [0, 1, 2], "rates": list(RATES),
             "created": "2025-01-01T00:00:00", "wall_s": 80.1}
     _dump(folder / "tune.json", {"kind": "tune", "meta": meta, "recommendations": recs,
@@ -134,7 +134,7 @@ def make_tune(folder: Path, seed: int = 0) -> Path:
                                  "export_problems": {"sglang": "ngram <has no table>"},
                                  "engine_table": {"schedule": [[1, 4, 3], [5, 128, 1]],
                                                   "rates": [{"rate": 4.0, "objective": 1.234,
-                                                             "vs_recommended_pct": 1.5}]},
+                                                             "worse_than_recommended_pct": 1.5}]},
                                  "notes": ["fixed k=16 is the longest run (at 4 req/s)"]})
     return folder
 
@@ -226,7 +226,7 @@ def test_tune_report(tmp_path):
     assert "azure-conv" in page and "roofline H100" in page  # where the numbers come from
     assert "exports/vllm.json" in page
     assert "sglang: ngram &lt;has no table&gt;" in page  # why an engine got no file, escaped
-    assert "(1-4: k=3, 5-128: k=1)" in page and "4 req/s: 1.234 (+1.5% against" in page
+    assert "(1-4: k=3, 5-128: k=1)" in page and "4 req/s: 1.234 s (1.5% worse than" in page
     assert "<li>fixed k=16 is the longest run (at 4 req/s)</li>" in page  # the search's notes
     assert not list(out.parent.glob(".report.html.*"))  # no temp file left behind
 

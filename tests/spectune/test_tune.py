@@ -178,15 +178,17 @@ def test_the_engine_configs_table_is_priced_as_a_candidate_at_every_rate(tmp_pat
     assert vllm["speculative_config"]["num_speculative_tokens_per_batch_size"] == \
         table["schedule"]
     assert vllm["_spectune"]["source"].endswith(", ".join(  # what it was simulated to give
-        f"{r['objective']:.4g} s at {r['rate']:g} req/s ({r['vs_recommended_pct']:+.1f}% "
-        "against the recommendation)" for r in table["rates"]))
+        f"{r['objective']:.4g} s at {r['rate']:g} req/s "
+        f"({abs(r['worse_than_recommended_pct']):.1f}% "
+        f"{'worse' if r['worse_than_recommended_pct'] > 0 else 'better'} than the "
+        "recommendation)" for r in table["rates"]))
     assert [r["rate"] for r in table["rates"]] == [5.0, 150.0]
     for row, rec in zip(table["rates"], result["recommendations"]):
         assert row["label"] == table["label"] and row["seeds"] == 2
-        assert row in [dict(c, vs_recommended_pct=row["vs_recommended_pct"])
+        assert row in [dict(c, worse_than_recommended_pct=row["worse_than_recommended_pct"])
                        for c in result["candidates"]]
         assert row["objective"] == pytest.approx(np.mean(row["per_seed"]))
-        assert row["vs_recommended_pct"] == pytest.approx(
+        assert row["worse_than_recommended_pct"] == pytest.approx(
             (row["objective"] / rec["objective"] - 1) * 100)
         assert rec["objective"] <= row["objective"]
     assert result["recommendations"][1]["label"] == table["label"]
@@ -201,9 +203,30 @@ def test_the_engine_configs_table_is_priced_as_a_candidate_at_every_rate(tmp_pat
     planned = _candidates(from_tune(tmp_path / "t", SimulationSpec(slo_ttft=1.0))[2])
     assert Candidate("batch_adaptive", (("schedule", table["label"][len(
         "batch_adaptive(schedule="):-1]),)) in planned
+    # a table of one k is that fixed k, run on every seed by the search: not simulated again
     one = run_tune(dataclasses.replace(spec, rates=(5.0,)), scenario, SchedulerConfig(), None)
-    assert one["engine_table"]["label"] == one["best_fixed"][0]["label"]
+    (row,) = one["engine_table"]["rates"]
+    (best,) = one["best_fixed"]
+    assert one["engine_table"]["schedule"] == [[1, 256, best["params"]["k"]]]
+    assert row["label"] == best["label"] and row["per_seed"] == best["per_seed"]
     assert not any(c["policy"] == "batch_adaptive" for c in one["candidates"])
+
+
+def test_the_engine_tables_shortfall_reads_the_objectives_direction():
+    from spectune.tune import against, worse_pct
+
+    assert worse_pct(1.1, 1.0, "min") == pytest.approx(10.0)  # 10% slower
+    assert worse_pct(90.0, 100.0, "max") == pytest.approx(10.0)  # 10% less goodput
+    assert worse_pct(110.0, 100.0, "max") == pytest.approx(-10.0)
+    assert worse_pct(5.0, 0.0, "max") is None and worse_pct(math.inf, 1.0, "min") is None
+    assert against(10.0) == "10.0% worse than the recommendation"
+    assert against(-2.5) == "2.5% better than the recommendation"
+    assert "no ratio" in against(None)
+
+
+def test_a_rate_given_twice_is_refused():
+    with pytest.raises(ConfigError, match="twice"):
+        TuneSpec(rates=(4.0, 4.0))
 
 
 def test_a_pinned_tables_largest_k_past_an_unset_k_max_raises_it():
