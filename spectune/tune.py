@@ -306,7 +306,12 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
             best_fixed.append(search.row(rate, _best(fixed), fixed[_best(fixed)]))
     # the table the engines' configs hold, priced as a candidate at every rate: what a user
     # who deploys the exports gets, beside policies no engine config can express (auto)
-    schedule = engine_schedule(best_fixed, scheduler) if best_fixed else None
+    searched_fixed = any(name == "fixed" for name, _ in specs)
+    if best_fixed and not searched_fixed:  # k = 0 alone: a table of no speculation, not written
+        for rate in spec.rates:
+            search.note("no engine configs written: they hold a table built from the best "
+                        "fixed k per rate, and --policies searched no fixed k (add fixed)", rate)
+    schedule = engine_schedule(best_fixed, scheduler) if best_fixed and searched_fixed else None
     table = table_candidate(schedule, searched, len(seeds)) if schedule is not None else None
     rows, recommendations, engine_rows = [], [], []
     for rate, scores in searched.items():

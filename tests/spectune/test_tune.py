@@ -224,6 +224,18 @@ def test_the_engine_tables_shortfall_reads_the_objectives_direction():
     assert "no ratio" in against(None)
 
 
+def test_without_fixed_in_policies_no_table_of_k0_is_exported(tmp_path):
+    """The table is built from the best fixed k per rate: with no fixed k searched it would be
+    plain decoding's k = 0 everywhere, so neither it nor the exports are written, and a note
+    says why."""
+    spec = TuneSpec(rates=(5.0,), policies="goodput", seeds=1, points=1, jobs=1, samples=False)
+    result = run_tune(spec, SCENARIO, SchedulerConfig(), tmp_path)
+    assert result["engine_table"] is None and result["exports"] == {}
+    assert not (tmp_path / "exports").exists()
+    assert any("no engine configs written" in n for n in result["notes"])
+    assert result["best_fixed"][0]["label"] == BASELINE.label  # plan still reads it
+
+
 def test_a_rate_given_twice_is_refused():
     with pytest.raises(ConfigError, match="twice"):
         TuneSpec(rates=(4.0, 4.0))
