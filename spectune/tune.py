@@ -9,7 +9,9 @@ a 95% interval of that mean that never goes below zero (search.confidence_interv
 guess at where the optimum lies: while fixed's best k sits on its top the search goes on past
 it (`extend`, to a stated cap), and a best value on any other edge of the searched space gets a
 note. The best fixed k per rate, with the mean batch size it ran at, becomes the
-draft-length-by-batch-size table the engines take (export.py).
+draft-length-by-batch-size table the engines take (export.py); that table is simulated at every
+rate as a candidate too, so that a user sees what deploying it gives where the recommendation is
+a policy no engine's config can hold (auto).
 """
 
 from __future__ import annotations
