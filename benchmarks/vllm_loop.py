@@ -80,15 +80,18 @@ def predictions(tune: Path) -> pd.DataFrame:
     return pd.DataFrame(rows).drop_duplicates(["rate", "config"])
 
 
-def served_as(recommendation: dict) -> str:
-    """The configuration a tune's recommendation is served as: its fixed k, or its table (a
-    table of one k as that k)."""
-    if recommendation["policy"] == "fixed":
-        return f"fixed:k={recommendation['params']['k']}"
-    table = json.loads(recommendation["params"]["schedule"])
+def table_config(table: list[list[int]]) -> str:
+    """A vLLM-form table as the configuration it is served as (a table of one k as that k)."""
     if len(table) == 1:
         return f"fixed:k={table[0][2]}"
     return "batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))
+
+
+def served_as(recommendation: dict) -> str:
+    """The configuration a tune's recommendation is served as: its fixed k, or its table."""
+    if recommendation["policy"] == "fixed":
+        return f"fixed:k={recommendation['params']['k']}"
+    return table_config(json.loads(recommendation["params"]["schedule"]))
 
 
 def main() -> int:
@@ -124,8 +127,7 @@ def main() -> int:
     export = json.loads((out / "tune" / "exports" / "vllm_speculative_config.json").read_text())
     table = export["speculative_config"].get("num_speculative_tokens_per_batch_size")
     # a table of one k is that fixed k, measured already
-    table_spec = ("batch_adaptive:schedule=" + json.dumps(table, separators=(",", ":"))
-                  if table and len(table) > 1 else None)
+    table_spec = table_config(table) if table and len(table) > 1 else None
     recommended = {f"{r['rate']:g}": served_as(r) for r in tune["recommendations"]}
     predicted = predictions(out / "tune")  # the table's rows among them
     ks = sorted({int(k) for k in args.ks.split(",")} | best_ks)

@@ -21,7 +21,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DraftOutcome, Policy, RequestView, StepContext, price_steps
+from policies.base import (
+    DraftOutcome,
+    Policy,
+    RequestView,
+    StepContext,
+    SumsPricer,
+    price_steps,
+)
 from policies.registry import register
 
 #: a request's state before a step: new (nothing verified yet), cold (its last chain's first draft
@@ -96,8 +103,7 @@ class Auto(Policy):
         self._plan_confidence = np.ones(TOP1_BINS)
         self._through: dict[int, float] = {}  # stop_drafting's chain so far, per request
         self._threshold = math.inf
-        self._pricer_of: object = None  # the cost model `_pricer` was read from
-        self._pricer = None
+        self._sums_pricer = SumsPricer()  # the cost model's chain_sums_s, or None
 
     # -- estimates ---------------------------------------------------------------------------
 
@@ -166,15 +172,6 @@ class Auto(Policy):
         else:
             times = price_steps(ctx.cost, [[0] * b, [1] + [0] * (b - 1)], contexts)
         return b * (times[1] - times[0]) / times[0]
-
-    def _sums_pricer(self, cost):
-        """The cost model's `chain_sums_s` where it prices steps from their sums, else None
-        (asked once per cost model)."""
-        if self._pricer_of is not cost:
-            sums = getattr(cost, "chain_sums_s", None)
-            self._pricer_of = cost
-            self._pricer = sums if sums is not None and sums(1, [0], 0, [0]) is not None else None
-        return self._pricer
 
     # -- the protocol ------------------------------------------------------------------------
 

@@ -66,6 +66,25 @@ def price_steps(cost: StepCost, ks_rows: Sequence[Sequence[int]],
     return [cost.step_s(ks, context_tokens) for ks in ks_rows]
 
 
+class SumsPricer:
+    """`cost.chain_sums_s` where the cost model prices a step from its verify pass's sums (a
+    model-free drafter on a latency model whose arrays give its scalars' numbers), else None;
+    asked once per cost model, as a planner that prices every step calls it every step."""
+
+    __slots__ = ("_of", "_sums")
+
+    def __init__(self) -> None:
+        self._of: object = None  # the cost model `_sums` was read from
+        self._sums: Callable | None = None
+
+    def __call__(self, cost: StepCost) -> Callable | None:
+        if self._of is not cost:
+            sums = getattr(cost, "chain_sums_s", None)
+            self._of = cost
+            self._sums = sums if sums is not None and sums(1, [0], 0, [0]) is not None else None
+        return self._sums
+
+
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """Everything a policy may look at when choosing k for the running requests of one step."""

@@ -38,16 +38,16 @@ def clean_kl(values) -> np.ndarray:
     return np.minimum(np.maximum(kl[~np.isnan(kl)], 0.0), KL_CEILING)
 
 
+#: ndarray.sum without its Python wrapper (the same reduction): observe weighs two histories
+#: per request per step
+_add = np.add.reduce
+
+
 def weighted_variance(values: np.ndarray, decay: float) -> float:
     """Variance with weights decay^age, age 0 = the last (newest) value."""
     weights, total = _weights(decay, len(values))
     mean = float(_add(weights * values) / total)
     return float(_add(weights * (values - mean) ** 2) / total)
-
-
-#: ndarray.sum without its Python wrapper (the same reduction): observe weighs two histories
-#: per request per step
-_add = np.add.reduce
 
 
 @functools.lru_cache(maxsize=1024)

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Policy, StepContext, price_steps
+from policies.base import Policy, StepContext, SumsPricer, price_steps
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
@@ -51,8 +51,7 @@ class Oracle(Policy):
             raise ValueError(f"k_max must be in 0..64, got {self.k_max}")
         if self.knows not in KNOWS:
             raise ValueError(f"knows must be one of {', '.join(KNOWS)}, got {self.knows!r}")
-        self._sums_for: object = None  # the cost model `_sums` was read from
-        self._sums = None
+        self._sums_pricer = SumsPricer()  # the cost model's chain_sums_s, or None
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         if ctx.lookahead is None:
@@ -68,11 +67,7 @@ class Oracle(Policy):
         top = max(runs, default=0)
         if top == 0:  # nothing to accept: no draft pays
             return [0] * len(runs)
-        if self._sums_for is not ctx.cost:  # asked once per cost model
-            sums = getattr(ctx.cost, "chain_sums_s", None)
-            self._sums_for = ctx.cost
-            self._sums = sums if sums is not None and sums(1, [0], 0, [0]) is not None else None
-        sums = self._sums
+        sums = self._sums_pricer(ctx.cost)
         if sums is not None:
             cap = _best_cap(sums, runs, contexts, top)
             return [min(run, cap) for run in runs]

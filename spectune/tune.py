@@ -301,11 +301,12 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
             scores.update(search.policy(rate, name, pinned, spec))
         scores.update(successive_halving([BASELINE], seeds, search.evaluator(rate)))
         searched[rate] = scores
-    best_fixed = []
+    k_best: dict[float, Candidate] = {}  # the best fixed k per rate, over every seed
     for rate, scores in searched.items():
         fixed = {c: v for c, v in scores.items() if c.policy == "fixed" and len(v) == len(seeds)}
         if fixed:
-            best_fixed.append(search.row(rate, _best(fixed), fixed[_best(fixed)]))
+            k_best[rate] = _best(fixed)
+    best_fixed = [search.row(rate, c, searched[rate][c]) for rate, c in k_best.items()]
     # the table the engines' configs hold, priced as a candidate at every rate: what a user
     # who deploys the exports gets, beside policies no engine config can express (auto)
     searched_fixed = any(name == "fixed" for name, _ in specs)
@@ -331,9 +332,7 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
             engine_rows.append({**rate_rows[table], "worse_than_recommended_pct": worse_pct(
                 rate_rows[table]["objective"], recommendation["objective"],
                 objective.direction)})
-        fixed = [c for c in full if c.policy == "fixed"]
-        k_best = _best({c: full[c] for c in fixed}) if fixed else None
-        for c in dict.fromkeys([best, *([k_best] if fixed else [])]):
+        for c in dict.fromkeys([best, *([k_best[rate]] if rate in k_best else [])]):
             for text in edge_notes(c, dict(specs).get(c.policy, {}), search):
                 search.note(text, rate)
         past = [c.params_dict["k"] for c in full
