@@ -107,6 +107,12 @@ class Replica:
                           and not (self.capped and self.feeds))
         # every decode step is a fast-path segment's (none read a position at a time)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
+        # chunked prefill: a step with no prompt to chunk (none being prefilled, none waiting
+        # that fits) is a decode step like any, so such steps run as segments too, on the step
+        # path's clock to the bit (chunked runs were recorded step by step), where the latency
+        # model's arrays give its scalars' numbers
+        self.chunk_segments = (self.fast_path and scheduler.chunked_prefill and not self.planned
+                               and cost.latency.arrays_match_scalars)
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
@@ -181,7 +187,10 @@ class Replica:
                 yield from self._planned_iteration()
                 continue
             if self.config.chunked_prefill:
-                yield from self._mixed_iteration()
+                if self.chunk_segments and scheduler.running and not scheduler.prefill_pending():
+                    yield from self._decode_segment()
+                else:
+                    yield from self._mixed_iteration()
                 continue
             admitted = scheduler.admit_whole(env.now)
             if admitted:
@@ -305,11 +314,14 @@ class Replica:
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
         signals, feeds, catch_up = self.reads_signals, self.feeds, self.catch_up
+        follow = self.chunk_segments  # segments resume the walks these steps move along
         for request, k in zip(batch, ks):
             g = request.generated
             acc = min(k, int(request.run[g])) if k else 0
             emit = min(acc + 1, request.output_tokens - g)
             request.generated = g + emit
+            if follow and request.chain_g == g:
+                self._follow_walk(request, k, g + emit)
             request.steps += 1
             request.drafted += k
             if feeds:
@@ -325,6 +337,15 @@ class Replica:
         if outcomes is not None:
             self.policy.observe(self.scheduler.context(batch, self.env.now), outcomes)
         return total_acc, total_emit
+
+    @staticmethod
+    def _follow_walk(request: RequestState, k: int, after: int) -> None:
+        """A step taken one at a time that drafted what the request's walk drafts there moved
+        along the walk: the next segment resumes it instead of walking the rest again."""
+        at = request.chain_at
+        walked = request.chain_k if request.chain_ks is None else int(request.chain_ks[at])
+        if walked == k:  # the same drafts, so the same tokens (chain[at + 1] == after)
+            request.chain_at, request.chain_g = at + 1, after
 
     def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
         """Signals only for positions a real engine observed: accepted drafts + first rejection."""
@@ -426,7 +447,7 @@ class Replica:
             ks, hold = self._ks, None
         while True:
             stretch = _Stretch.priced(self, batch, ks)
-            if not stretch.capped and hold is None:
+            if not stretch.capped and hold is None and not self.chunk_segments:
                 ends = stretch.durations.cumsum()
                 # run through the first iteration that ends at or after the next arrival: the
                 # arrival waits for that boundary anyway, and nothing a router reads (the
@@ -660,7 +681,7 @@ class _Stretch:
             durations = np.atleast_1d(cost.iteration_s(
                 k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
                 feeds=feeds[:, :-1] if feeds is not None else None,
-                in_step_order=replica.holds))
+                in_step_order=replica.holds or replica.chunk_segments))
         self.durations = durations
         return self
 

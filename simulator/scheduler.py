@@ -172,6 +172,11 @@ class Scheduler:
             admitted.append(self._admit(now))
         return admitted
 
+    def prefill_pending(self) -> bool:
+        """Whether a chunked-prefill step could have a prompt to chunk: one being prefilled,
+        or a waiting one that fits now (which only a finish or an arrival changes)."""
+        return bool(self.prefilling) or (bool(self.waiting) and self._fits(self.waiting[0]))
+
     def plan_chunks(self, decode_tokens: int, now: float) -> list[Chunk]:
         """Chunked prefill: the token budget left after the decode requests' verify tokens goes
         to the prompts being prefilled (oldest first), then to waiting requests admitted FCFS

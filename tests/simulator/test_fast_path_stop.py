@@ -57,7 +57,7 @@ def test_confidence_folded_gives_the_rules_chains(acceptance, params, scheduler,
             for policy, fast in ((Confidence(**params), True), (Confidence(**params), False),
                                  (_AskedConfidence(**params), False))]
     folded, stepped, asked = runs
-    plain = not scheduler.chunked_prefill and scheduler.scheduler != "vllm-v1"
+    plain = scheduler.scheduler != "vllm-v1"  # chunked: decode-only steps run as segments
     assert folded.meta["fast_path"] is plain and not asked.meta["fast_path"]
     _assert_same(folded, asked)
     _assert_same(stepped, asked)

@@ -1,0 +1,97 @@
+"""Chunked prefill on the fast path: steps with no prompt to chunk run as segments, with the
+same records, to the bit, and the same policy state as one iteration at a time (chunked runs
+were recorded step by step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from support.engine import KeptPolicies, LinearLatency, workload
+
+from policies import make_policy
+from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator.replica import Replica
+from spectune.simulate import SimulationSpec, build_inputs
+from traces import parametric_trace, parse_acceptance
+
+
+def _both(monkeypatch, wl, latency, trace, policy, kv, scheduler, cluster=None):
+    keep = KeptPolicies(monkeypatch)
+    runs = [simulate(wl, latency, trace, policy, kv, scheduler, cluster, fast_path=fast)
+            for fast in (True, False)]
+    return runs, keep.policies
+
+
+def _assert_identical(fast, slow):
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+CASES = [
+    ("fixed", {"k": 4}, "smollm2-ngram", "none"),  # capped drafts
+    ("fixed", {"k": 3}, "beta:7,3~20", None),  # a draft model: its feeds
+    ("fixed", {"k": 0}, "iid:0.7", "none"),
+    ("batch_adaptive", {}, "beta:3.5,6.5~20", None),
+    ("goodput", {}, "smollm2-ngram", "none"),  # holds, asked again inside segments
+    ("goodput", {}, "beta:5,3", None),
+    ("confidence", {}, "smollm2-eagle-ngram", "none"),  # its stop folded into the cap
+]
+
+
+@pytest.mark.parametrize("policy,params,acceptance,draft", CASES,
+                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("budget,replicas", [(2048, 1), (96, 2)])
+def test_chunked_prefill_segments_match_the_step_path(monkeypatch, policy, params, acceptance,
+                                                     draft, budget, replicas):
+    spec = SimulationSpec(workload="poisson", rate=10.0 * replicas, requests=150,
+                          lengths="azure-conv", acceptance=acceptance, draft=draft, seed=4)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget, max_num_seqs=12)
+    segments = []
+    real = Replica._decode_segment
+
+    def counted(replica):
+        segments.append(replica.index)
+        return real(replica)
+
+    monkeypatch.setattr(Replica, "_decode_segment", counted)
+    (fast, slow), kept = _both(monkeypatch, inputs.workload, inputs.latency, inputs.acceptance,
+                               make_policy(policy, params), inputs.kv_capacity_tokens,
+                               scheduler, ClusterConfig(replicas, "least-loaded"))
+    _assert_identical(fast, slow)
+    assert segments and len(fast.steps) > len(segments)  # both kinds of step ran
+    assert (fast.steps.prefill_seqs > 0).any()
+    if policy == "goodput":  # the same learnt state, replica by replica
+        half = len(kept) // 2
+        for a, b in zip(kept[:half], kept[half:]):
+            assert a.alpha_hat == b.alpha_hat and a._alpha_r == b._alpha_r
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kv_limit_and_arrivals_on_iteration_boundaries(monkeypatch, seed):
+    """Requests wait for KV room (none fits until a finish), and arrivals land on iteration
+    ends exactly, with ties."""
+    rng = np.random.default_rng(seed)
+    n = 90
+    arrivals = np.sort(rng.integers(0, 300, n)) * 2.0**-7
+    wl = workload(arrivals, rng.integers(1, 120, n), rng.integers(1, 60, n))
+    trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=64, max_num_seqs=8)
+    (fast, slow), _ = _both(monkeypatch, wl, LinearLatency(draft=False, overhead_s=2.0**-8),
+                            trace, make_policy("fixed", {"k": 3}), 600, scheduler,
+                            ClusterConfig(2, "round-robin"))
+    _assert_identical(fast, slow)
+    assert (fast.steps.waiting > 0).any()
+
+
+def test_a_profile_steps_one_at_a_time():
+    """A latency model whose arrays might not give its scalars' numbers keeps the step path."""
+    spec = SimulationSpec(workload="poisson", rate=0.5, requests=8, lengths="azure-conv",
+                          acceptance="iid:0.6", profile="cpu-smollm2-135m", seed=0)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                      make_policy("fixed", {"k": 2}), inputs.kv_capacity_tokens,
+                      SchedulerConfig(chunked_prefill=True, max_batched_tokens=512))
+    assert result.meta["fast_path"] is False
