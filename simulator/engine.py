@@ -171,7 +171,7 @@ def simulate(
         "scheduler": scheduler.__dict__,
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
-        "fast_path": router.replicas[0].segments_only or router.replicas[0].chunk_segments,
+        "fast_path": router.replicas[0].takes_segments,
         "engine_s": engine_s,
     }
     steps.close()

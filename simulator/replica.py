@@ -12,7 +12,8 @@ that event at once with numpy. It produces the same records as iterating one ste
 
 A scheduler that `plans_whole_step` (vllm-v1, simulator/scheduler_vllm.py) is run instead as
 vLLM's engine step: `_planned_iteration` (docs/vllm-v1-scheduler.md sections 2 and "What
-spectune models"). It never takes the fast path.
+spectune models"). Its plain decode steps take the fast path too (`_planned_segment`), up to
+the step where its token budget or free KV blocks would change what it plans.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ class Replica:
         # model's arrays give its scalars' numbers
         self.chunk_segments = (self.fast_path and scheduler.chunked_prefill and not self.planned
                                and cost.latency.arrays_match_scalars)
+        # vllm-v1: a stretch of plain decode steps (the scheduler `steady`, each request's
+        # proposal the drafts its walk takes there) runs as a segment too, up to the step where
+        # the budget or the free blocks would change what schedule() plans, on the step path's
+        # clock to the bit, for a policy whose k depends on the running set alone
+        self.plan_segments = (self.planned and fast_path and kind.stateless_per_batch
+                              and kind.observe is Policy.observe and not kind.simulation_only
+                              and (not kind.uses_draft_stop or self.folds_stop)
+                              and not (self.capped and self.feeds)
+                              and cost.latency.arrays_match_scalars)
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
@@ -132,6 +142,12 @@ class Replica:
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
         self._ks: list[int] = []
+
+    @property
+    def takes_segments(self) -> bool:
+        """Whether decode steps run as fast-path segments (all of them, or those that
+        chunked prefill or vLLM's plan leave plain)."""
+        return self.segments_only or self.chunk_segments or self.plan_segments
 
     @property
     def load(self) -> int:
@@ -184,7 +200,10 @@ class Replica:
                 yield self._idle
                 continue
             if self.planned:
-                yield from self._planned_iteration()
+                if self.plan_segments and scheduler.steady():
+                    yield from self._planned_segment()
+                else:
+                    yield from self._planned_iteration()
                 continue
             if self.config.chunked_prefill:
                 if self.chunk_segments and scheduler.running and not scheduler.prefill_pending():
@@ -388,6 +407,10 @@ class Replica:
         emitted = scheduler.update_from_output(plan, accepted, env.now)
         decode_emit = [(entry, g, emit) for entry, g, emit in zip(plan.scheduled, before, emitted)
                        if not entry.prefill]
+        if self.plan_segments:  # segments resume the walks these steps move along
+            for entry, g, emit in decode_emit:
+                if entry.request.chain_g == g and not entry.placeholder:
+                    self._follow_walk(entry.request, entry.drafts, g + emit)
         if self.feeds:
             for entry, _, emit in decode_emit:
                 entry.request.draft_feed = next_feed(self.catch_up, entry.request.draft_feed,
@@ -402,6 +425,46 @@ class Replica:
                        sum(drafts), max(drafts, default=0), emit_total - len(decodes),
                        emit_total, waiting, held, kv)
         self._finish_done()
+
+    def _planned_segment(self):
+        """vLLM steps that are plain decodes of the running requests, costed at once, as
+        `_decode_segment` costs them: up to the next arrival or finish, or to the step where
+        the budget or the free blocks would change what `schedule()` plans
+        (`decode_room`). One step at a time where the drafts proposed for the next step are
+        not what the requests' walks draft there (the running set changed since)."""
+        scheduler = self.scheduler
+        batch = scheduler.running
+        key = tuple(request.request_id for request in batch)
+        if key != self._ks_for:
+            self._ks, self._ks_for = self._choose_uncapped(batch), key
+        ks = self._ks
+        if any(scheduler.proposed(request) != d
+               for request, d in zip(batch, self._cut_to_cap(batch, ks))):
+            yield from self._planned_iteration()
+            return
+        start = self.env.now
+        stretch = _Stretch.priced(self, batch, ks)
+        # the step path's clock to the bit (such runs were recorded one step at a time)
+        clock = np.concatenate(([start], stretch.durations)).cumsum()
+        horizon = self.next_arrival_s(self.index)
+        n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
+        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
+        drafts = (stretch.drafts[:, :n] if stretch.capped
+                  else np.repeat(stretch.k_arr[:, None], n, axis=1))
+        n, kv, blocks = scheduler.decode_room(prompt, stretch.gen[:, :n], drafts)
+        if n == 0:  # its first step trims drafts or preempts
+            yield from self._planned_iteration()
+            return
+        self._commit(batch, stretch, 0, n)
+        self._record(batch, start, n, clock[1:n], stretch, kv)
+        # the drafts each request proposes at the end of the last step, for the next one
+        scheduler.decoded(blocks, [
+            k if request.cap is None else min(k, request.cap[request.generated])
+            if request.generated < request.output_tokens else 0
+            for request, k in zip(batch, ks)])
+        yield _At(self.env, float(clock[n]))
+        if n == stretch.steps:  # else no request reached its length: nothing to retire
+            self._finish_done()
 
     def _propose(self, plan, ks: list[int], emitted: list[int]) -> None:
         """The drafts proposed at the end of the step for the next (doc 5.2): by every request
@@ -509,10 +572,12 @@ class Replica:
             if again != ks:
                 return done, (again, hold)
 
-    def _record(self, batch, start: float, n: int, starts, stretch: _Stretch) -> None:
-        """The stretch's first n iterations into the step log (rows, or their totals)."""
+    def _record(self, batch, start: float, n: int, starts, stretch: _Stretch,
+                kv: np.ndarray | None = None) -> None:
+        """The stretch's first n iterations into the step log (rows, or their totals; `kv`:
+        each step's KV tokens in use where they change within it)."""
         if self.steps.records_rows:
-            self._log_segment(batch, start, n, starts, stretch)
+            self._log_segment(batch, start, n, starts, stretch, kv)
         else:  # a run that keeps totals only: the block's sums, without the block
             tokens = stretch.tokens
             drafted = (int(stretch.k_arr.sum()) * n if stretch.drafted is None
@@ -559,7 +624,8 @@ class Replica:
             request.chain_at = at + n
             request.chain_g = after
 
-    def _log_segment(self, batch, start, n, starts, stretch: _Stretch) -> None:
+    def _log_segment(self, batch, start, n, starts, stretch: _Stretch,
+                     kv: np.ndarray | None = None) -> None:
         """The stretch's first n iterations, one block of step records."""
         tokens = stretch.tokens[: n + 1]  # the batch's tokens before each step, and after
         emitted = tokens[1:] - tokens[:-1]
@@ -575,6 +641,8 @@ class Replica:
             block[STEP_INDEX["max_k"]] = stretch.max_drafts(n)
         block[STEP_INDEX["accepted"]] = emitted - len(batch)
         block[STEP_INDEX["emitted"]] = emitted
+        if kv is not None:
+            block[STEP_INDEX["kv_used_tokens"]] = kv
         self.steps.add_block(block)
 
     def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
@@ -681,7 +749,8 @@ class _Stretch:
             durations = np.atleast_1d(cost.iteration_s(
                 k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
                 feeds=feeds[:, :-1] if feeds is not None else None,
-                in_step_order=replica.holds or replica.chunk_segments))
+                in_step_order=replica.holds or replica.chunk_segments
+                or replica.plan_segments))
         self.durations = durations
         return self
 

@@ -308,6 +308,56 @@ class VllmV1Scheduler:
             self.policy.finish(request.request_id)
         return done
 
+    # -- stretches of plain decode steps (the replica's fast path) -------------------------------
+
+    def steady(self) -> bool:
+        """Whether the next steps are plain decodes of the running requests, as long as the
+        budget and the free blocks allow: nothing waits, nothing is (re-)prefilling or holds
+        placeholder drafts, and no max_model_len can be reached."""
+        if self.waiting or self.max_model_len is not None:
+            return False
+        seqs = self._seq
+        for request in self.running:
+            seq = seqs[request.index]
+            if seq.prefilling or seq.placeholder:
+                return False
+        return True
+
+    def proposed(self, request) -> int:
+        """The drafts `request` proposed for its next step."""
+        return self._seq[request.index].spec
+
+    def decode_room(self, prompt: np.ndarray, gen: np.ndarray, drafts: np.ndarray
+                    ) -> tuple[int, np.ndarray, np.ndarray]:
+        """Of the running requests' next decode steps (`gen`: tokens generated before each,
+        requests x steps; `drafts`: each one's drafts per step, the same shape), how many
+        `schedule()` runs whole, before one where the budget would trim drafts or blocks run
+        out (it would preempt); the KV tokens in allocated blocks after each of those steps'
+        scheduling (what a step record keeps), and each request's blocks after the last."""
+        seqs = self._seq
+        held = np.fromiter((seqs[request.index].blocks for request in self.running), np.int64,
+                           len(self.running))
+        # a decode step schedules C + n = (prompt + g - 1) + (1 + d) tokens' blocks; they stay
+        blocks = np.maximum.accumulate(np.maximum(
+            -(-(prompt[:, None] + gen + drafts) // BLOCK_SIZE), held[:, None]), axis=1)
+        allocated = blocks.sum(axis=0) - int(held.sum())
+        fits = (allocated <= self.free_blocks) & (len(self.running) + drafts.sum(axis=0)
+                                                  <= self.budget)
+        n = len(fits) if fits.all() else int(fits.argmin())
+        kv = (self.total_blocks - self.free_blocks + allocated[:n]) * BLOCK_SIZE
+        return n, kv, blocks[:, n - 1] if n else held
+
+    def decoded(self, blocks: np.ndarray, proposals: list[int]) -> None:
+        """The running requests took decode steps as `decode_room` allowed (the replica
+        committed them to the requests): their KV entries, their blocks (`blocks`), and the
+        drafts each proposed at the end of the last (`proposals`; a finished one's is unused)."""
+        seqs = self._seq
+        for request, held, spec in zip(self.running, blocks.tolist(), proposals):
+            seq = seqs[request.index]
+            self.free_blocks -= held - seq.blocks
+            seq.blocks, seq.spec = held, spec
+            seq.computed = request.prompt_tokens + request.generated - 1
+
     # -- the workload ---------------------------------------------------------------------------
 
     @staticmethod

@@ -381,7 +381,7 @@ def test_spectune_simulate_runs_vllm_v1(capsys, tmp_path):
     scheduler = summary["inputs"]["scheduler"]
     assert (scheduler["scheduler"], scheduler["max_batched_tokens"],
             scheduler["chunked_prefill"]) == ("vllm-v1", 2048, True)
-    assert summary["inputs"]["fast_path"] is False
+    assert summary["inputs"]["fast_path"] is True  # its plain decode steps, as segments
     assert summary["requests"] == 60 and summary["unfinished_requests"] == 0
     steps = pd.read_csv(out / "steps.csv")
     assert (steps["prefill_tokens"] + steps["decode_seqs"] + steps["drafted"]).max() <= 2048

@@ -1,0 +1,113 @@
+"""vLLM V1's scheduler on the fast path: its plain decode steps run as segments, up to the step
+where the token budget or the free KV blocks change what `schedule()` plans, with the same
+records, to the bit, as one engine step at a time (vllm-v1 runs were recorded step by step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from support.engine import LinearLatency, workload
+
+from policies import make_policy
+from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator.replica import Replica
+from simulator.scheduler_vllm import VllmV1Scheduler
+from spectune.simulate import SimulationSpec, build_inputs
+from traces import parametric_trace, parse_acceptance
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Segments run and preemptions made, over the runs of a test."""
+    seen = {"segments": 0, "preempted": 0}
+    segment, make_room = Replica._planned_segment, VllmV1Scheduler._make_room
+
+    def counted_segment(replica):
+        seen["segments"] += 1
+        return segment(replica)
+
+    def counted_room(scheduler, request, need, plan):
+        before = len(plan.preempted)
+        fits = make_room(scheduler, request, need, plan)
+        seen["preempted"] += len(plan.preempted) - before
+        return fits
+
+    monkeypatch.setattr(Replica, "_planned_segment", counted_segment)
+    monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
+    return seen
+
+
+def _both(wl, latency, trace, policy, kv, scheduler, cluster=None):
+    fast, slow = (simulate(wl, latency, trace, policy, kv, scheduler, cluster, fast_path=fast)
+                  for fast in (True, False))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    return fast
+
+
+CASES = [
+    ("fixed", {"k": 4}, "smollm2-ngram", "none"),  # capped drafts
+    ("fixed", {"k": 3}, "beta:7,3~20", None),  # a draft model: its feeds
+    ("fixed", {"k": 0}, "iid:0.7", "none"),
+    ("batch_adaptive", {}, "beta:3.5,6.5~20", None),  # k by batch size: proposals change
+    ("confidence", {}, "smollm2-eagle-ngram", "none"),  # its stop folded into the cap
+]
+
+
+@pytest.mark.parametrize("policy,params,acceptance,draft", CASES,
+                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("budget,kv,replicas", [(2048, None, 1), (40, None, 2),
+                                                (2048, 40 * 128, 1)])
+def test_vllm_segments_match_the_step_path(counted, policy, params, acceptance, draft, budget,
+                                           kv, replicas):
+    """The budget of 40 tokens trims drafts, 40 blocks preempt."""
+    spec = SimulationSpec(workload="poisson", rate=10.0 * replicas, requests=150,
+                          lengths="azure-conv", acceptance=acceptance, draft=draft, seed=4)
+    inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
+    scheduler = SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=budget,
+                                max_num_seqs=12, kv_capacity_tokens=kv)
+    fast = _both(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
+                 kv or inputs.kv_capacity_tokens, scheduler,
+                 ClusterConfig(replicas, "least-loaded"))
+    assert counted["segments"] and len(fast.steps) > counted["segments"]  # both kinds ran
+    if kv is not None:
+        assert counted["preempted"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("budget,blocks,prompts", [(512, 12, 300), (22, 200, 20)])
+def test_arrivals_on_iteration_boundaries(monkeypatch, counted, seed, budget, blocks, prompts):
+    """Arrivals on iteration ends exactly, with ties; a pool of 12 blocks that runs out, or a
+    budget that 8 requests' k + 1 = 5 tokens overrun (short prompts: plain decodes mostly)."""
+    trimmed = []
+    schedule = VllmV1Scheduler.schedule
+
+    def counted_schedule(scheduler, now):
+        plan = schedule(scheduler, now)
+        trimmed.append(any(0 < e.drafts < 4 for e in plan.scheduled if not e.prefill))
+        return plan
+
+    monkeypatch.setattr(VllmV1Scheduler, "schedule", counted_schedule)
+    rng = np.random.default_rng(seed)
+    n = 90
+    arrivals = np.sort(rng.integers(0, 300, n)) * 2.0**-7
+    wl = workload(arrivals, rng.integers(1, prompts, n), rng.integers(1, 200, n))
+    trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
+    scheduler = SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=budget, max_num_seqs=8)
+    _both(wl, LinearLatency(draft=False, overhead_s=2.0**-8), trace,
+          make_policy("fixed", {"k": 4}), (blocks + 1) * 128, scheduler,
+          ClusterConfig(2, "round-robin"))
+    assert counted["segments"]
+    assert counted["preempted"] if blocks < 100 else any(trimmed)
+
+
+def test_a_policy_that_learns_steps_one_at_a_time():
+    spec = SimulationSpec(workload="poisson", rate=4.0, requests=20, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=0)
+    inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
+    result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                      make_policy("goodput", {}), inputs.kv_capacity_tokens,
+                      SchedulerConfig(scheduler="vllm-v1"))
+    assert result.meta["fast_path"] is False
