@@ -71,8 +71,9 @@ class Replica:
         self.requests = requests
         self.next_arrival_s = next_arrival_s
         # a drafter that can run out of proposals (n-gram) drafts min(k, proposable) each step:
-        # the fast path walks those steps too (walk_chain's cap), but a draft model's
-        # catch-up after such steps it does not: with one, step one iteration at a time
+        # the fast path walks those steps too (walk_chain's cap), and a draft model's catch-up
+        # after them (_varied_feeds), where the latency model's arrays give its scalars'
+        # numbers (such runs were recorded step by step)
         kind = type(policy)
         # a stop rule that reads only each drafted token's signals (Policy.stop_positions) is
         # folded into that cap, once per request: the chains it cuts are the capped ones
@@ -88,14 +89,13 @@ class Replica:
         self.planned = type(self.scheduler).plans_whole_step
         # a policy that decides each request's k from its own outcomes alone walks each
         # request's whole decode at once (request.walk_alone), where every decode step is a
-        # segment's; its steps' drafts vary per request as capped ones do. Not with a draft
-        # model, whose catch-up the fast path does not walk where drafts vary; and, as for
-        # holds, only where the latency model's arrays give its scalars' numbers (such runs
-        # were recorded step by step)
+        # segment's; its steps' drafts vary per request as capped ones do. As for holds, only
+        # where the latency model's arrays give its scalars' numbers (such runs were recorded
+        # step by step)
         # (its walker stands for choose and observe, and for a draft stop not folded)
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
-        self.walks = (fast_path and not self.feeds
+        self.walks = (fast_path
                       and kind.replaces("walker", "choose", "observe", *asked)
                       and (not asked or kind.walker_stops)
                       and not scheduler.chunked_prefill and not self.planned
@@ -105,7 +105,8 @@ class Replica:
         # (a draft stop asked token by token reads each step's positions: never in a segment)
         self.fast_path = (fast_path and (kind.stateless_per_batch or self.holds or self.walks)
                           and (not kind.uses_draft_stop or self.folds_stop or self.walks)
-                          and not (self.capped and self.feeds))
+                          and not (self.capped and self.feeds
+                                   and not cost.latency.arrays_match_scalars))
         # every decode step is a fast-path segment's (none read a position at a time)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
         # chunked prefill: a step with no prompt to chunk (none being prefilled, none waiting
@@ -121,7 +122,6 @@ class Replica:
         self.plan_segments = (self.planned and fast_path and kind.stateless_per_batch
                               and kind.observe is Policy.observe and not kind.simulation_only
                               and (not kind.uses_draft_stop or self.folds_stop)
-                              and not (self.capped and self.feeds)
                               and cost.latency.arrays_match_scalars)
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
@@ -645,16 +645,40 @@ class Replica:
             block[STEP_INDEX["kv_used_tokens"]] = kv
         self.steps.add_block(block)
 
-    def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray) -> np.ndarray:
+    def _feeds(self, batch: list[RequestState], ks: np.ndarray, gen: np.ndarray,
+               drafts: np.ndarray | None = None) -> np.ndarray:
         """Each request's first-pass draft feed before each step of the segment, and after its
-        last (requests x steps + 1); `gen`: tokens generated before each step."""
+        last (requests x steps + 1); `gen`: tokens generated before each step; `drafts`: each
+        step's drafts where they vary (else `ks` every step)."""
         start = np.fromiter((request.draft_feed for request in batch), np.int64, len(batch))
         feeds = np.empty(gen.shape, dtype=np.int64)
         feeds[:, 0] = start
+        if drafts is not None:
+            return self._varied_feeds(feeds, drafts, gen)
         feeds[:, 1:] = chain_feed(self.catch_up, ks[:, None], gen[:, 1:] - gen[:, :-1])
         idle = ks == 0  # no chain: the committed tokens pile up for the next one
         if idle.any() and self.catch_up != "one":
             feeds[idle] = start[idle, None] + (gen[idle] - gen[idle, :1])
+        return feeds
+
+    def _varied_feeds(self, feeds: np.ndarray, drafts: np.ndarray, gen: np.ndarray
+                      ) -> np.ndarray:
+        """`_feeds` where each step's drafts vary (`next_feed` step by step, at once): after
+        a step that drafts, its chain's feed; after one that does not, the feed before it
+        plus what it committed, so from the last step that drafted (or the segment's start)
+        the feed grows by every token committed since."""
+        after = chain_feed(self.catch_up, drafts, gen[:, 1:] - gen[:, :-1])
+        idle = drafts == 0
+        if self.catch_up == "one" or not idle.any():
+            feeds[:, 1:] = after
+            return feeds
+        steps = np.arange(drafts.shape[1])
+        last = np.maximum.accumulate(np.where(idle, -1, steps), axis=1)  # last that drafted
+        at = np.maximum(last, 0)
+        drafted = last >= 0
+        base = np.where(drafted, np.take_along_axis(after, at, axis=1), feeds[:, :1])
+        since = np.where(drafted, np.take_along_axis(gen, at + 1, axis=1), gen[:, :1])
+        feeds[:, 1:] = base + gen[:, 1:] - since
         return feeds
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -737,7 +761,7 @@ class _Stretch:
         # the draft feeds: what a chain's first pass feeds, and (k = 0) the backlog that grows
         # for the next chain, which a later segment's k > 0 pays; a segment where nothing
         # drafts only grows the backlog, and its end is enough (_commit)
-        feeds = self.feeds = (replica._feeds(batch, k_arr, gen)
+        feeds = self.feeds = (replica._feeds(batch, k_arr, gen, drafts)
                               if replica.feeds and k_arr.any() else None)
         cost = replica.cost
         # the batch's tokens before each step and after the last, and (capped) its drafts
@@ -749,7 +773,7 @@ class _Stretch:
             durations = np.atleast_1d(cost.iteration_s(
                 k_arr if drafts is None else drafts, prompt[:, None] + gen[:, :-1] - 1,
                 feeds=feeds[:, :-1] if feeds is not None else None,
-                in_step_order=replica.holds or replica.chunk_segments
+                in_step_order=replica.holds or replica.varied or replica.chunk_segments
                 or replica.plan_segments))
         self.durations = durations
         return self

@@ -51,7 +51,6 @@ class StepCostModel:
         """Seconds of one iteration (float), or of each column of `cached` if it is 2-D.
 
         ks      (R,) draft tokens per decode request; (R, S) with a 2-D `cached`: per step too
-                (then no draft model: its chain is costed for one k per request)
         cached  (R,) or (R, S): tokens in each decode request's KV cache before the verify pass
         prefill_*: aggregates of the prompt chunks processed in the same iteration
         feeds   None, or like `cached`: tokens each request feeds in its chain's first draft
@@ -104,8 +103,6 @@ class StepCostModel:
         if self.idle_s:
             total = total + self._idle_proposer_s(n_decode, positions)
         if lat.has_draft_model:
-            if many and ks.ndim == 2:
-                raise ValueError("per-step ks are costed without a draft model only")
             first = None if feeds is None else (
                 _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
                 else _catch_up(ks, cached, feeds))
@@ -233,7 +230,10 @@ class StepCostModel:
         passes' times are summed down the passes, or, `in_step_order`, from the last pass to
         the first as `_draft_chain_s` adds them (a pass a step does not run adds 0.0 exactly)."""
         steps = len(sums[0])
-        seqs = np.zeros((passes, 1), dtype=np.int64)
+        # requests per pass: one column for all steps, or per step where the ks are (counts
+        # per step, a bucket empty at a step counting 0 there)
+        per_step = any(np.ndim(n) for n in counts)
+        seqs = np.zeros((passes, steps if per_step else 1), dtype=np.int64)
         cached = np.zeros((passes, steps), dtype=np.int64)
         for k, n, s in zip(distinct, counts, sums):  # a request drafting k joins passes 1..k
             seqs[:k] += n
@@ -245,11 +245,14 @@ class StepCostModel:
         cached += seqs * held
         tokens = seqs * rows
         if first is not None:  # the catch-up: pass 1 feeds more tokens over fewer cached
-            tokens = np.repeat(tokens, steps, axis=1)
+            if not per_step:
+                tokens = np.repeat(tokens, steps, axis=1)
             tokens[0] += first[0]
             cached[0] += first[1]
             pairs[0] += first[2]
         times = self.latency.forward_s("draft", seqs, tokens, cached, pairs)
+        if per_step:  # a pass a step does not run costs nothing, whatever the model says of it
+            times = np.where(seqs > 0, times, 0.0)
         if not in_step_order:
             return times.sum(axis=0)
         total = times[-1].copy()
@@ -331,9 +334,13 @@ def _catch_up_steps(ks, cached, feeds) -> tuple[np.ndarray, np.ndarray, np.ndarr
         raise ValueError(f"feeds must have the shape of cached {cached.shape}, got "
                          f"{feeds.shape}")
     drafting = ks > 0
-    if not drafting.all():
-        cached, feeds = cached[drafting], feeds[drafting]
-    extra = feeds - 1  # g more tokens: g (c + 1) - g (g + 1) / 2 more causal pairs
+    if drafting.ndim == 2:  # drafts per step too: a step that drafts nothing feeds nothing
+        extra = np.where(drafting, feeds - 1, 0)
+    else:
+        if not drafting.all():
+            cached, feeds = cached[drafting], feeds[drafting]
+        extra = feeds - 1
+    # g more tokens: g (c + 1) - g (g + 1) / 2 more causal pairs
     tokens = extra.sum(axis=0)
     pairs = (extra * (cached + 1) - extra * (extra + 1) // 2).sum(axis=0)
     return tokens, -tokens, pairs

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import pandas as pd
 import pytest
 from support.engine import LinearLatency, trace_from_runs, workload
 
@@ -130,15 +131,18 @@ def test_a_drafter_that_runs_out_of_proposals_drafts_fewer():
     proposable = np.array([0, 2, 1, 4, 3, 0, 0, 1, 5, 0, 2, 0], dtype=np.int32)
     trace = SpeculationTrace((RequestSpeculation(run=run, proposable=proposable),),
                              {"source": "test"})
-    res = simulate(workload([0.0], [20], [n]), LinearLatency(), trace,
-                   make_policy("fixed", {"k": 4}), BIG_KV)
+    res, stepped = (simulate(workload([0.0], [20], [n]), LinearLatency(), trace,
+                             make_policy("fixed", {"k": 4}), BIG_KV, fast_path=fast)
+                    for fast in (True, False))
     decode = res.steps[res.steps["decode_seqs"] > 0]
     # by hand: g=1 draft min(4,2)=2, accept 2 -> 4; g=4 draft 3, accept 3 -> 8 (emits 4);
     # g=8 draft 4 (min(4, 5)), accept 0 -> 9; g=9 draft 0 -> 10; g=10 draft 2, accept min(2,2)
     # but one token left -> 12
     assert decode["drafted"].tolist() == [2, 3, 4, 0, 2]
     assert decode["accepted"].tolist() == [2, 3, 0, 0, 1]
-    assert res.meta["fast_path"] is False
+    # the draft model's catch-up after those steps, walked by the fast path as stepped
+    assert res.meta["fast_path"] and not stepped.meta["fast_path"]
+    pd.testing.assert_frame_equal(res.steps, stepped.steps, check_exact=True)
 
 
 @dataclass

@@ -67,10 +67,20 @@ def test_arrivals_on_iteration_boundaries(seed, router):
     _assert_identical(fast, slow)
 
 
-def test_a_draft_model_with_capped_proposals_steps_one_at_a_time():
-    """A draft model's catch-up after capped steps is not walked by the fast path."""
-    rng = np.random.default_rng(1)
-    wl = workload(np.arange(20) * 0.01, rng.integers(1, 50, 20), rng.integers(1, 40, 20))
-    result = simulate(wl, LinearLatency(draft=True), _capped_trace(wl, rng),
-                      make_policy("fixed", {"k": 3}), 100_000)
-    assert result.meta["fast_path"] is False
+@pytest.mark.parametrize("catch_up", ["bonus", "committed", "one"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_draft_models_catch_up_after_capped_steps(seed, catch_up):
+    """A draft model's catch-up after capped steps (a step that drafts nothing leaves the
+    next chain more to feed) is walked by the fast path as stepping has it, and its passes
+    where some steps draft fewer: a pass a step does not run costs nothing, though this
+    latency model prices an empty pass above zero."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    wl = workload(np.sort(rng.integers(0, 200, n)) * 2.0**-7, rng.integers(1, 50, n),
+                  rng.integers(1, 60, n))
+    latency = LinearLatency(draft=True)
+    latency.draft_catch_up = catch_up
+    fast, slow = _both(wl, latency, _capped_trace(wl, rng), make_policy("fixed", {"k": 3}),
+                       100_000, SchedulerConfig(max_num_seqs=6), ClusterConfig(2, "round-robin"))
+    _assert_identical(fast, slow)
+    assert (fast.steps.drafted == 0).any() and (fast.steps.drafted > 0).any()
