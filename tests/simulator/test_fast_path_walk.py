@@ -25,21 +25,23 @@ POLICIES = [("heuristic", {}), ("heuristic", {"carry_over": "true", "k_init": "3
 
 
 #: every setting on both recordings; the parametric trace has no draft signals, so only the
-#: policies without a stop rule run on it
-CASES = [(policy, params, acceptance, replicas)
+#: policies without a stop rule run on it; with a draft model too (its catch-up walked)
+CASES = [(policy, params, acceptance, replicas, "none")
          for acceptance, replicas in (("smollm2-ngram", 1), ("smollm2-eagle-ngram", 3))
          for policy, params in POLICIES] + [
-    (policy, params, "beta:6,3~20", 1) for policy, params in POLICIES
-    if policy in ("heuristic", "gammatune")]
+    (policy, params, "beta:6,3~20", 1, draft) for policy, params in POLICIES
+    if policy in ("heuristic", "gammatune") for draft in ("none", "Llama-68M")] + [
+    (policy, params, "smollm2-eagle-ngram", 2, "Llama-68M") for policy, params in POLICIES
+    if policy in ("gammatune_plus", "adaedl")]
 
 
-@pytest.mark.parametrize("policy,params,acceptance,replicas", CASES,
-                         ids=[f"{a}-{r}-{p}-" + (",".join(f"{k}={v}" for k, v in q.items())
-                                                 or "default") for p, q, a, r in CASES])
+@pytest.mark.parametrize("policy,params,acceptance,replicas,draft", CASES,
+                         ids=[f"{a}-{r}-{d}-{p}-" + (",".join(f"{k}={v}" for k, v in q.items())
+                                                     or "default") for p, q, a, r, d in CASES])
 def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params, acceptance,
-                                                     replicas):
+                                                     replicas, draft):
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
-                          acceptance=acceptance, draft="none", seed=2)
+                          acceptance=acceptance, draft=draft, seed=2)
     inputs = build_inputs(spec, {}, SchedulerConfig())
     keep = KeptPolicies(monkeypatch)
     fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
@@ -93,7 +95,7 @@ class _UnfoldedGammaTunePlus(GammaTunePlus):
     stop_positions = Policy.stop_positions
 
 
-@pytest.mark.parametrize("case", ["draft model", "chunked prefill", "vllm-v1", "unfolded stop"])
+@pytest.mark.parametrize("case", ["chunked prefill", "vllm-v1", "unfolded stop"])
 def test_where_requests_are_not_walked(case):
     rng = np.random.default_rng(3)
     n = 30
@@ -101,9 +103,7 @@ def test_where_requests_are_not_walked(case):
     trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
     policy = make_policy("heuristic", {})
     latency, scheduler = LinearLatency(draft=False), SchedulerConfig()
-    if case == "draft model":
-        latency = LinearLatency(draft=True)
-    elif case == "chunked prefill":
+    if case == "chunked prefill":
         scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=64)
     elif case == "vllm-v1":
         scheduler = SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=256)
