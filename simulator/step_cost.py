@@ -68,6 +68,8 @@ class StepCostModel:
             ks = np.asarray(ks, dtype=np.int64)
             if chain_only:
                 return self._verify_steps_s(ks, cached)
+            if ks.ndim == 2 and tree is None and not prefill_seqs:
+                return self._varied_chain_steps_s(ks, cached, feeds, in_step_order)
             distinct, counts, sums = _buckets_per_step(ks, cached)
         elif chain_only:
             n_decode, positions, cached_total, pairs = _verify_sums(ks, cached)
@@ -226,18 +228,26 @@ class StepCostModel:
         return total
 
     def _draft_chain_per_step(self, distinct, counts, sums, passes, first, in_step_order):
-        """The same chain for many steps of one batch (no prompt chunks), vectorised. The
-        passes' times are summed down the passes, or, `in_step_order`, from the last pass to
-        the first as `_draft_chain_s` adds them (a pass a step does not run adds 0.0 exactly)."""
+        """The same chain for many steps of one batch (no prompt chunks), vectorised: each
+        pass's requests and their cached tokens summed from the buckets (counts per step too
+        where the ks are), then `_passes_s`."""
         steps = len(sums[0])
-        # requests per pass: one column for all steps, or per step where the ks are (counts
-        # per step, a bucket empty at a step counting 0 there)
         per_step = any(np.ndim(n) for n in counts)
         seqs = np.zeros((passes, steps if per_step else 1), dtype=np.int64)
         cached = np.zeros((passes, steps), dtype=np.int64)
         for k, n, s in zip(distinct, counts, sums):  # a request drafting k joins passes 1..k
             seqs[:k] += n
             cached[:k] += s
+        return self._passes_s(seqs, cached, first, in_step_order, per_step)
+
+    def _passes_s(self, seqs: np.ndarray, cached: np.ndarray, first, in_step_order: bool,
+                  per_step: bool) -> np.ndarray:
+        """Draft passes 1..P of many steps from each pass's requests `seqs` ((P, 1), or
+        (P, steps) where they vary by step) and their cached tokens before the chain
+        (P, steps). The passes' times are summed down the passes, or, `in_step_order`, from the
+        last pass to the first as `_draft_chain_s` adds them (a pass a step does not run adds
+        0.0 exactly)."""
+        passes, steps = cached.shape
         j = np.arange(1, passes + 1).reshape(-1, 1)
         shape = np.array([self._pass_shape(i) for i in range(1, passes + 1)], dtype=np.int64)
         rows, held = shape[:, :1], shape[:, 1:]
@@ -259,6 +269,30 @@ class StepCostModel:
         for row in times[-2::-1]:
             total += row
         return total
+
+    def _varied_chain_steps_s(self, ks: np.ndarray, cached: np.ndarray, feeds,
+                              in_step_order: bool) -> np.ndarray:
+        """`iteration_s` of many decode steps of one batch whose drafts vary by step too
+        ((requests x steps) `ks`: capped or walked) with a draft model drafting a chain: each
+        step's verify sums and each pass's requests taken from the matrices directly (the
+        same integers as the buckets', in a few array passes instead of a few per k)."""
+        lat = self.latency
+        n_decode = len(cached)
+        positions = ks.sum(axis=0)
+        # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
+        pairs = ((ks + 1) * cached).sum(axis=0) + _OWN_PAIRS[ks].sum(axis=0)
+        total = lat.forward_s("target", n_decode, positions + n_decode, cached.sum(axis=0),
+                              pairs)
+        total = total + lat.step_overhead_s(n_decode, positions)
+        if self.idle_s:
+            total = total + self._idle_proposer_s(n_decode, positions)
+        passes = int(ks.max())
+        if passes == 0:
+            return total + 0.0
+        joins = ks >= np.arange(1, passes + 1).reshape(-1, 1, 1)  # pass j: requests with k >= j
+        first = None if feeds is None else _catch_up_steps(ks, cached, np.asarray(feeds))
+        return total + self._passes_s(joins.sum(axis=1), np.where(joins, cached, 0).sum(axis=1),
+                                      first, in_step_order, True)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
                feeds: Sequence[int] | None = None) -> float:
