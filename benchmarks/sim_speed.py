@@ -19,6 +19,9 @@ Fourth table (`--every-policy N`): every registered policy with its defaults (fi
 the path the simulator takes for it, on the shipped n-gram recording and on a parametric
 acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
 iteration.
+Fifth table (`--paths N`): us per simulated iteration on each path a run can take (chunked
+prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked steps), N
+requests per replica at 8 and 20 req/s per replica (the batch column: how full it runs).
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -42,23 +45,25 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from policies import make_policy, policy_names  # noqa: E402
-from simulator import SchedulerConfig, summarize  # noqa: E402
+from simulator import ClusterConfig, SchedulerConfig, summarize  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.errors import ConfigError  # noqa: E402
 from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
 
 
 def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
-            policy: str = "fixed", fast_path: bool = True, draft: str | None = None) -> dict:
+            policy: str = "fixed", fast_path: bool = True, draft: str | None = None,
+            scheduler: SchedulerConfig | None = None, replicas: int = 1) -> dict:
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths="azure-conv",
                           acceptance=acceptance, seed=0, draft=draft)
     params = {"k": k} if policy == "fixed" else {}
+    scheduler = scheduler or SchedulerConfig()
     t0 = time.perf_counter()
-    inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, SchedulerConfig())
+    inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, scheduler)
     t1 = time.perf_counter()
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                      make_policy(policy, params), inputs.kv_capacity_tokens,
-                      fast_path=fast_path)
+                      make_policy(policy, params), inputs.kv_capacity_tokens, scheduler,
+                      ClusterConfig(replicas, "least-loaded"), fast_path=fast_path)
     t2 = time.perf_counter()
     summary = summarize(result.requests, result.steps)
     t3 = time.perf_counter()
@@ -141,6 +146,49 @@ def every_policy_table(n: int, repeats: int) -> None:
               f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
 
 
+#: the fifth table's rows: (path, acceptance, draft, policy, scheduler, replicas); the rate
+#: is per replica
+CHUNKED = SchedulerConfig(chunked_prefill=True, max_batched_tokens=2048)
+PATHS = (
+    ("one replica", "smollm2-ngram", "none", "fixed", SchedulerConfig(), 1),
+    ("chunked prefill", "smollm2-ngram", "none", "fixed", CHUNKED, 1),
+    ("vllm-v1", "smollm2-ngram", "none", "fixed", SchedulerConfig(scheduler="vllm-v1"), 1),
+    ("3 replicas", "smollm2-ngram", "none", "fixed", SchedulerConfig(), 3),
+    ("draft model", "beta:7,3~20", "Llama-68M", "fixed", SchedulerConfig(), 1),
+    ("n-gram caps + draft", "smollm2-ngram", "Llama-68M", "fixed", SchedulerConfig(), 1),
+    ("folded stop + draft", "beta:7,3~20", "Llama-68M", "confidence", SchedulerConfig(), 1),
+    ("walked + draft", "beta:7,3~20", "Llama-68M", "heuristic", SchedulerConfig(), 1),
+    ("goodput, chunked", "smollm2-ngram", "none", "goodput", CHUNKED, 1),
+)
+PATH_RATES = (8.0, 20.0)
+
+
+def paths_table(n: int, repeats: int) -> None:
+    """us per simulated iteration on each path a run can take (scheduler, replicas, drafter),
+    at a light and a heavier load per replica: what grows with the batch is per-request work."""
+    print(f"\n{n:,} requests per replica, fixed k=4 unless named, per-replica rates "
+          f"{' and '.join(f'{r:g}' for r in PATH_RATES)} req/s (times: median of {repeats}, "
+          "rows interleaved)")
+    cells = [f"{'us/iter':>8} {'batch':>6}" for _ in PATH_RATES]
+    _header(f"{'run':>20} {'policy':>10} {'path':>5} " + " ".join(cells))
+    runs: dict[tuple, list[dict]] = {(row, rate): [] for row in PATHS for rate in PATH_RATES}
+    for _ in range(repeats):
+        for (name, acceptance, draft, policy, scheduler, replicas), rate in runs:
+            runs[(name, acceptance, draft, policy, scheduler, replicas), rate].append(measure(
+                n * replicas, 4, acceptance, rate * replicas, policy, draft=draft,
+                scheduler=scheduler, replicas=replicas))
+    for row in PATHS:
+        line = f"{row[0]:>20} {row[3]:>10} "
+        for i, rate in enumerate(PATH_RATES):
+            results = runs[row, rate]
+            r = results[0]
+            us = float(np.median([x["engine_s"] for x in results])) / r["iterations"] * 1e6
+            if i == 0:
+                line += f"{'fast' if r['fast_path'] else 'step':>5} "
+            line += f"{us:>8.1f} {r['mean_batch']:>6.1f} "
+        print(line.rstrip(), flush=True)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED_ARGS = ["--workload", "poisson", "--rate", "8", "--lengths", "azure-conv",
                  "--acceptance", "smollm2-ngram", "--draft", "none", "--seed", "0"]
@@ -192,6 +240,9 @@ def main() -> None:
                         help="requests of the targets' recorded rows (the 100k row: 10x)")
     parser.add_argument("--every-policy", type=int, default=0, metavar="N",
                         help="also every policy's us per iteration, N requests a run (0: skip)")
+    parser.add_argument("--paths", type=int, default=0, metavar="N",
+                        help="also the us per iteration of each path (scheduler, replicas, "
+                             "drafter) at two loads, N requests per replica (0: skip)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, python "
           f"{platform.python_version()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
@@ -208,6 +259,8 @@ def main() -> None:
         recorded_table(args.recorded, args.repeats)
     if args.every_policy:
         every_policy_table(args.every_policy, args.repeats)
+    if args.paths:
+        paths_table(args.paths, args.repeats)
     if args.targets:
         targets_table(args.target_requests)
 

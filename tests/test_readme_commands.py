@@ -102,6 +102,9 @@ REDUCE: dict[str, tuple[str, ...]] = {
     # each (~3 min): one run of 100
     "python benchmarks/sim_speed.py --every-policy": ("--sizes", "1000", "--recorded", "0",
                                                       "--every-policy", "100", "--repeats", "1"),
+    # every path at two loads, 3 runs of 2,000 requests per replica each (~4 min): one of 100
+    "python benchmarks/sim_speed.py --paths": ("--sizes", "1000", "--recorded", "0",
+                                               "--paths", "100", "--repeats", "1"),
     # the targets: 10k and 100k recorded runs and the default tune, ~3 min; scaled to 300
     "python benchmarks/sim_speed.py --targets": ("--sizes", "1000", "--recorded", "0",
                                                  "--target-requests", "300"),
