@@ -199,7 +199,9 @@ class Policy:
 
     Class attributes tell the engine what the policy needs, so it can skip work it does not:
       stateless_per_batch  k depends only on which requests are running (not on outcomes, time or
-                           context): the engine may ask once per change of the running set.
+                           context): the engine may ask once per change of the running set, and
+                           need not bring the requests' progress (generated, steps, ...) up to
+                           date before it asks (the simulator's fast path reads it lazily).
       signals              per-position signals `observe` wants (subset of traces.SIGNALS).
       uses_draft_stop      `stop_drafting` is consulted during drafting (confidence-style rules).
       stop_signals         the signals an override of `stop_chains` reads; the simulator leaves

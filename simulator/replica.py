@@ -130,6 +130,11 @@ class Replica:
         self.columns = (BatchColumns(k_max=scheduler.k_max if self.varied
                                      and steps.records_rows else 0)
                         if self.segments_only and cost.prices_chain_sums else None)
+        # where the replica keeps the batch's sums and no policy reads a request's progress
+        # between segments (its k from the running set alone, or walked), a segment's commit
+        # is the count of its steps: each request's progress is read from its walk where
+        # something needs it (`_sync`: its walk is replaced, it finishes)
+        self.lazy = self.columns is not None and not self.holds
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -590,7 +595,8 @@ class Replica:
         self.scheduler.step_index += n
         if self.columns is not None:  # every running request took these steps
             self.columns.now += n
-            self._commit_walks(batch, stretch.k_arr.tolist(), n)
+            if not self.lazy:
+                self._commit_walks(batch, stretch.k_arr.tolist(), n)
             return
         gen, feeds = stretch.gen, stretch.feeds
         befores, afters = gen[:, first].tolist(), gen[:, last].tolist()
@@ -623,6 +629,23 @@ class Replica:
             request.accepted += after - before - n
             request.chain_at = at + n
             request.chain_g = after
+
+    def _sync(self, request: RequestState) -> None:
+        """`_commit_walks` of one request (`lazy`): its progress through every step committed
+        since it was last read, from its walk (the same integers, added at once)."""
+        at = self.columns.now - request.chain_origin
+        n = at - request.chain_at
+        if not n:
+            return
+        before, after = request.generated, request.chain_list[at]
+        drafted = request.chain_drafted
+        request.generated = after
+        request.steps += n
+        request.drafted += (request.chain_k * n if drafted is None
+                            else drafted[at] - drafted[request.chain_at])
+        request.accepted += after - before - n
+        request.chain_at = at
+        request.chain_g = after
 
     def _log_segment(self, batch, start, n, starts, stretch: _Stretch,
                      kv: np.ndarray | None = None) -> None:
@@ -684,6 +707,11 @@ class Replica:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _finish_done(self) -> None:
+        if self.lazy:  # the requests whose walks end here: their progress, for their records
+            now = self.columns.now
+            for request in self.scheduler.running:
+                if request.chain_end == now and request.summed:
+                    self._sync(request)
         for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
             if request.summed:  # its walk's last entry, out of the batch's sums
                 self.columns.remove(request)
@@ -707,6 +735,7 @@ class _Stretch:
     __slots__ = (
         "_drafts",
         "_gen",
+        "_origins",
         "_reached",
         "_rejected",
         "ats",
@@ -724,10 +753,12 @@ class _Stretch:
     @classmethod
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
         self = cls()
-        columns = replica.columns
+        columns, lazy = replica.columns, replica.lazy
         for request, k in zip(batch, ks):
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
                 if request.summed:
+                    if lazy:  # its progress first: the walk is replaced from there
+                        replica._sync(request)
                     columns.remove(request)
                 if k == WALKED:  # once, from its first decode step (chain_k is -1 until then)
                     if request.chain_k != -1:
@@ -740,17 +771,25 @@ class _Stretch:
                 if columns is not None:
                     columns.add(request, k)
                     request.summed = True
+                    request.chain_origin = columns.now  # its chain_at is 0
+                    request.chain_end = columns.now + len(request.chain) - 1
                     request.chain_list = request.chain.tolist()
                     if request.chain_ks is not None:
                         request.chain_drafted = np.concatenate(
                             ([0], request.chain_ks.cumsum())).tolist()
         # the walks as they are now (a walk is replaced, never changed, so `gen` and `drafts`
         # can be built from these at any time, even after the requests moved on or left)
-        self.ats = [request.chain_at for request in batch]
-        self.chains = [request.chain for request in batch]
-        self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
         self.capped = replica.varied
-        self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
+        if lazy:  # chain_at is where each request was last read: its walk says where it is
+            # (the walks' lists, read only where a step record needs them: `_at_walks`)
+            self.chains = self.ats = self.chain_ks = None
+            self._origins = (list(batch), columns.now)
+            self.steps = min(request.chain_end for request in batch) - columns.now
+        else:
+            self.chains = [request.chain for request in batch]
+            self.ats = [request.chain_at for request in batch]
+            self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
+            self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
         self._gen = self._drafts = self._rejected = self._reached = None
         if columns is not None:
@@ -789,9 +828,19 @@ class _Stretch:
         self.durations = replica.cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
         return self
 
+    def _at_walks(self) -> None:
+        """The walks and where the stretch starts on each, from the requests (`lazy`: their
+        walks are not replaced before the stretch is done with)."""
+        if self.chains is None:
+            batch, now = self._origins
+            self.chains = [request.chain for request in batch]
+            self.ats = [now - request.chain_origin for request in batch]
+            self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
+
     @property
     def gen(self) -> np.ndarray:
         if self._gen is None:  # np.array of equal rows: a quarter of np.stack's time
+            self._at_walks()
             n = self.steps
             self._gen = np.array([chain[at: at + n + 1]
                                   for chain, at in zip(self.chains, self.ats)])
@@ -800,6 +849,7 @@ class _Stretch:
     @property
     def drafts(self) -> np.ndarray | None:
         if self._drafts is None and self.capped:
+            self._at_walks()
             n = self.steps
             self._drafts = np.array([chain_ks[at: at + n]
                                      for chain_ks, at in zip(self.chain_ks, self.ats)])

@@ -18,10 +18,12 @@ class RequestState:
         "chain",
         "chain_at",
         "chain_drafted",
+        "chain_end",
         "chain_g",
         "chain_k",
         "chain_ks",
         "chain_list",
+        "chain_origin",
         "draft_feed",
         "drafted",
         "generated",
@@ -65,6 +67,9 @@ class RequestState:
         self.chain_list: list[int] | None = None
         self.chain_drafted: list[int] | None = None
         self.summed = False  # its walk is in the replica's kept sums (simulator/batch_columns.py)
+        #: where the replica keeps the batch's sums: the decode step (of the replica's count)
+        #: its walk started at, and the one it ends at (its last entry)
+        self.chain_origin = self.chain_end = 0
 
     @property
     def context_tokens(self) -> int:
