@@ -119,10 +119,13 @@ class Replica:
         # proposal the drafts its walk takes there) runs as a segment too, up to the step where
         # the budget or the free blocks would change what schedule() plans, on the step path's
         # clock to the bit, for a policy whose k depends on the running set alone
+        # (not near a max_model_len: vLLM's cut at it and its zero drafts are stepped)
         self.plan_segments = (self.planned and fast_path and kind.stateless_per_batch
                               and kind.observe is Policy.observe and not kind.simulation_only
                               and (not kind.uses_draft_stop or self.folds_stop)
-                              and cost.latency.arrays_match_scalars)
+                              and cost.latency.arrays_match_scalars
+                              and getattr(self.scheduler, "max_model_len", None) is None)
+        self._stepping_for: tuple[int, ...] | None = None  # see _planned_segment
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
@@ -442,6 +445,9 @@ class Replica:
         scheduler = self.scheduler
         batch = scheduler.running
         key = tuple(request.request_id for request in batch)
+        if key == self._stepping_for:  # its first step did not fit: until the set changes
+            yield from self._planned_iteration()
+            return
         if key != self._ks_for:
             self._ks, self._ks_for = self._choose_uncapped(batch), key
         ks = self._ks
@@ -459,7 +465,9 @@ class Replica:
         drafts = (stretch.drafts[:, :n] if stretch.capped
                   else np.repeat(stretch.k_arr[:, None], n, axis=1))
         n, kv, blocks = scheduler.decode_room(prompt, stretch.gen[:, :n], drafts)
-        if n == 0:  # its first step trims drafts or preempts
+        if n == 0:  # its first step trims drafts or preempts: stepped, and (a budget that
+            # trims the same ks every step) so are the next, until the running set changes
+            self._stepping_for = key
             yield from self._planned_iteration()
             return
         self._commit(batch, stretch, 0, n)

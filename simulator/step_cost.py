@@ -280,7 +280,7 @@ class StepCostModel:
         n_decode = len(cached)
         positions = ks.sum(axis=0)
         # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
-        pairs = ((ks + 1) * cached).sum(axis=0) + _OWN_PAIRS[ks].sum(axis=0)
+        pairs = ((ks + 1) * cached).sum(axis=0) + own_pairs(ks).sum(axis=0)
         total = lat.forward_s("target", n_decode, positions + n_decode, cached.sum(axis=0),
                               pairs)
         total = total + lat.step_overhead_s(n_decode, positions)

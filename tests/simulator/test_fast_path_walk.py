@@ -32,7 +32,9 @@ CASES = [(policy, params, acceptance, replicas, "none")
     (policy, params, "beta:6,3~20", 1, draft) for policy, params in POLICIES
     if policy in ("heuristic", "gammatune") for draft in ("none", "Llama-68M")] + [
     (policy, params, "smollm2-eagle-ngram", 2, "Llama-68M") for policy, params in POLICIES
-    if policy in ("gammatune_plus", "adaedl")]
+    if policy in ("gammatune_plus", "adaedl")] + [
+    (policy, params, "smollm2-eagle-tree", 1, "Llama-68M") for policy, params in POLICIES[:1]
+    + POLICIES[3:4]]  # a draft tree's passes, to its depth
 
 
 @pytest.mark.parametrize("policy,params,acceptance,replicas,draft", CASES,
