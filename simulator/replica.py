@@ -347,10 +347,8 @@ class Replica:
             acc = min(k, int(request.run[g])) if k else 0
             emit = min(acc + 1, request.output_tokens - g)
             request.generated = g + emit
-            if follow and request.chain_g == g:  # _follow_walk, inline: it runs per request
-                at, walked = request.chain_at, request.chain_ks
-                if (request.chain_k if walked is None else walked[at]) == k:
-                    request.chain_at, request.chain_g = at + 1, g + emit
+            if follow and request.chain_g == g:
+                self._follow_walk(request, k, g + emit)
             request.steps += 1
             request.drafted += k
             if feeds:

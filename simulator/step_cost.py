@@ -64,13 +64,18 @@ class StepCostModel:
         chain_only = tree is None and not lat.has_draft_model
         many = isinstance(cached, np.ndarray) and cached.ndim == 2  # np.ndim copies a list
         distinct = None
+        varied = False  # drafts that vary by step too, with a draft model drafting a chain
         if many:
             ks = np.asarray(ks, dtype=np.int64)
             if chain_only:
                 return self._verify_steps_s(ks, cached)
-            if ks.ndim == 2 and tree is None and not prefill_seqs:
-                return self._varied_chain_steps_s(ks, cached, feeds, in_step_order)
-            distinct, counts, sums = _buckets_per_step(ks, cached)
+            varied = ks.ndim == 2 and tree is None and not prefill_seqs
+            if varied:  # each step's verify sums from the matrices, not per k (same integers)
+                n_decode, positions, cached_total = len(cached), ks.sum(axis=0), cached.sum(axis=0)
+                # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
+                pairs = ((ks + 1) * cached).sum(axis=0) + own_pairs(ks).sum(axis=0)
+            else:
+                distinct, counts, sums = _buckets_per_step(ks, cached)
         elif chain_only:
             n_decode, positions, cached_total, pairs = _verify_sums(ks, cached)
         else:
@@ -108,6 +113,8 @@ class StepCostModel:
             first = None if feeds is None else (
                 _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
                 else _catch_up(ks, cached, feeds))
+            if varied:
+                return total + self._varied_chain_s(ks, cached, first, in_step_order)
             if tree is not None:  # a tree has passes to its depth only
                 distinct, counts, sums = _capped(distinct, counts, sums, tree.depth)
             total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
@@ -270,29 +277,17 @@ class StepCostModel:
             total += row
         return total
 
-    def _varied_chain_steps_s(self, ks: np.ndarray, cached: np.ndarray, feeds,
-                              in_step_order: bool) -> np.ndarray:
-        """`iteration_s` of many decode steps of one batch whose drafts vary by step too
-        ((requests x steps) `ks`: capped or walked) with a draft model drafting a chain: each
-        step's verify sums and each pass's requests taken from the matrices directly (the
-        same integers as the buckets', in a few array passes instead of a few per k)."""
-        lat = self.latency
-        n_decode = len(cached)
-        positions = ks.sum(axis=0)
-        # causal pairs of a (k+1)-token verify over c cached: (k+1)c + (k+1)(k+2)/2
-        pairs = ((ks + 1) * cached).sum(axis=0) + own_pairs(ks).sum(axis=0)
-        total = lat.forward_s("target", n_decode, positions + n_decode, cached.sum(axis=0),
-                              pairs)
-        total = total + lat.step_overhead_s(n_decode, positions)
-        if self.idle_s:
-            total = total + self._idle_proposer_s(n_decode, positions)
+    def _varied_chain_s(self, ks: np.ndarray, cached: np.ndarray, first,
+                        in_step_order: bool):
+        """The draft passes of many steps whose drafts vary by step ((requests x steps) `ks`:
+        capped or walked): each pass's requests taken from the matrices directly (the same
+        integers as the buckets', in a few array passes instead of a few per k)."""
         passes = int(ks.max())
         if passes == 0:
-            return total + 0.0
+            return 0.0
         joins = ks >= np.arange(1, passes + 1).reshape(-1, 1, 1)  # pass j: requests with k >= j
-        first = None if feeds is None else _catch_up_steps(ks, cached, np.asarray(feeds))
-        return total + self._passes_s(joins.sum(axis=1), np.where(joins, cached, 0).sum(axis=1),
-                                      first, in_step_order, True)
+        return self._passes_s(joins.sum(axis=1), np.where(joins, cached, 0).sum(axis=1),
+                              first, in_step_order, True)
 
     def step_s(self, ks: Sequence[int], context_tokens: Sequence[int],
                feeds: Sequence[int] | None = None) -> float:
