@@ -339,7 +339,7 @@ class VllmV1Scheduler:
                            len(self.running))
         # a decode step schedules C + n = (prompt + g - 1) + (1 + d) tokens' blocks; they stay
         blocks = np.maximum.accumulate(np.maximum(
-            -(-(prompt[:, None] + gen + drafts) // BLOCK_SIZE), held[:, None]), axis=1)
+            blocks_for(prompt[:, None] + gen + drafts), held[:, None]), axis=1)
         allocated = blocks.sum(axis=0) - int(held.sum())
         fits = (allocated <= self.free_blocks) & (len(self.running) + drafts.sum(axis=0)
                                                   <= self.budget)
