@@ -62,19 +62,20 @@ class BatchColumns:
         gen = request.chain[start:]
         m = len(gen) - 1  # steps left
         at = self._room(m + 1)
+        if not m:  # a finished walk: its last entry only, its KV after its last step
+            self._sums[0, at] += sign * (int(gen[0]) + request.prompt_tokens - 1)
+            return
         end, sums = at + m, self._sums
         c = gen + (request.prompt_tokens - 1)  # its KV before each step: prompt - 1 + g
-        shares = [(sums[0, at: end + 1], c)]
-        if m:  # else a finished walk: its last entry only
-            capped = request.chain_ks is not None
-            d = request.chain_ks[start:] if capped else k  # drafts: k every step uncapped
-            # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs;
-            # a first rejection: fewer emitted than d + 1
-            shares += ((sums[1, at:end], d),
-                       (sums[2, at:end], (d + 1) * c[:-1] + own_pairs(d)),
-                       (sums[3, at:end], gen[1:] - gen[:-1] <= d))
-            if capped and len(self._levels):  # the levels j = 1..k_max its drafts reach
-                shares.append((sums[len(COLUMNS):, at:end], self._levels <= d))
+        capped = request.chain_ks is not None
+        d = request.chain_ks[start:] if capped else k  # drafts: k every step uncapped
+        # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs; a
+        # first rejection: fewer emitted than d + 1
+        shares = [(sums[0, at: end + 1], c), (sums[1, at:end], d),
+                  (sums[2, at:end], (d + 1) * c[:-1] + own_pairs(d)),
+                  (sums[3, at:end], gen[1:] - gen[:-1] <= d)]
+        if capped and len(self._levels):  # the levels j = 1..k_max its drafts reach
+            shares.append((sums[len(COLUMNS):, at:end], self._levels <= d))
         if sign > 0:  # in place: ufuncs given out= cost more calling
             for column, share in shares:
                 column += share

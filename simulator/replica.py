@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from heapq import heappush
+from heapq import heappop, heappush
+from itertools import count
 
 import numpy as np
 import simpy
@@ -138,6 +139,14 @@ class Replica:
         # is the count of its steps: each request's progress is read from its walk where
         # something needs it (`_sync`: its walk is replaced, it finishes)
         self.lazy = self.columns is not None and not self.holds
+        # lazy: the running requests' walk ends, a heap of (chain_end, tiebreak, request) with
+        # stale entries (walks replaced, requests gone) dropped where read; the requests that
+        # started decoding since the last pricing; the k every other running request's walk
+        # was found current at then (None: some other, or several)
+        self._ends: list[tuple[int, int, RequestState]] = []
+        self._pushes = count()
+        self._fresh: list[RequestState] = []
+        self._walked_k: int | None = None
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
@@ -149,6 +158,7 @@ class Replica:
                                           else signals_needed(policy)))
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None
+        self._ks_at = -1  # _decode_segment: the scheduler's `changes` that `_ks` was asked at
         self._ks: list[int] = []
 
     @property
@@ -240,7 +250,10 @@ class Replica:
         self.steps.add(self.index, start, duration, 0, len(admitted), sum(prompts), 0, 0, 0, 0,
                        waiting, held, kv)
         self.scheduler.start_decoding(admitted, self.env.now)
-        self._finish_done()
+        self._finish_done(admitted)
+        if self.lazy:  # walked at the next pricing (those that finished here, never)
+            self._fresh += [request for request in admitted
+                            if request.generated < request.output_tokens]
 
     def _mixed_iteration(self):
         """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
@@ -517,9 +530,8 @@ class Replica:
             ks = self._choose_uncapped(batch)
             hold = self.policy.hold()
         else:  # asked once per running set
-            key = tuple(request.request_id for request in batch)
-            if key != self._ks_for:
-                self._ks, self._ks_for = self._choose_uncapped(batch), key
+            if scheduler.changes != self._ks_at:
+                self._ks, self._ks_at = self._choose_uncapped(batch), scheduler.changes
             ks, hold = self._ks, None
         while True:
             stretch = _Stretch.priced(self, batch, ks)
@@ -714,19 +726,52 @@ class Replica:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _finish_done(self) -> None:
-        if self.lazy:  # the requests whose walks end here: their progress, for their records
-            now = self.columns.now
-            for request in self.scheduler.running:
-                if request.chain_end == now and request.summed:
-                    self._sync(request)
-        for request in self.scheduler.finish_done(self.env.now):  # what it held, freed
+    def _finish_done(self, started: list[RequestState] | None = None) -> None:
+        """Retire the requests that reached their length (`started`: those a prefill just
+        started decoding, which may have)."""
+        candidates = None
+        if self.lazy:  # the requests whose walks end here: their progress, for their records;
+            # with those just started, the only ones that can have finished
+            candidates = self._walks_ending(self.columns.now) + (started or [])
+        for request in self.scheduler.finish_done(self.env.now, candidates):  # KV freed
             if request.summed:  # its walk's last entry, out of the batch's sums
                 self.columns.remove(request)
                 request.summed = False
             request.run = request.cap = request.chain = request.chain_ks = request.signals = None
             request.chain_list = request.chain_drafted = None
             request.chain_k = -1
+
+    def _walks_ending(self, now: int) -> list[RequestState]:
+        """`lazy`: the running requests whose walks end at step `now`, synced (`_sync`)."""
+        ends, ending = self._ends, []
+        while ends and ends[0][0] <= now:  # a live walk ends no earlier than now
+            end, _, request = heappop(ends)
+            if request.summed and request.chain_end == end:
+                self._sync(request)
+                ending.append(request)
+        return ending
+
+    def _first_end(self) -> int:
+        """`lazy`: the first step a running request's walk ends at."""
+        ends = self._ends
+        while True:
+            end, _, request = ends[0]
+            if request.summed and request.chain_end == end:
+                return end
+            heappop(ends)  # stale: its walk was replaced, or it finished
+
+    def _to_check(self, batch: list[RequestState], ks: list[int]):
+        """The (request, k) whose walks `_Stretch.priced` checks: every running request, or
+        (`lazy`, every k the same as at the last pricing, whose walks were all found current
+        then) those started since: segments alone moved the others, along their walks."""
+        if not self.lazy:
+            return zip(batch, ks)
+        fresh, self._fresh = self._fresh, []
+        k = ks[0] if ks and ks.count(ks[0]) == len(ks) else None
+        if k is not None and k == self._walked_k:
+            return [(request, k) for request in fresh]
+        self._walked_k = k
+        return zip(batch, ks)
 
 
 class _Stretch:
@@ -762,7 +807,7 @@ class _Stretch:
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
         self = cls()
         columns, lazy = replica.columns, replica.lazy
-        for request, k in zip(batch, ks):
+        for request, k in replica._to_check(batch, ks):
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
                 if request.summed:
                     if lazy:  # its progress first: the walk is replaced from there
@@ -781,6 +826,9 @@ class _Stretch:
                     request.summed = True
                     request.chain_origin = columns.now  # its chain_at is 0
                     request.chain_end = columns.now + len(request.chain) - 1
+                    if lazy:
+                        heappush(replica._ends,
+                                 (request.chain_end, next(replica._pushes), request))
                     request.chain_list = request.chain.tolist()
                     if request.chain_ks is not None:
                         request.chain_drafted = np.concatenate(
@@ -792,7 +840,7 @@ class _Stretch:
             # (the walks' lists, read only where a step record needs them: `_at_walks`)
             self.chains = self.ats = self.chain_ks = None
             self._origins = (list(batch), columns.now)
-            self.steps = min(request.chain_end for request in batch) - columns.now
+            self.steps = replica._first_end() - columns.now
         else:
             self.chains = [request.chain for request in batch]
             self.ats = [request.chain_at for request in batch]

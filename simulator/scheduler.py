@@ -130,6 +130,8 @@ class Scheduler:
         self.running: list = []
         self.kv_used = 0
         self.step_index = 0
+        #: counts the changes of `running` (a start, a finish): equal counts, the same requests
+        self.changes = 0
 
     @property
     def load(self) -> int:
@@ -200,6 +202,7 @@ class Scheduler:
         """Prompts now whole: each emitted its first token at `now`, and decodes from here."""
         done = {id(request) for request in requests}
         self.prefilling = [request for request in self.prefilling if id(request) not in done]
+        self.changes += bool(requests)
         for request in requests:
             request.prefilled = request.prompt_tokens
             request.generated = 1
@@ -239,10 +242,12 @@ class Scheduler:
 
     # -- finishing ---------------------------------------------------------------------------
 
-    def finish_done(self, now: float) -> list:
+    def finish_done(self, now: float, candidates: Sequence | None = None) -> list:
         """Retire the requests that reached their length: their records, their KV, the
-        policy's state of them. Returns them, for the executor's own clean-up."""
-        if not any(request.generated >= request.output_tokens for request in self.running):
+        policy's state of them. Returns them, for the executor's own clean-up. `candidates`:
+        where the caller knows them, the only running requests that can have reached it."""
+        if not any(request.generated >= request.output_tokens
+                   for request in (self.running if candidates is None else candidates)):
             return []
         keep, done = [], []
         log = self.log
@@ -258,4 +263,5 @@ class Scheduler:
             self.policy.finish(request.request_id)
             done.append(request)
         self.running = keep
+        self.changes += 1
         return done

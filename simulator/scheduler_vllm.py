@@ -291,8 +291,11 @@ class VllmV1Scheduler:
         seq.spec = max(drafts, 0)
         seq.placeholder = placeholder
 
-    def finish_done(self, now: float) -> list:
-        """Retire finished requests: records, blocks (free for the next step), policy state."""
+    def finish_done(self, now: float, candidates: Sequence | None = None) -> list:
+        """Retire finished requests: records, blocks (free for the next step), policy state
+        (`candidates`: where the caller knows them, the only ones that can have finished)."""
+        if candidates is not None and not any(self.finished(request) for request in candidates):
+            return []
         done = [request for request in self.running if self.finished(request)]
         if not done:
             return []

@@ -26,8 +26,10 @@ def _assert_identical(fast, slow):
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
 
 
-@pytest.mark.parametrize("policy,params", [("fixed", {"k": 4}), ("fixed", {"k": 0}),
-                                           ("batch_adaptive", {})])
+@pytest.mark.parametrize("policy,params", [
+    ("fixed", {"k": 4}), ("fixed", {"k": 0}), ("batch_adaptive", {}),
+    # a k that moves with the batch size: every running request walks anew at each change
+    ("batch_adaptive", {"schedule": [[1, 3, 5], [4, 8, 2], [9, 256, 1]]})])
 @pytest.mark.parametrize("replicas,router", [(1, "round-robin"), (3, "least-loaded")])
 def test_recorded_ngram_trace_on_the_roofline(policy, params, replicas, router):
     spec = SimulationSpec(workload="poisson", rate=12.0, requests=150, lengths="azure-conv",
@@ -38,6 +40,8 @@ def test_recorded_ngram_trace_on_the_roofline(policy, params, replicas, router):
                        make_policy(policy, params), inputs.kv_capacity_tokens,
                        SchedulerConfig(max_num_seqs=24), ClusterConfig(replicas, router))
     _assert_identical(fast, slow)
+    if "schedule" in params:  # the batch's k did move, both ways
+        assert set(fast.steps.max_k[fast.steps.decode_seqs > 0]) >= {1, 2}
     if params.get("k"):  # the lookup's cap did bind: fewer drafts than k in some steps
         drafted = fast.steps.loc[fast.steps.decode_seqs > 0]
         assert (drafted.drafted < 4 * drafted.decode_seqs).any()
