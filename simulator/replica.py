@@ -119,11 +119,13 @@ class Replica:
         # vllm-v1: a stretch of plain decode steps (the scheduler `steady`, each request's
         # proposal the drafts its walk takes there) runs as a segment too, up to the step where
         # the budget or the free blocks would change what schedule() plans, on the step path's
-        # clock to the bit, for a policy whose k depends on the running set alone
-        # (not near a max_model_len: vLLM's cut at it and its zero drafts are stepped)
-        self.plan_segments = (self.planned and fast_path and kind.stateless_per_batch
-                              and kind.observe is Policy.observe and not kind.simulation_only
-                              and (not kind.uses_draft_stop or self.folds_stop)
+        # clock to the bit, for a policy whose k depends on the running set alone, or one that
+        # holds its ks (asked at the segment's first step, the segment ending where its hold
+        # does) (not near a max_model_len: vLLM's cut at it and its zero drafts are stepped)
+        asked_per_set = (kind.stateless_per_batch and kind.observe is Policy.observe
+                         and not kind.simulation_only
+                         and (not kind.uses_draft_stop or self.folds_stop))
+        self.plan_segments = (self.planned and fast_path and (asked_per_set or self.holds)
                               and cost.latency.arrays_match_scalars
                               and getattr(self.scheduler, "max_model_len", None) is None)
         self._stepping_for: tuple[int, ...] | None = None  # see _planned_segment
@@ -395,12 +397,13 @@ class Replica:
 
     # -- a scheduler that plans whole steps (vllm-v1) ----------------------------------------
 
-    def _planned_iteration(self):
+    def _planned_iteration(self, chosen: list[int] | None = None):
         """One vLLM V1 engine step (doc section 2): schedule() plans it; the policy picks the k
         of the drafts proposed at its end, from the requests it schedules (doc 5.4); the step is
         charged for every token it runs (verify tokens with drafts, prompt and re-prefill
         chunks); then the outcomes are committed, the next step's drafts proposed and finished
-        requests retired (their blocks free for the next step)."""
+        requests retired (their blocks free for the next step). `chosen`: the policy's ks,
+        where `_planned_segment` asked it for this step already (from the same context)."""
         env, scheduler = self.env, self.scheduler
         plan = scheduler.schedule(env.now)
         if not plan.scheduled:
@@ -408,7 +411,7 @@ class Replica:
         batch = plan.requests
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
-        ks = scheduler.choose(batch, env.now, lookahead)
+        ks = scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen
         decodes = [entry for entry in plan.scheduled if not entry.prefill]
         chunks = [entry for entry in plan.scheduled if entry.prefill]
         drafts = [entry.drafts for entry in decodes]
@@ -459,12 +462,23 @@ class Replica:
         if key == self._stepping_for:  # its first step did not fit: until the set changes
             yield from self._planned_iteration()
             return
-        if key != self._ks_for:
-            self._ks, self._ks_for = self._choose_uncapped(batch), key
-        ks = self._ks
+        hold = None
+        if self.holds:  # asked every step, as the step path asks it: once the step is known
+            # to run every proposal whole, from that step's context (its blocks allocated)
+            allocating = scheduler.next_decode_blocks()
+            if allocating is None:
+                yield from self._planned_iteration()
+                return
+            ks = scheduler.choose(batch, self.env.now, ctx=scheduler.context(
+                batch, self.env.now, allocating=allocating))
+            hold = self.policy.hold()
+        else:
+            if key != self._ks_for:
+                self._ks, self._ks_for = self._choose_uncapped(batch), key
+            ks = self._ks
         if any(scheduler.proposed(request) != d
                for request, d in zip(batch, self._cut_to_cap(batch, ks))):
-            yield from self._planned_iteration()
+            yield from self._planned_iteration(ks if hold is not None else None)
             return
         start = self.env.now
         stretch = _Stretch.priced(self, batch, ks)
@@ -472,6 +486,8 @@ class Replica:
         clock = np.concatenate(([start], stretch.durations)).cumsum()
         horizon = self.next_arrival_s(self.index)
         n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
+        if hold is not None:  # its held steps, then it is asked again
+            n = min(n, hold + 1)
         prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
         drafts = (stretch.drafts[:, :n] if stretch.capped
                   else np.repeat(stretch.k_arr[:, None], n, axis=1))
@@ -479,7 +495,7 @@ class Replica:
         if n == 0:  # its first step trims drafts or preempts: stepped, and (a budget that
             # trims the same ks every step) so are the next, until the running set changes
             self._stepping_for = key
-            yield from self._planned_iteration()
+            yield from self._planned_iteration(ks if hold is not None else None)
             return
         self._commit(batch, stretch, 0, n)
         self._record(batch, start, n, clock[1:n], stretch, kv)
@@ -488,6 +504,9 @@ class Replica:
             k if request.cap is None else min(k, request.cap[request.generated])
             if request.generated < request.output_tokens else 0
             for request, k in zip(batch, ks)])
+        if hold is not None:  # the n steps' observes (and the n - 1 held asks) at once
+            self.policy.observe_held(scheduler.context(batch, float(clock[n])), self._held_steps(
+                batch, stretch, 0, n, self._held_sums(batch, stretch, n)))
         yield _At(self.env, float(clock[n]))
         if n == stretch.steps:  # else no request reached its length: nothing to retire
             self._finish_done()
@@ -574,21 +593,14 @@ class Replica:
         `observe_held`, then the policy asked again at its end (at that step's time; a policy
         that holds reads no lookahead and stops no chain). Returns the steps committed, and
         the new (ks, hold) where the policy changed its ks first."""
-        scheduler, tokens = self.scheduler, stretch.tokens
-        # the steps' sums over the requests (HeldSteps.column_sums), for the n steps at once
-        accepted_sum = (tokens[1: n + 1] - tokens[:n] - len(batch)).tolist()
-        drafted_sum = ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
-                       else stretch.drafted[:n].tolist())
-        rejected_sum = stretch.rejected_sums(n)
-        ids = [request.request_id for request in batch]
+        scheduler = self.scheduler
+        sums = self._held_sums(batch, stretch, n)  # for the n steps at once
         done = 0
         while True:
             last = min(done + hold + 1, n)
             self._commit(batch, stretch, done, last)
             ctx = scheduler.context(batch, float(clock[last]))
-            self.policy.observe_held(ctx, HeldSteps(
-                ids, last - done, partial(stretch.held_arrays, done, last),
-                (accepted_sum[done:last], drafted_sum[done:last], rejected_sum[done:last])))
+            self.policy.observe_held(ctx, self._held_steps(batch, stretch, done, last, sums))
             done = last
             if done == n:
                 return n, None
@@ -596,6 +608,24 @@ class Replica:
             hold = self.policy.hold()
             if again != ks:
                 return done, (again, hold)
+
+    @staticmethod
+    def _held_sums(batch, stretch: _Stretch, n: int) -> tuple[list, list, list]:
+        """A stretch's first n steps' sums over the requests (HeldSteps.column_sums)."""
+        tokens = stretch.tokens
+        return ((tokens[1: n + 1] - tokens[:n] - len(batch)).tolist(),
+                ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
+                 else stretch.drafted[:n].tolist()),
+                stretch.rejected_sums(n))
+
+    @staticmethod
+    def _held_steps(batch, stretch: _Stretch, first: int, last: int,
+                    sums: tuple[list, list, list]) -> HeldSteps:
+        """Steps first..last - 1 of a stretch as `observe_held` reads them (`sums`: the
+        stretch's `_held_sums`, through last at least)."""
+        return HeldSteps([request.request_id for request in batch], last - first,
+                         partial(stretch.held_arrays, first, last),
+                         tuple(column[first:last] for column in sums))
 
     def _record(self, batch, start: float, n: int, starts, stretch: _Stretch,
                 kv: np.ndarray | None = None) -> None:

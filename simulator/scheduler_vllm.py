@@ -203,21 +203,27 @@ class VllmV1Scheduler:
     # -- the policy (doc 5.4) -------------------------------------------------------------------
 
     def context(self, batch: Sequence, now: float,
-                lookahead: Callable[[int], np.ndarray] | None = None) -> StepContext:
-        """What the policy sees: KV room in whole blocks' tokens, the queue after scheduling."""
+                lookahead: Callable[[int], np.ndarray] | None = None,
+                allocating: int = 0) -> StepContext:
+        """What the policy sees: KV room in whole blocks' tokens, the queue after scheduling
+        (`allocating`: blocks the step being scheduled takes that are not taken yet)."""
         return StepContext(
             now_s=now, replica=self.replica, step_index=self.step_index, requests=batch,
             k_max=self.config.k_max, cost=self.cost,
             kv_capacity_tokens=self.total_blocks * BLOCK_SIZE,
-            kv_free_tokens=self.free_blocks * BLOCK_SIZE, waiting=len(self.waiting),
-            lookahead=lookahead,
+            kv_free_tokens=(self.free_blocks - allocating) * BLOCK_SIZE,
+            waiting=len(self.waiting), lookahead=lookahead,
         )
 
     def choose(self, batch: Sequence, now: float,
-               lookahead: Callable[[int], np.ndarray] | None = None) -> list[int]:
+               lookahead: Callable[[int], np.ndarray] | None = None,
+               ctx: StepContext | None = None) -> list[int]:
         """The policy's k for every request of `batch` (the requests of this step), checked
-        against k_max (vLLM's num_speculative_tokens)."""
-        ks = [int(k) for k in self.policy.choose(self.context(batch, now, lookahead))]
+        against k_max (vLLM's num_speculative_tokens); `ctx`: the step's `context`, where the
+        caller has built it."""
+        if ctx is None:
+            ctx = self.context(batch, now, lookahead)
+        ks = [int(k) for k in self.policy.choose(ctx)]
         if len(ks) != len(batch):
             raise RuntimeError(f"policy {self.policy.name!r} returned {len(ks)} k for "
                                f"{len(batch)} requests")
@@ -325,6 +331,20 @@ class VllmV1Scheduler:
             if seq.prefilling or seq.placeholder:
                 return False
         return True
+
+    def next_decode_blocks(self) -> int | None:
+        """Where `steady`: the blocks `schedule()` would allocate for the next step if it runs
+        every running request's proposal whole (its first step as `decode_room` checks it),
+        else None (it would trim drafts or preempt)."""
+        seqs, need, tokens = self._seq, 0, 0
+        for request in self.running:
+            seq = seqs[request.index]
+            tokens += 1 + seq.spec
+            # C + n = (prompt + g - 1) + (1 + spec) tokens' blocks
+            blocks = blocks_for(request.prompt_tokens + request.generated + seq.spec)
+            if blocks > seq.blocks:
+                need += blocks - seq.blocks
+        return need if need <= self.free_blocks and tokens <= self.budget else None
 
     def proposed(self, request) -> int:
         """The drafts `request` proposed for its next step."""

@@ -53,6 +53,9 @@ CASES = [
     ("fixed", {"k": 0}, "iid:0.7", "none"),
     ("batch_adaptive", {}, "beta:3.5,6.5~20", None),  # k by batch size: proposals change
     ("confidence", {}, "smollm2-eagle-ngram", "none"),  # its stop folded into the cap
+    # policies that hold their ks: asked at a segment's first step, observed at its end
+    ("goodput", {"replan_every": 5}, "smollm2-ngram", "none"),
+    ("goodput", {"per_request": True, "ema_input": "inverted"}, "beta:3.5,6.5~20", None),
 ]
 
 
@@ -103,11 +106,50 @@ def test_arrivals_on_iteration_boundaries(monkeypatch, counted, seed, budget, bl
     assert counted["preempted"] if blocks < 100 else any(trimmed)
 
 
-def test_a_policy_that_learns_steps_one_at_a_time():
+def test_a_policy_that_learns_every_step_steps_one_at_a_time():
     spec = SimulationSpec(workload="poisson", rate=4.0, requests=20, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft="none", seed=0)
     inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                      make_policy("goodput", {}), inputs.kv_capacity_tokens,
+                      make_policy("auto", {}), inputs.kv_capacity_tokens,
                       SchedulerConfig(scheduler="vllm-v1"))
     assert result.meta["fast_path"] is False
+
+
+def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
+    """goodput holds its ks between re-plans: a segment asks it at its first step, from the
+    context the step path gives it there (the blocks that step allocates taken), ends where
+    the hold does, and reports its steps to `observe_held`; its plans change along the run."""
+    from policies.goodput import Goodput
+    held, asked = [], []
+    observe_held, choose = Goodput.observe_held, Goodput.choose
+
+    def counted_held(policy, ctx, steps):
+        held.append(steps.steps)
+        return observe_held(policy, ctx, steps)
+
+    def counted_choose(policy, ctx):
+        asked[-1].add((ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
+                       tuple(r.request_id for r in ctx.requests)))
+        return choose(policy, ctx)
+
+    monkeypatch.setattr(Goodput, "observe_held", counted_held)
+    monkeypatch.setattr(Goodput, "choose", counted_choose)
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=120, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=2)
+    inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
+    runs = []
+    for fast in (True, False):
+        asked.append(set())
+        runs.append(simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                             make_policy("goodput", {"replan_every": 6}),
+                             inputs.kv_capacity_tokens,
+                             SchedulerConfig(scheduler="vllm-v1", max_num_seqs=12),
+                             fast_path=fast))
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
+    pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps, check_exact=True)
+    assert max(held) == 6  # whole holds ran as segments
+    # every ask of the segments is one of the step path's, with the same context
+    assert asked[0] < asked[1]
+    decode = runs[0].steps[runs[0].steps.decode_seqs > 0]
+    assert decode.max_k.nunique() > 1  # the plans moved
