@@ -139,31 +139,36 @@ class VllmV1Scheduler:
         """Phase 1 over `running` in admission order, then (only if nothing was preempted)
         phase 2 over `waiting`, FCFS; advances each scheduled request's C (doc 3.2-3.5)."""
         plan, budget, seqs = StepPlan(), self.budget, self._seq
+        scheduled, running, limit = plan.scheduled, self.running, self.max_model_len
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             seq = seqs[request.index]
             total = request.prompt_tokens + request.generated  # N
-            n = min(total + seq.spec - seq.computed, budget)
-            if self.max_model_len is not None:
-                n = min(n, self.max_model_len - seq.computed - 1)
+            computed = seq.computed
+            n = min(total + seq.spec - computed, budget)
+            if limit is not None:
+                n = min(n, limit - computed - 1)
             if n <= 0:
                 i += 1
                 continue
-            need = max(blocks_for(self._cap(seq.computed + n)) - seq.blocks, 0)
-            if not self._make_room(request, need, plan):
-                break  # it was the last one: preempted itself, and nothing is left to walk
-            self.free_blocks -= need
-            seq.blocks += need
+            need = blocks_for(self._cap(computed + n)) - seq.blocks
+            if need > 0:
+                if need > self.free_blocks and not self._make_room(request, need, plan):
+                    break  # it was the last one: preempted itself, and nothing is left to walk
+                self.free_blocks -= need
+                seq.blocks += need
             budget -= n
-            drafts = max(n - (total - seq.computed), 0) if seq.spec else 0
+            drafts = max(n - (total - computed), 0) if seq.spec else 0
             seq.spec = 0  # trimmed drafts are dropped; new ones come at the end of the step
-            plan.scheduled.append(Scheduled(request, n, seq.computed, drafts, seq.prefilling,
-                                            seq.prefilling and request.generated > 0,
-                                            seq.placeholder and drafts > 0))
+            # _update_after_schedule: drafts count as computed
+            seq.computed = computed + n
+            scheduled.append(Scheduled(request, n, computed, drafts, seq.prefilling,
+                                       seq.prefilling and request.generated > 0,
+                                       seq.placeholder and drafts > 0))
             i += 1
         while (not plan.preempted and budget > 0 and self.waiting
-               and len(self.running) < self.config.max_num_seqs):
+               and len(running) < self.config.max_num_seqs):
             request = self.waiting[0]
             seq = seqs[request.index]
             total = request.prompt_tokens + request.generated  # a resumed one: prompt + outputs
@@ -171,16 +176,14 @@ class VllmV1Scheduler:
                 break  # strict FCFS: nobody behind it is tried, nothing is preempted for it
             self.waiting.popleft()
             n = min(total, budget)
-            seq.computed, seq.spec, seq.prefilling = 0, 0, True
+            seq.computed, seq.spec, seq.prefilling = n, 0, True  # from 0, as scheduled
             seq.blocks = blocks_for(self._cap(n))
             self.free_blocks -= seq.blocks
-            self.running.append(request)
+            running.append(request)
             if math.isnan(self.log.admitted_s[request.index]):  # the first admission
                 self.log.admitted_s[request.index] = now
             budget -= n
-            plan.scheduled.append(Scheduled(request, n, 0, 0, True, request.generated > 0))
-        for entry in plan.scheduled:  # _update_after_schedule: drafts count as computed
-            seqs[entry.request.index].computed += entry.tokens
+            scheduled.append(Scheduled(request, n, 0, 0, True, request.generated > 0))
         return plan
 
     def _make_room(self, request, need: int, plan: StepPlan) -> bool:
