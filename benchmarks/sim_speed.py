@@ -159,6 +159,8 @@ PATHS = (
     ("folded stop + draft", "beta:7,3~20", "Llama-68M", "confidence", SchedulerConfig(), 1),
     ("walked + draft", "beta:7,3~20", "Llama-68M", "heuristic", SchedulerConfig(), 1),
     ("goodput, chunked", "smollm2-ngram", "none", "goodput", CHUNKED, 1),
+    ("goodput, vllm-v1", "smollm2-ngram", "none", "goodput",
+     SchedulerConfig(scheduler="vllm-v1"), 1),
 )
 PATH_RATES = (8.0, 20.0)
 

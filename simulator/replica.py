@@ -18,7 +18,7 @@ the step where its token budget or free KV blocks would change what it plans.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from heapq import heappop, heappush
 from itertools import count
@@ -159,7 +159,7 @@ class Replica:
         self._signal_names = tuple(sorted(kind.signals if self.folds_stop
                                           else signals_needed(policy)))
         self._idle: simpy.Event | None = None
-        self._ks_for: tuple[int, ...] | None = None
+        self._ks_for: tuple[int, ...] | None = None  # _planned_segment: the ids `_ks` is for
         self._ks_at = -1  # _decode_segment: the scheduler's `changes` that `_ks` was asked at
         self._ks: list[int] = []
 
@@ -455,7 +455,9 @@ class Replica:
         `_decode_segment` costs them: up to the next arrival or finish, or to the step where
         the budget or the free blocks would change what `schedule()` plans
         (`decode_room`). One step at a time where the drafts proposed for the next step are
-        not what the requests' walks draft there (the running set changed since)."""
+        not what the requests' walks draft there (the running set changed since). A policy
+        that holds its ks is asked at the first step and observed at the last, the segment
+        ending where its hold does (`Policy.hold`, `observe_held`)."""
         scheduler = self.scheduler
         batch = scheduler.running
         key = tuple(request.request_id for request in batch)
@@ -463,15 +465,19 @@ class Replica:
             yield from self._planned_iteration()
             return
         hold = None
-        if self.holds:  # asked every step, as the step path asks it: once the step is known
-            # to run every proposal whole, from that step's context (its blocks allocated)
+        if self.holds:  # asked at the segment's first step, once that step is known to run
+            # every proposal whole, from the context the step path gives it there (the blocks
+            # the step allocates taken, the requests a list of their own as a plan's are)
             allocating = scheduler.next_decode_blocks()
             if allocating is None:
                 yield from self._planned_iteration()
                 return
             ks = scheduler.choose(batch, self.env.now, ctx=scheduler.context(
-                batch, self.env.now, allocating=allocating))
+                list(batch), self.env.now, allocating=allocating))
             hold = self.policy.hold()
+            if not hold:  # nothing held: this step alone, as the step path runs it
+                yield from self._planned_iteration(ks)
+                return
         else:
             if key != self._ks_for:
                 self._ks, self._ks_for = self._choose_uncapped(batch), key
@@ -494,6 +500,7 @@ class Replica:
         n, kv, blocks = scheduler.decode_room(prompt, stretch.gen[:, :n], drafts)
         if n == 0:  # its first step trims drafts or preempts: stepped, and (a budget that
             # trims the same ks every step) so are the next, until the running set changes
+            # (never where the policy holds: next_decode_blocks found that step whole)
             self._stepping_for = key
             yield from self._planned_iteration(ks if hold is not None else None)
             return
@@ -504,10 +511,12 @@ class Replica:
             k if request.cap is None else min(k, request.cap[request.generated])
             if request.generated < request.output_tokens else 0
             for request, k in zip(batch, ks)])
-        if hold is not None:  # the n steps' observes (and the n - 1 held asks) at once
-            self.policy.observe_held(scheduler.context(batch, float(clock[n])), self._held_steps(
-                batch, stretch, 0, n, self._held_sums(batch, stretch, n)))
         yield _At(self.env, float(clock[n]))
+        if hold is not None:  # the n steps' observes (and the n - 1 held asks) at once, at
+            # the end of the last, as the step path observes it (arrivals during it waiting)
+            self.policy.observe_held(scheduler.context(list(batch), self.env.now),
+                                     self._held_steps(stretch, 0, n, self._held_sums(
+                                         batch, stretch, n)))
         if n == stretch.steps:  # else no request reached its length: nothing to retire
             self._finish_done()
 
@@ -552,6 +561,7 @@ class Replica:
             if scheduler.changes != self._ks_at:
                 self._ks, self._ks_at = self._choose_uncapped(batch), scheduler.changes
             ks, hold = self._ks, None
+        last_hold = None
         while True:
             stretch = _Stretch.priced(self, batch, ks)
             if not stretch.capped and hold is None and not self.chunk_segments:
@@ -575,7 +585,7 @@ class Replica:
             n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
             replanned = None
             if hold is not None:
-                n, replanned = self._walk_holds(batch, ks, hold, n, clock, stretch)
+                n, replanned, last_hold = self._walk_holds(batch, ks, hold, n, clock, stretch)
             else:
                 self._commit(batch, stretch, 0, n)
             self._record(batch, start, n, clock[1:n], stretch)
@@ -584,47 +594,55 @@ class Replica:
                 break
             start, (ks, hold) = float(clock[n]), replanned
         yield end
+        if last_hold is not None:  # at the end of its last step, as the step path observes
+            # it (the requests that arrived during that step waiting)
+            self.policy.observe_held(scheduler.context(batch, self.env.now), last_hold)
         if n == stretch.steps:  # else no request reached its length: nothing to retire
             self._finish_done()
 
     def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
-                    stretch: _Stretch) -> tuple[int, tuple[list[int], int] | None]:
+                    stretch: _Stretch
+                    ) -> tuple[int, tuple[list[int], int] | None, HeldSteps | None]:
         """Commit a held stretch's first n steps hold by hold: each hold's steps, then
         `observe_held`, then the policy asked again at its end (at that step's time; a policy
-        that holds reads no lookahead and stops no chain). Returns the steps committed, and
-        the new (ks, hold) where the policy changed its ks first."""
+        that holds reads no lookahead and stops no chain). Returns the steps committed, the
+        new (ks, hold) where the policy changed its ks first, and where it did not, the last
+        hold's steps, which the caller reports at the segment's end (before it, no request
+        can arrive: the segment ends at the first step that ends after an arrival)."""
         scheduler = self.scheduler
         sums = self._held_sums(batch, stretch, n)  # for the n steps at once
         done = 0
         while True:
             last = min(done + hold + 1, n)
             self._commit(batch, stretch, done, last)
+            if last == n:
+                return n, None, self._held_steps(stretch, done, last, sums)
             ctx = scheduler.context(batch, float(clock[last]))
-            self.policy.observe_held(ctx, self._held_steps(batch, stretch, done, last, sums))
+            self.policy.observe_held(ctx, self._held_steps(stretch, done, last, sums))
             done = last
-            if done == n:
-                return n, None
             again = scheduler.choose(batch, ctx.now_s, ctx=ctx)
             hold = self.policy.hold()
             if again != ks:
-                return done, (again, hold)
+                return done, (again, hold), None
 
     @staticmethod
-    def _held_sums(batch, stretch: _Stretch, n: int) -> tuple[list, list, list]:
-        """A stretch's first n steps' sums over the requests (HeldSteps.column_sums)."""
+    def _held_sums(batch, stretch: _Stretch, n: int) -> tuple[list[int], tuple]:
+        """The requests' ids, and a stretch's first n steps' sums over them
+        (HeldSteps.column_sums), for `_held_steps`."""
         tokens = stretch.tokens
-        return ((tokens[1: n + 1] - tokens[:n] - len(batch)).tolist(),
-                ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
-                 else stretch.drafted[:n].tolist()),
-                stretch.rejected_sums(n))
+        return ([request.request_id for request in batch],
+                ((tokens[1: n + 1] - tokens[:n] - len(batch)).tolist(),
+                 ([int(stretch.k_arr.sum())] * n if stretch.drafted is None
+                  else stretch.drafted[:n].tolist()),
+                 stretch.rejected_sums(n)))
 
     @staticmethod
-    def _held_steps(batch, stretch: _Stretch, first: int, last: int,
-                    sums: tuple[list, list, list]) -> HeldSteps:
-        """Steps first..last - 1 of a stretch as `observe_held` reads them (`sums`: the
+    def _held_steps(stretch: _Stretch, first: int, last: int,
+                    held: tuple[list[int], tuple]) -> HeldSteps:
+        """Steps first..last - 1 of a stretch as `observe_held` reads them (`held`: the
         stretch's `_held_sums`, through last at least)."""
-        return HeldSteps([request.request_id for request in batch], last - first,
-                         partial(stretch.held_arrays, first, last),
+        ids, sums = held
+        return HeldSteps(ids, last - first, partial(stretch.held_arrays, first, last),
                          tuple(column[first:last] for column in sums))
 
     def _record(self, batch, start: float, n: int, starts, stretch: _Stretch,
@@ -772,7 +790,8 @@ class Replica:
             request.chain_k = -1
 
     def _walks_ending(self, now: int) -> list[RequestState]:
-        """`lazy`: the running requests whose walks end at step `now`, synced (`_sync`)."""
+        """`lazy`: the running requests whose walks end at step `now`, synced (`_sync`; one
+        walked anew to the same end comes twice, the second sync a no-op)."""
         ends, ending = self._ends, []
         while ends and ends[0][0] <= now:  # a live walk ends no earlier than now
             end, _, request = heappop(ends)
@@ -785,15 +804,18 @@ class Replica:
         """`lazy`: the first step a running request's walk ends at."""
         ends = self._ends
         while True:
+            assert ends, "a lazy segment priced with no walk in the batch's sums"
             end, _, request = ends[0]
             if request.summed and request.chain_end == end:
                 return end
             heappop(ends)  # stale: its walk was replaced, or it finished
 
-    def _to_check(self, batch: list[RequestState], ks: list[int]):
+    def _take_walks_to_check(self, batch: list[RequestState], ks: list[int]
+                             ) -> Iterable[tuple[RequestState, int]]:
         """The (request, k) whose walks `_Stretch.priced` checks: every running request, or
         (`lazy`, every k the same as at the last pricing, whose walks were all found current
-        then) those started since: segments alone moved the others, along their walks."""
+        then) those started since: segments alone moved the others, along their walks. Takes
+        `_fresh` (emptied) and notes the ks' k for the next pricing."""
         if not self.lazy:
             return zip(batch, ks)
         fresh, self._fresh = self._fresh, []
@@ -837,7 +859,7 @@ class _Stretch:
     def priced(cls, replica: Replica, batch: list[RequestState], ks: list[int]) -> _Stretch:
         self = cls()
         columns, lazy = replica.columns, replica.lazy
-        for request, k in replica._to_check(batch, ks):
+        for request, k in replica._take_walks_to_check(batch, ks):
             if request.chain_k != k or request.chain_g != request.generated:  # chain_is_current
                 if request.summed:
                     if lazy:  # its progress first: the walk is replaced from there

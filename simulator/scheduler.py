@@ -131,6 +131,7 @@ class Scheduler:
         self.kv_used = 0
         self.step_index = 0
         #: counts the changes of `running` (a start, a finish): equal counts, the same requests
+        #: (a request that starts and finishes in one prefill counts twice, the set unchanged)
         self.changes = 0
 
     @property

@@ -340,7 +340,7 @@ class VllmV1Scheduler:
         every running request's proposal whole (its first step as `decode_room` checks it),
         else None (it would trim drafts or preempt)."""
         seqs, need, tokens = self._seq, 0, 0
-        for request in self.running:
+        for request in self.running:  # decode_room's first step, from the proposals
             seq = seqs[request.index]
             tokens += 1 + seq.spec
             # C + n = (prompt + g - 1) + (1 + spec) tokens' blocks

@@ -178,3 +178,35 @@ def test_a_segment_goes_on_past_a_re_plan_that_repeats_the_ks(monkeypatch):
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     assert [_state(p) for p in fast_policies] == [_state(p) for p in slow_policies]
     assert max(holds) == 4 and fast_segments < len(holds) / 2
+
+
+def test_held_steps_are_reported_in_the_step_paths_context(monkeypatch):
+    """Each report of held steps (`observe_held`) comes with the context the step path observes
+    the last of them in: at its end, with the requests that arrived during it waiting."""
+    observed: list[set] = []
+    observe_held, observe = Goodput.observe_held, Goodput.observe
+
+    def seen(ctx):
+        return (ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
+                tuple(r.request_id for r in ctx.requests))
+
+    def counted_held(policy, ctx, steps):
+        observed[-1].add(seen(ctx))
+        return observe_held(policy, ctx, steps)
+
+    def counted_observe(policy, ctx, outcomes):
+        observed[-1].add(seen(ctx))
+        return observe(policy, ctx, outcomes)
+
+    monkeypatch.setattr(Goodput, "observe_held", counted_held)
+    monkeypatch.setattr(Goodput, "observe", counted_observe)
+    spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=5)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    for fast in (True, False):
+        observed.append(set())
+        simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                 make_policy("goodput", {"replan_every": "6"}), inputs.kv_capacity_tokens,
+                 SchedulerConfig(max_num_seqs=8), fast_path=fast)
+    assert observed[0] < observed[1]
+    assert any(waiting for _, _, _, waiting, _ in observed[0])  # a queue was reported

@@ -119,21 +119,31 @@ def test_a_policy_that_learns_every_step_steps_one_at_a_time():
 def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     """goodput holds its ks between re-plans: a segment asks it at its first step, from the
     context the step path gives it there (the blocks that step allocates taken), ends where
-    the hold does, and reports its steps to `observe_held`; its plans change along the run."""
+    the hold does, and reports its steps to `observe_held` with the context the step path
+    observes its last step in; its plans change along the run."""
     from policies.goodput import Goodput
-    held, asked = [], []
-    observe_held, choose = Goodput.observe_held, Goodput.choose
+    held, asked, observed = [], [], []
+    observe_held, observe, choose = Goodput.observe_held, Goodput.observe, Goodput.choose
+
+    def seen(ctx):
+        return (ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
+                tuple(r.request_id for r in ctx.requests))
 
     def counted_held(policy, ctx, steps):
         held.append(steps.steps)
+        observed[-1].add(seen(ctx))
         return observe_held(policy, ctx, steps)
 
+    def counted_observe(policy, ctx, outcomes):
+        observed[-1].add(seen(ctx))
+        return observe(policy, ctx, outcomes)
+
     def counted_choose(policy, ctx):
-        asked[-1].add((ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
-                       tuple(r.request_id for r in ctx.requests)))
+        asked[-1].add(seen(ctx))
         return choose(policy, ctx)
 
     monkeypatch.setattr(Goodput, "observe_held", counted_held)
+    monkeypatch.setattr(Goodput, "observe", counted_observe)
     monkeypatch.setattr(Goodput, "choose", counted_choose)
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=120, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft="none", seed=2)
@@ -141,6 +151,7 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     runs = []
     for fast in (True, False):
         asked.append(set())
+        observed.append(set())
         runs.append(simulate(inputs.workload, inputs.latency, inputs.acceptance,
                              make_policy("goodput", {"replan_every": 6}),
                              inputs.kv_capacity_tokens,
@@ -149,7 +160,8 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests, check_exact=True)
     pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps, check_exact=True)
     assert max(held) == 6  # whole holds ran as segments
-    # every ask of the segments is one of the step path's, with the same context
-    assert asked[0] < asked[1]
+    # every ask and every report of the segments is one of the step path's, with the same
+    # context (arrivals during a segment's last step waiting in its report)
+    assert asked[0] < asked[1] and observed[0] < observed[1]
     decode = runs[0].steps[runs[0].steps.decode_seqs > 0]
     assert decode.max_k.nunique() > 1  # the plans moved
