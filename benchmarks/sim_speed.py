@@ -20,8 +20,9 @@ the path the simulator takes for it, on the shipped n-gram recording and on a pa
 acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
 iteration.
 Fifth table (`--paths N`): us per simulated iteration on each path a run can take (chunked
-prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked steps), N
-requests per replica at 8 and 20 req/s per replica (the batch column: how full it runs).
+prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked steps, a policy
+that holds its k under chunked prefill and vllm-v1), N requests per replica at 8 and 20 req/s
+per replica (the batch column: how full it runs).
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
