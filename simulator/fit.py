@@ -73,6 +73,7 @@ class PhaseGrid:
         self._lo = [float(v[0]) for v in values]
         self._hi = [float(v[-1]) for v in values]
         self._flat = log_ratio.ravel().tolist()
+        self._flat_array = np.asarray(self._flat, dtype=np.float64)
         self._strides = [log_ratio.shape[1] * log_ratio.shape[2], log_ratio.shape[2], 1]
         # flat offsets of a cell's corners, first active axis most significant
         self._corners = [sum(bit * self._strides[a] for a, bit in zip(self.active, bits))
@@ -109,40 +110,11 @@ class PhaseGrid:
                     f"nothing near {point})")
         return cls(values, filled, len(missing))
 
-    def inside(self, b: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Whether each point lies in the grid's box (on the value of a single-valued axis)."""
-        ok = np.ones(np.shape(b), dtype=bool)
-        for x, v in zip((b, q, c), self.values):
-            tol = 1e-9 * max(1.0, float(v[-1]))
-            ok &= (x >= v[0] - tol) & (x <= v[-1] + tol)
-        return ok
-
-    def interpolate(self, b: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Multilinear log-ratio at each point, clamped onto the grid's box outside it."""
-        base, frac = [], []
-        for axis, x in enumerate((b, q, c)):
-            if axis not in self.active:
-                continue
-            co = self.coords[axis]
-            u = np.log(np.clip(x, self.values[axis][0], self.values[axis][-1])
-                       + _AXIS_OFFSET[axis])
-            i = np.clip(np.searchsorted(co, u, side="right") - 1, 0, len(co) - 2)
-            base.append(i)
-            frac.append(np.clip((u - co[i]) / (co[i + 1] - co[i]), 0.0, 1.0))
-        out = np.zeros(np.shape(b))
-        for bits in itertools.product((0, 1), repeat=len(self.active)):
-            index, weight = [0, 0, 0], 1.0
-            for axis, i, w, bit in zip(self.active, base, frac, bits):
-                index[axis] = i + bit
-                weight = weight * (w if bit else 1.0 - w)
-            out = out + weight * self.log_ratio[tuple(index)]
-        return out
-
     def interpolate_scalar(self, b: float, q: float, c: float, clamp: bool) -> float:
-        """`interpolate` (and, unless `clamp`, 0 outside the box) for one point, in plain Python.
-
-        The engine costs an iteration at a time through here, so it avoids numpy entirely.
-        """
+        """The multilinear log-ratio at one point, clamped onto the grid's box outside it (unless
+        `clamp`: 0 outside the box, within 1e-9 of its edges), in plain Python: the engine
+        costs an iteration at a time through here, and arrays of passes element by element
+        (`ProfiledLatency.forward_s`)."""
         point = (b, q, c)
         if not clamp:
             for x, lo, hi in zip(point, self._lo, self._hi):
@@ -160,6 +132,32 @@ class PhaseGrid:
             base += i * self._strides[axis]
             weights.append(0.0 if w < 0.0 else 1.0 if w > 1.0 else w)
         return _cell(self._flat, base, self._corners, weights)
+
+    def interpolate_many(self, b: np.ndarray, q: np.ndarray, c: np.ndarray,
+                         clamp: bool) -> np.ndarray:
+        """`interpolate_scalar` of every point (float64 arrays), to the bit: the same
+        operations element by element, the logarithms taken by math's log (numpy's differs
+        from it in the last bit)."""
+        point = (b, q, c)
+        base = np.zeros(len(b), dtype=np.int64)
+        weights = []
+        for axis in self.active:
+            co, lo, hi = self.coords[axis], self._lo[axis], self._hi[axis]
+            x = point[axis]
+            clipped = np.where(x < lo, lo, np.where(x > hi, hi, x)) + _AXIS_OFFSET[axis]
+            u = np.array([math.log(v) for v in clipped.tolist()], dtype=np.float64)
+            i = np.clip(np.searchsorted(co, u, side="right") - 1, 0, len(co) - 2)
+            w = (u - co[i]) / (co[i + 1] - co[i])
+            base += i * self._strides[axis]
+            weights.append(np.where(w < 0.0, 0.0, np.where(w > 1.0, 1.0, w)))
+        out = _cell(self._flat_array, base, self._corners, weights)
+        if not clamp:
+            outside = np.zeros(len(b), dtype=bool)
+            for x, lo, hi in zip(point, self._lo, self._hi):
+                tol = 1e-9 * max(1.0, hi)
+                outside |= (x < lo - tol) | (x > hi + tol)
+            out = np.where(outside, 0.0, out)
+        return out
 
 
 def _bracketed(grid: np.ndarray, coords: list[np.ndarray], node: tuple) -> float | None:
@@ -203,8 +201,10 @@ def _nearest(grid: np.ndarray, coords: list[np.ndarray], node: tuple) -> float |
     return float(np.average(value, weights=weight))
 
 
-def _cell(f: list[float], k: int, c: list[int], w: list[float]) -> float:
-    """Multilinear value in the cell whose first corner is f[k] (corners at k + c[j]).
+def _cell(f, k, c: list[int], w: list):
+    """Multilinear value in the cell whose first corner is f[k] (corners at k + c[j]); for
+    one point (lists, ints and floats) or many (a float64 array f, arrays k and w[j]), the
+    same operations either way.
 
     Unrolled per dimension: list comprehensions cost more than the arithmetic at this size.
     """

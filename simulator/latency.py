@@ -50,6 +50,10 @@ class LatencyModel(ABC):
     #: they give for scalars (the same IEEE operations in the same order): a planner may then
     #: price its alternatives at once (StepCostModel.steps_s) and decide exactly as one by one
     arrays_match_scalars: bool = False
+    #: planners may price many alternatives of a step in one call, from their verify pass's
+    #: sums (`StepCostModel.chain_sums_s`, `steps_s`); what a planner weighs may depend on it
+    #: (auto weighs every draft total where it can, else a subset: docs/policy-auto.md)
+    batch_pricing: bool = True
 
     def pass_s(
         self,

@@ -33,6 +33,9 @@ from simulator.latency_table import DRAFT_CATCH_UP_KEY, ROLE_PHASES, LatencyTabl
 
 Extrapolation = Literal["clamp", "fit"]
 _SCALARS = (int, float, np.integer, np.floating)
+#: up to this many passes, an array is priced one pass at a time (`_scalar`): the same floats
+#: as `_passes`, which costs some 40 numpy calls per phase whatever the passes
+FEW_PASSES = 24
 _STEP_PHASE = {"target": "decode", "draft": "draft"}  # the phase of one token per request
 _MULTI_PHASE = {"target": "verify", "draft": "catchup"}  # several tokens per request at c > 0
 
@@ -71,7 +74,16 @@ class ProfiledLatency(LatencyModel):
     target's passes of each phase on top of it: where the speed moved unevenly across shapes.
     A mixed step priced in parts takes the prefill pass's fixed cost out (`fixed_pass_s`, at
     the prefill's scale), so the one it pays is its decode pass's.
+
+    Arrays are priced with the scalar form's operations in its order, exp and log taken by
+    math's (`_passes`), so that they give the scalars' floats: the fast path's segments then
+    keep the step path's records.
     """
+
+    arrays_match_scalars = True
+    #: planners price a profile's alternatives one by one, as before its arrays matched its
+    #: scalars (auto weighs a subset of its draft totals on it: docs/policy-auto.md)
+    batch_pricing = False
 
     def __init__(self, table: LatencyTable, step_overhead_s: float = 0.0,
                  extrapolation: Extrapolation = "clamp", *, per_seq_overhead_s: float = 0.0,
@@ -181,33 +193,48 @@ class ProfiledLatency(LatencyModel):
                              phase)
             return t * self.pass_scale
         args = np.broadcast_arrays(num_seqs, query_tokens, cached_tokens, attn_pairs)
-        b, q, c, p = (np.asarray(x, dtype=np.float64) for x in args)
+        shape = args[0].shape
         if model is None:
-            return _out(np.zeros(b.shape))
+            return _out(np.zeros(shape))
+        b, q, c, p = (np.asarray(x, dtype=np.float64).ravel() for x in args)
+        if len(b) <= FEW_PASSES:  # one by one costs less than the arrays' calls
+            scalar, scale = self._scalar, self.pass_scale
+            return _out(np.array([scalar(role, model, *shape_of, phase) * scale for shape_of
+                                  in zip(b.tolist(), q.tolist(), c.tolist(), p.tolist())],
+                                 dtype=np.float64).reshape(shape))
+        out = np.zeros(len(b))
         live = (b > 0) & (q > 0)
-        t = np.array(linear_form(model.coef, b, q, c, p), dtype=np.float64)
-        per = np.where(live, b, 1.0)
-        qbar, cbar = q / per, c / per
-        step = live & (q == b)
-        prefill = live & (c == 0) & (q > b)
-        masks = {_STEP_PHASE[role]: step, "prefill": prefill,
-                 _MULTI_PHASE[role]: live & ~step & ~prefill}
+        if live.any():
+            out[live] = self._passes(role, model, b[live], q[live], c[live], p[live], phase)
+        return _out(out.reshape(shape))
+
+    def _passes(self, role: str, model: _RoleModel, b: np.ndarray, q: np.ndarray,
+                c: np.ndarray, p: np.ndarray, phase: str | None) -> np.ndarray:
+        """`_scalar` of passes that run, as float64 arrays, to the bit (its operations in its
+        order, element by element; exp and log taken by math's, as numpy's differ from them
+        in the last bit), scaled by `pass_scale`: the engine's segments price as arrays the
+        passes its steps price one by one."""
+        k0, k1, k2, k3, k4 = self._scalar_coef[role]
+        t = k0 + k1 * b + k2 * q + k3 * c + k4 * p
         if phase is not None:
-            masks = {phase: live}
-            cbar = np.zeros_like(cbar) if phase == "prefill" else cbar
-        for name, mask in masks.items():
+            phases = {phase: np.ones(len(b), dtype=bool)}
+            c = np.zeros(len(b)) if phase == "prefill" else c
+        else:
+            step = q == b
+            prefill = ~step & (c == 0) & (q > b)
+            phases = {_STEP_PHASE[role]: step, "prefill": prefill,
+                      _MULTI_PHASE[role]: ~step & ~prefill}
+        for name, mask in phases.items():
             grid = model.grids.get(name)
             if grid is None or not mask.any():
                 continue
-            bb, qq, cc = b[mask], qbar[mask], cbar[mask]
-            log_ratio = grid.interpolate(bb, qq, cc)
-            if not self._clamp:
-                log_ratio = np.where(grid.inside(bb, qq, cc), log_ratio, 0.0)
-            t[mask] *= np.exp(log_ratio)
+            bb = b[mask]
+            log_ratio = grid.interpolate_many(bb, q[mask] / bb, c[mask] / bb, self._clamp)
+            t[mask] = t[mask] * np.array([math.exp(v) for v in log_ratio.tolist()])
         if self.phase_scales and role == "target":
-            for name, mask in masks.items():
-                t[mask] *= self.phase_scales[name]
-        return _out(np.where(live, t * self.pass_scale, 0.0))
+            for name, mask in phases.items():
+                t[mask] = t[mask] * self.phase_scales[name]
+        return t * self.pass_scale
 
     def _scalar(self, role: str, model: _RoleModel, b, q, c, p, phase=None) -> float:
         """The same for one pass in plain Python: the engine calls this once per iteration."""

@@ -183,8 +183,10 @@ class StepCostModel:
         (k_r + 2) / 2; one step per element of `drafted` (`requests` and `cached` may be one
         for all). The same floats as `step_s` of their ks; None where a step's price is not a
         function of those sums (a draft model, a tree, a latency model whose arrays might not
-        match its scalars)."""
-        if not (self.prices_chain_sums and self.latency.arrays_match_scalars):
+        match its scalars), or where the latency model does not price alternatives at once
+        (`batch_pricing` False: a profile, whose planners weigh what they weigh one by one)."""
+        lat = self.latency
+        if not (self.prices_chain_sums and lat.arrays_match_scalars and lat.batch_pricing):
             return None
         if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
             # a step or two: Python floats cost less than arrays, and are the same floats
@@ -308,7 +310,8 @@ class StepCostModel:
         lat = self.latency
         if not ks_rows:
             return []
-        if self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars:
+        if (self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars
+                or not lat.batch_pricing):
             return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
         ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
         cached = np.asarray(context_tokens, dtype=np.int64) - 1

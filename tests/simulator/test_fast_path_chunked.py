@@ -86,12 +86,18 @@ def test_kv_limit_and_arrivals_on_iteration_boundaries(monkeypatch, seed):
     assert (fast.steps.waiting > 0).any()
 
 
-def test_a_profile_steps_one_at_a_time():
-    """A latency model whose arrays might not give its scalars' numbers keeps the step path."""
-    spec = SimulationSpec(workload="poisson", rate=0.5, requests=8, lengths="azure-conv",
-                          acceptance="iid:0.6", profile="cpu-smollm2-135m", seed=0)
-    inputs = build_inputs(spec, {}, SchedulerConfig())
-    result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                      make_policy("fixed", {"k": 2}), inputs.kv_capacity_tokens,
-                      SchedulerConfig(chunked_prefill=True, max_batched_tokens=512))
-    assert result.meta["fast_path"] is False
+def test_a_profile_takes_segments_with_the_step_paths_records():
+    """A profile prices arrays through its scalar form, so chunked runs on it take segments
+    too, and a draft model's capped steps, with the step path's floats."""
+    for acceptance, profile in (("iid:0.6~20", "cpu-smollm2-135m"),
+                                ("smollm2-ngram", "cpu-smollm2-135m")):
+        spec = SimulationSpec(workload="poisson", rate=3.0, requests=40, lengths="azure-conv",
+                              acceptance=acceptance, profile=profile, seed=0)
+        inputs = build_inputs(spec, {}, SchedulerConfig())
+        fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                               make_policy("fixed", {"k": 3}), inputs.kv_capacity_tokens,
+                               SchedulerConfig(chunked_prefill=True, max_batched_tokens=512),
+                               fast_path=fast) for fast in (True, False))
+        assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+        pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+        pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)

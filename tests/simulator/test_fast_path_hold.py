@@ -138,18 +138,24 @@ def test_the_engine_reports_held_steps_as_one_column_per_step():
     assert emitted == int(result.steps.emitted.sum())
 
 
-def test_a_profile_keeps_a_policy_that_holds_on_the_step_path():
-    """A profile's arrays agree with its scalars to 1e-9, not to the bit: stepping keeps the
-    floats the step path recorded."""
+def test_a_profile_takes_the_fast_path_with_the_step_paths_records(monkeypatch):
+    """A profile prices arrays one pass at a time through its scalar form, so a policy that
+    holds takes the fast path on it too, with the step path's floats."""
     from tests.simulator.test_profiled import make_table
 
     rng = np.random.default_rng(2)
-    wl = workload(np.arange(12) * 0.01, rng.integers(1, 50, 12), rng.integers(1, 40, 12))
+    n = 60
+    wl = workload(np.sort(rng.uniform(0, 0.5, n)), rng.integers(1, 50, n),
+                  rng.integers(1, 40, n))
     trace = parametric_trace(parse_acceptance("iid:0.6"), wl.output_tokens, rng)
     latency = ProfiledLatency(make_table())
-    assert not latency.arrays_match_scalars
-    result = simulate(wl, latency, trace, make_policy("goodput", {}), 100_000)
-    assert result.meta["fast_path"] is False
+    assert latency.arrays_match_scalars
+    fast, slow = (simulate(wl, latency, trace, make_policy("goodput", {"replan_every": "4"}),
+                           100_000, SchedulerConfig(max_num_seqs=8), fast_path=fast)
+                  for fast in (True, False))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
 
 
 def test_a_segment_goes_on_past_a_re_plan_that_repeats_the_ks(monkeypatch):

@@ -20,6 +20,7 @@ from simulator.fit import AXES, COEFFICIENTS, linear_form, uniform_aggregates
 from simulator.latency import attention_pairs
 from simulator.latency_table import COLUMNS, LatencyTable, new_meta
 from simulator.profiled import (
+    FEW_PASSES,
     ProfiledLatency,
     error_summary,
     heldout_split,
@@ -172,15 +173,23 @@ def test_scalars_give_floats_and_arrays_broadcast(knee_model):
     c=st.integers(0, 50_000),
     pairs=st.integers(0, 10**8),
     extrapolation=st.sampled_from(["clamp", "fit"]),
+    prefill=st.booleans(),
 )
 def test_the_scalar_path_matches_the_array_path(role, b, per_q, extra_q, c, pairs,
-                                                extrapolation):
+                                                extrapolation, prefill):
+    """To the bit: the fast path prices arrays of the passes the step path prices one by one."""
     model = _models()[extrapolation]
     q = b * per_q + (extra_q if per_q > 1 else 0)
-    scalar = model.forward_s(role, b, q, c, pairs)
-    array = model.forward_s(role, np.array([b, 1]), np.array([q, 1]), np.array([c, 0]),
-                            np.array([pairs, 1]))
-    assert scalar == pytest.approx(array[0], rel=1e-9, abs=1e-15)
+    phase = "prefill" if prefill and role == "target" else None
+    scalar = model.forward_s(role, b, q, c, pairs, phase=phase)
+    # past FEW_PASSES passes, so that the array form is the one that prices it
+    many = FEW_PASSES + 1
+    array = model.forward_s(role, np.array([b] + [1] * many), np.array([q] + [1] * many),
+                            np.array([c] + [0] * many), np.array([pairs] + [1] * many),
+                            phase=phase)
+    assert model.arrays_match_scalars and scalar == array[0]
+    assert model.step_overhead_s(b, per_q) == model.step_overhead_s(np.array([b]),
+                                                                    np.array([per_q]))[0]
     assert scalar >= 0 and np.isfinite(scalar)
     assert (scalar == 0) == (b == 0 or q == 0)
 
@@ -487,3 +496,49 @@ def test_a_profile_can_price_a_mixed_step_as_its_parts():
         pytest.approx(whole, rel=1e-12)
     with pytest.raises(ConfigError, match="'one pass' or 'parts'"):
         ProfiledLatency(LatencyTable(table.rows, {**table.meta, "mixed_steps": "halves"}))
+
+
+@pytest.mark.parametrize("profile", ["cpu-smollm2-135m", "vllm-cpu-smollm2"])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_shipped_profiles_arrays_are_its_scalars_to_the_bit(profile, scaled):
+    """Every pass of a random batch of shapes, inside and outside each grid's box, in every
+    phase and with the calibration's scales: the array gives each scalar's float exactly."""
+    from simulator.builtin_profiles import resolve_profile
+    from simulator.latency_table import LatencyTable
+
+    table = LatencyTable.load(resolve_profile(profile))
+    scales = {"pass_scale": 1.07, "phase_scales": {"prefill": 0.9, "decode": 1.1,
+                                                   "verify": 1.3}} if scaled else {}
+    model = ProfiledLatency(table, **scales)
+    rng = np.random.default_rng(11)
+    n = 3000
+    b = rng.integers(0, 200, n)
+    q = b * rng.integers(0, 12, n) + rng.integers(0, 3, n)  # decodes, verifies, ragged
+    prompts = rng.random(n) < 0.2
+    q[prompts] = b[prompts] * rng.integers(1, 2048, int(prompts.sum()))
+    c = np.where(prompts & (rng.random(n) < 0.7), 0, rng.integers(0, 60_000, n))
+    p = q * c + q * (q + 1) // 2
+    for role in ("target", "draft"):
+        for phase in (None, "prefill"):
+            array = model.forward_s(role, b, q, c, p, phase=phase)
+            scalars = [model.forward_s(role, int(x), int(y), int(z), int(w), phase=phase)
+                       for x, y, z, w in zip(b, q, c, p)]
+            assert array.tolist() == scalars
+
+
+def test_many_points_interpolate_with_maths_logarithm():
+    """Where numpy's log and math's differ (about 1 input in 10,000), the array form takes
+    math's, as the scalar form does: the points chosen are such inputs."""
+    import math
+
+    grid = next(g for m in _models()["clamp"]._roles.values() for g in m.grids.values()
+                if 2 in g.active)
+    lo, hi = grid.values[2][0], grid.values[2][-1]
+    x = np.random.default_rng(5).uniform(lo, hi, 400_000)
+    differ = x[np.log(x + 1.0) != np.array([math.log(v) for v in (x + 1.0).tolist()])][:50]
+    assert len(differ) >= 10
+    b = np.full(len(differ), float(grid.values[0][0]))
+    q = np.full(len(differ), float(grid.values[1][0]))
+    many = grid.interpolate_many(b, q, differ, clamp=True)
+    assert many.tolist() == [grid.interpolate_scalar(x, y, z, True)
+                             for x, y, z in zip(b.tolist(), q.tolist(), differ.tolist())]

@@ -43,7 +43,8 @@ def test_a_draft_model_or_a_profile_is_priced_one_row_at_a_time(monkeypatch):
     for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                     get_gpu("h100")), ProfiledLatency(make_table())):
         cost = StepCostModel(latency)
-        assert not (latency.arrays_match_scalars and not latency.has_draft_model)
+        assert not (latency.arrays_match_scalars and latency.batch_pricing
+                    and not latency.has_draft_model)
         calls, real = [], cost.step_s
 
         def counted(ks, c, f=None, calls=calls, real=real):
