@@ -23,6 +23,9 @@ Fifth table (`--paths N`): us per simulated iteration on each path a run can tak
 prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked steps, a policy
 that holds its k under chunked prefill and vllm-v1), N requests per replica at 8 and 20 req/s
 per replica (the batch column: how full it runs).
+Sixth table (`--profiles N`): us per simulated iteration on the shipped profiles (the CPU
+SmolLM2 engine's and vLLM-CPU's, with their own draft models and schedulers), the fast path
+beside one iteration at a time, and whether their mean E2E is the same.
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -54,9 +57,10 @@ from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
 
 def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
             policy: str = "fixed", fast_path: bool = True, draft: str | None = None,
-            scheduler: SchedulerConfig | None = None, replicas: int = 1) -> dict:
+            scheduler: SchedulerConfig | None = None, replicas: int = 1,
+            profile: str | None = None) -> dict:
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths="azure-conv",
-                          acceptance=acceptance, seed=0, draft=draft)
+                          acceptance=acceptance, seed=0, draft=draft, profile=profile)
     params = {"k": k} if policy == "fixed" else {}
     scheduler = scheduler or SchedulerConfig()
     t0 = time.perf_counter()
@@ -192,6 +196,46 @@ def paths_table(n: int, repeats: int) -> None:
         print(line.rstrip(), flush=True)
 
 
+#: the sixth table's rows: (shipped profile, acceptance, policy, scheduler, rate): the CPU
+#: engines' passes take milliseconds, so light loads (batch 4-8)
+VLLM_CPU = SchedulerConfig(scheduler="vllm-v1", kv_capacity_tokens=262_144)
+PROFILES = (
+    ("cpu-smollm2-135m", "iid:0.7~20", "fixed", SchedulerConfig(), 0.1),
+    ("cpu-smollm2-135m", "smollm2-ngram", "fixed", SchedulerConfig(), 0.1),
+    ("cpu-smollm2-135m", "smollm2-ngram", "goodput", SchedulerConfig(), 0.1),
+    ("vllm-cpu-smollm2", "smollm2-ngram", "fixed", VLLM_CPU, 0.2),
+    ("vllm-cpu-smollm2", "smollm2-ngram", "goodput", VLLM_CPU, 0.2),
+)
+
+
+def profiles_table(n: int, repeats: int) -> None:
+    """us per simulated iteration on the shipped profiles (their own draft models), with the
+    fast path and one iteration at a time side by side, and how far apart their mean E2E is:
+    exact where segments follow the step path's clock (capped drafts, holds, vllm-v1), within
+    float rounding where an uncapped segment adds its steps' durations up before the clock."""
+    print(f"\n{n:,} requests on the shipped profiles, fixed k=3 unless named (times: median of "
+          f"{repeats}, rows interleaved)")
+    _header(f"{'profile':>17} {'acceptance':>14} {'policy':>8} {'scheduler':>12} {'rate':>5} "
+            f"{'fast us':>8} {'step us':>8} {'batch':>6} {'E2E apart':>10}")
+    runs: dict[tuple, list[dict]] = {(row, fast): [] for row in PROFILES for fast in (1, 0)}
+    for _ in range(repeats):
+        for (profile, acceptance, policy, scheduler, rate), fast in runs:
+            runs[(profile, acceptance, policy, scheduler, rate), fast].append(measure(
+                n, 3, acceptance, rate, policy, bool(fast), scheduler=scheduler,
+                profile=profile))
+    for row in PROFILES:
+        cells = []
+        for fast in (1, 0):
+            results = runs[row, fast]
+            cells.append(float(np.median([x["engine_s"] for x in results]))
+                         / results[0]["iterations"] * 1e6)
+        fast_e2e, step_e2e = runs[row, 1][0]["e2e_mean"], runs[row, 0][0]["e2e_mean"]
+        apart = abs(fast_e2e - step_e2e) / step_e2e
+        print(f"{row[0]:>17} {row[1]:>14} {row[2]:>8} {row[3].scheduler:>12} {row[4]:>5g} "
+              f"{cells[0]:>8.1f} {cells[1]:>8.1f} {runs[row, 1][0]['mean_batch']:>6.1f} "
+              f"{'exact' if apart == 0 else f'{apart:.0e}':>10}", flush=True)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED_ARGS = ["--workload", "poisson", "--rate", "8", "--lengths", "azure-conv",
                  "--acceptance", "smollm2-ngram", "--draft", "none", "--seed", "0"]
@@ -243,6 +287,9 @@ def main() -> None:
                         help="requests of the targets' recorded rows (the 100k row: 10x)")
     parser.add_argument("--every-policy", type=int, default=0, metavar="N",
                         help="also every policy's us per iteration, N requests a run (0: skip)")
+    parser.add_argument("--profiles", type=int, default=0, metavar="N",
+                        help="also the us per iteration on the shipped profiles, fast path "
+                             "beside one iteration at a time, N requests a run (0: skip)")
     parser.add_argument("--paths", type=int, default=0, metavar="N",
                         help="also the us per iteration of each path (scheduler, replicas, "
                              "drafter) at two loads, N requests per replica (0: skip)")
@@ -264,6 +311,8 @@ def main() -> None:
         every_policy_table(args.every_policy, args.repeats)
     if args.paths:
         paths_table(args.paths, args.repeats)
+    if args.profiles:
+        profiles_table(args.profiles, args.repeats)
     if args.targets:
         targets_table(args.target_requests)
 

@@ -105,6 +105,9 @@ REDUCE: dict[str, tuple[str, ...]] = {
     # every path at two loads, 3 runs of 2,000 requests per replica each (~4 min): one of 100
     "python benchmarks/sim_speed.py --paths": ("--sizes", "1000", "--recorded", "0",
                                                "--paths", "100", "--repeats", "1"),
+    # the shipped profiles, fast and stepped, 3 runs of 1,000 requests each (~2 min): one of 60
+    "python benchmarks/sim_speed.py --profiles": ("--sizes", "1000", "--recorded", "0",
+                                                  "--profiles", "60", "--repeats", "1"),
     # the targets: 10k and 100k recorded runs and the default tune, ~3 min; scaled to 300
     "python benchmarks/sim_speed.py --targets": ("--sizes", "1000", "--recorded", "0",
                                                  "--target-requests", "300"),
