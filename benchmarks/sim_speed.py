@@ -24,8 +24,8 @@ prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked st
 that holds its k under chunked prefill and vllm-v1), N requests per replica at 8 and 20 req/s
 per replica (the batch column: how full it runs).
 Sixth table (`--profiles N`): us per simulated iteration on the shipped profiles (the CPU
-SmolLM2 engine's and vLLM-CPU's, with their own draft models and schedulers), the fast path
-beside one iteration at a time, and whether their mean E2E is the same.
+SmolLM2 engine's with its early-exit draft, vLLM-CPU's with the n-gram lookup and its
+scheduler), the fast path beside one iteration at a time, and how far apart their mean E2E is.
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -209,7 +209,7 @@ PROFILES = (
 
 
 def profiles_table(n: int, repeats: int) -> None:
-    """us per simulated iteration on the shipped profiles (their own draft models), with the
+    """us per simulated iteration on the shipped profiles (their own drafters), with the
     fast path and one iteration at a time side by side, and how far apart their mean E2E is:
     exact where segments follow the step path's clock (capped drafts, holds, vllm-v1), within
     float rounding where an uncapped segment adds its steps' durations up before the clock."""

@@ -111,9 +111,9 @@ class PhaseGrid:
         return cls(values, filled, len(missing))
 
     def interpolate_scalar(self, b: float, q: float, c: float, clamp: bool) -> float:
-        """The multilinear log-ratio at one point, clamped onto the grid's box outside it (unless
-        `clamp`: 0 outside the box, within 1e-9 of its edges), in plain Python: the engine
-        costs an iteration at a time through here, and arrays of passes element by element
+        """The multilinear log-ratio at one point, clamped onto the grid's box outside it (or,
+        with `clamp` False, 0 outside it, beyond 1e-9 of its edges), in plain Python: the
+        engine costs an iteration at a time through here, and a few passes one by one
         (`ProfiledLatency.forward_s`)."""
         point = (b, q, c)
         if not clamp:
@@ -135,7 +135,7 @@ class PhaseGrid:
 
     def interpolate_many(self, b: np.ndarray, q: np.ndarray, c: np.ndarray,
                          clamp: bool) -> np.ndarray:
-        """`interpolate_scalar` of every point (float64 arrays), to the bit: the same
+        """`interpolate_scalar` of every point (1-d float64 arrays), to the bit: the same
         operations element by element, the logarithms taken by math's log (numpy's differs
         from it in the last bit)."""
         point = (b, q, c)
@@ -145,7 +145,7 @@ class PhaseGrid:
             co, lo, hi = self.coords[axis], self._lo[axis], self._hi[axis]
             x = point[axis]
             clipped = np.where(x < lo, lo, np.where(x > hi, hi, x)) + _AXIS_OFFSET[axis]
-            u = np.array([math.log(v) for v in clipped.tolist()], dtype=np.float64)
+            u = np.fromiter(map(math.log, clipped.tolist()), np.float64, len(clipped))
             i = np.clip(np.searchsorted(co, u, side="right") - 1, 0, len(co) - 2)
             w = (u - co[i]) / (co[i + 1] - co[i])
             base += i * self._strides[axis]

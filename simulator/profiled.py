@@ -230,7 +230,8 @@ class ProfiledLatency(LatencyModel):
                 continue
             bb = b[mask]
             log_ratio = grid.interpolate_many(bb, q[mask] / bb, c[mask] / bb, self._clamp)
-            t[mask] = t[mask] * np.array([math.exp(v) for v in log_ratio.tolist()])
+            t[mask] = t[mask] * np.fromiter(map(math.exp, log_ratio.tolist()), np.float64,
+                                            len(log_ratio))
         if self.phase_scales and role == "target":
             for name, mask in phases.items():
                 t[mask] = t[mask] * self.phase_scales[name]

@@ -87,8 +87,8 @@ def test_kv_limit_and_arrivals_on_iteration_boundaries(monkeypatch, seed):
 
 
 def test_a_profile_takes_segments_with_the_step_paths_records():
-    """A profile prices arrays through its scalar form, so chunked runs on it take segments
-    too, and a draft model's capped steps, with the step path's floats."""
+    """A profile's arrays give its scalars' floats, so chunked runs on it take segments too,
+    and a draft model's capped steps, with the step path's records."""
     for acceptance, profile in (("iid:0.6~20", "cpu-smollm2-135m"),
                                 ("smollm2-ngram", "cpu-smollm2-135m")):
         spec = SimulationSpec(workload="poisson", rate=3.0, requests=40, lengths="azure-conv",

@@ -138,9 +138,9 @@ def test_the_engine_reports_held_steps_as_one_column_per_step():
     assert emitted == int(result.steps.emitted.sum())
 
 
-def test_a_profile_takes_the_fast_path_with_the_step_paths_records(monkeypatch):
-    """A profile prices arrays one pass at a time through its scalar form, so a policy that
-    holds takes the fast path on it too, with the step path's floats."""
+def test_a_profile_takes_the_fast_path_with_the_step_paths_records():
+    """A profile's arrays give its scalars' floats, so a policy that holds takes the fast path
+    on it too, with the step path's records."""
     from tests.simulator.test_profiled import make_table
 
     rng = np.random.default_rng(2)

@@ -499,8 +499,9 @@ def test_a_profile_can_price_a_mixed_step_as_its_parts():
 
 
 @pytest.mark.parametrize("profile", ["cpu-smollm2-135m", "vllm-cpu-smollm2"])
-@pytest.mark.parametrize("scaled", [False, True])
-def test_a_shipped_profiles_arrays_are_its_scalars_to_the_bit(profile, scaled):
+@pytest.mark.parametrize("scaled,extrapolation", [(False, "clamp"), (True, "clamp"),
+                                                  (False, "fit")])
+def test_a_shipped_profiles_arrays_are_its_scalars_to_the_bit(profile, scaled, extrapolation):
     """Every pass of a random batch of shapes, inside and outside each grid's box, in every
     phase and with the calibration's scales: the array gives each scalar's float exactly."""
     from simulator.builtin_profiles import resolve_profile
@@ -509,7 +510,7 @@ def test_a_shipped_profiles_arrays_are_its_scalars_to_the_bit(profile, scaled):
     table = LatencyTable.load(resolve_profile(profile))
     scales = {"pass_scale": 1.07, "phase_scales": {"prefill": 0.9, "decode": 1.1,
                                                    "verify": 1.3}} if scaled else {}
-    model = ProfiledLatency(table, **scales)
+    model = ProfiledLatency(table, extrapolation=extrapolation, **scales)
     rng = np.random.default_rng(11)
     n = 3000
     b = rng.integers(0, 200, n)
@@ -519,7 +520,7 @@ def test_a_shipped_profiles_arrays_are_its_scalars_to_the_bit(profile, scaled):
     c = np.where(prompts & (rng.random(n) < 0.7), 0, rng.integers(0, 60_000, n))
     p = q * c + q * (q + 1) // 2
     for role in ("target", "draft"):
-        for phase in (None, "prefill"):
+        for phase in (None, "prefill", "decode" if role == "target" else "draft"):
             array = model.forward_s(role, b, q, c, p, phase=phase)
             scalars = [model.forward_s(role, int(x), int(y), int(z), int(w), phase=phase)
                        for x, y, z, w in zip(b, q, c, p)]
