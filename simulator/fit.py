@@ -73,7 +73,7 @@ class PhaseGrid:
         self._lo = [float(v[0]) for v in values]
         self._hi = [float(v[-1]) for v in values]
         self._flat = log_ratio.ravel().tolist()
-        self._flat_array = np.asarray(self._flat, dtype=np.float64)
+        self._flat_array = log_ratio.ravel()  # the same, for many points at once
         self._strides = [log_ratio.shape[1] * log_ratio.shape[2], log_ratio.shape[2], 1]
         # flat offsets of a cell's corners, first active axis most significant
         self._corners = [sum(bit * self._strides[a] for a, bit in zip(self.active, bits))

@@ -161,6 +161,14 @@ class StepCostModel:
         drafter, no tree): what `chain_segment_s` and `chain_steps_s` price."""
         return self.draft_tree is None and not self.latency.has_draft_model
 
+    @property
+    def prices_alternatives_at_once(self) -> bool:
+        """Whether a planner's alternatives are priced in one call from their verify pass's
+        sums (`chain_sums_s`, `steps_s`), to the floats of one by one: a model-free chain on a
+        latency model whose arrays give its scalars' numbers and that prices in batches."""
+        lat = self.latency
+        return self.prices_chain_sums and lat.arrays_match_scalars and lat.batch_pricing
+
     def chain_steps_s(self, seqs, drafted, cached, pairs):
         """A model-free chain's steps from their verify pass's sums, where `prices_chain_sums`:
         requests, drafts, cached tokens and causal pairs (elementwise over arrays, one entry
@@ -185,8 +193,7 @@ class StepCostModel:
         function of those sums (a draft model, a tree, a latency model whose arrays might not
         match its scalars), or where the latency model does not price alternatives at once
         (`batch_pricing` False: a profile, whose planners weigh what they weigh one by one)."""
-        lat = self.latency
-        if not (self.prices_chain_sums and lat.arrays_match_scalars and lat.batch_pricing):
+        if not self.prices_alternatives_at_once:
             return None
         if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
             # a step or two: Python floats cost less than arrays, and are the same floats
@@ -307,11 +314,9 @@ class StepCostModel:
         (what a planner weighs), priced in one numpy pass where that gives the same floats as
         one by one (a model-free chain drafter on a latency model whose arrays match its
         scalars), else one by one."""
-        lat = self.latency
         if not ks_rows:
             return []
-        if (self.draft_tree is not None or lat.has_draft_model or not lat.arrays_match_scalars
-                or not lat.batch_pricing):
+        if not self.prices_alternatives_at_once:
             return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
         ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
         cached = np.asarray(context_tokens, dtype=np.int64) - 1
