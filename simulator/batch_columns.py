@@ -9,6 +9,11 @@ anew (a new k). A segment then reads its steps' sums as slices, instead of stack
 request's walk into a (requests x steps) matrix and summing it again segment after segment.
 The sums are integers, so the order they are added in changes nothing: the same integers
 reach the latency model.
+
+With a draft model drafting a chain, each step's draft passes are priced from sums too (pass j:
+the requests drafting at least j and their cached tokens; the first pass's catch-up tokens and
+causal pairs, fixed by each request's walk and its draft feed before it), so a segment builds
+no per-request matrix there either.
 """
 
 from __future__ import annotations
@@ -27,27 +32,51 @@ COLUMNS = ("cached", "drafted", "pairs", "rejected")
 class BatchColumns:
     """Sums over the running requests' walks, by decode step from `now` (steps committed)."""
 
-    __slots__ = ("_levels", "_origin", "_sums", "now")
+    __slots__ = ("_by_drafts", "_draft", "_origin", "_steps", "_sums", "now")
 
-    def __init__(self, capacity: int = 4096, k_max: int = 0) -> None:
-        """`k_max` > 0 keeps, below the sums, how many requests draft at least j tokens at
-        each step (j = 1..k_max): the most drafts of a step is the number of levels some
-        request reaches (a drafter that caps its drafts; k_max at least the ks drafted)."""
+    def __init__(self, capacity: int = 4096, k_max: int = 0, draft: bool = False) -> None:
+        """`k_max` > 0 keeps, below the sums, how many requests draft d tokens at each step
+        (d = 0..k_max): a step's most drafts is the largest d with any (a drafter that caps
+        its drafts; k_max at least the ks drafted). `draft` (a draft model, with k_max) keeps
+        below those their cached tokens by d, and the first pass's catch-up tokens and
+        causal pairs, from each walk's `chain_feeds`: a step's draft pass j runs over the
+        requests with d >= j."""
         self.now = 0  # decode steps committed so far
         self._origin = 0  # the step index of the arrays' first entry
-        self._levels = np.arange(1, k_max + 1, dtype=np.int64)[:, None]
-        self._sums = np.zeros((len(COLUMNS) + k_max, capacity), dtype=np.int64)
+        self._by_drafts = k_max + 1 if k_max else 0  # rows d = 0..k_max, where kept
+        self._draft = draft and k_max > 0
+        self._steps = np.arange(capacity, dtype=np.int64)  # a walk's step offsets
+        rows = len(COLUMNS) + (2 * self._by_drafts + 2 if self._draft else self._by_drafts)
+        self._sums = np.zeros((rows, capacity), dtype=np.int64)
 
     def window(self, steps: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Views of the next `steps` steps' sums (cached: steps + 1 entries, the last after
-        the last step), and of the requests reaching each level of drafts (k_max x steps):
-        valid until the sums next change."""
+        the last step), and of the requests drafting d tokens ((k_max + 1) x steps; no rows
+        where not kept): valid until the sums next change."""
         at = self.now - self._origin
-        sums = self._sums
+        sums, first = self._sums, len(COLUMNS)
         return (sums[0, at: at + steps + 1], sums[1, at: at + steps],
                 sums[2, at: at + steps], sums[3, at: at + steps],
-                sums[len(COLUMNS):, at: at + steps])
+                sums[first: first + self._by_drafts, at: at + steps])
+
+    def draft_passes(self, steps: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """`draft`: each of the next `steps` steps' draft passes j = 1..P (P the most drafts
+        of any of them): the requests drafting at least j and their cached tokens (P x
+        steps), and pass 1's catch-up tokens and causal pairs; None where nothing drafts."""
+        at = self.now - self._origin
+        rows, first = self._by_drafts, len(COLUMNS)
+        counts = self._sums[first + 1: first + rows, at: at + steps]  # d = 1..k_max
+        deepest = np.flatnonzero(counts.any(axis=1))
+        if not len(deepest):
+            return None
+        passes = int(deepest[-1]) + 1
+        cached = self._sums[first + rows + 1: first + rows + 1 + passes, at: at + steps]
+        # at least j: the counts and tokens of d = j..P summed (integers: in any order)
+        return (counts[passes - 1:: -1].cumsum(axis=0)[::-1],
+                cached[::-1].cumsum(axis=0)[::-1],
+                self._sums[-2, at: at + steps], self._sums[-1, at: at + steps])
 
     def add(self, request: RequestState, k: int) -> None:
         """Add the request's remaining walk (from `chain_at`, drafting min(k, cap) a step)."""
@@ -74,14 +103,42 @@ class BatchColumns:
         shares = [(sums[0, at: end + 1], c), (sums[1, at:end], d),
                   (sums[2, at:end], (d + 1) * c[:-1] + own_pairs(d)),
                   (sums[3, at:end], gen[1:] - gen[:-1] <= d)]
-        if capped and len(self._levels):  # the levels j = 1..k_max its drafts reach
-            shares.append((sums[len(COLUMNS):, at:end], self._levels <= d))
         if sign > 0:  # in place: ufuncs given out= cost more calling
             for column, share in shares:
                 column += share
         else:
             for column, share in shares:
                 column -= share
+        if self._by_drafts:  # by drafts: each step's (d, step) entry, one per step
+            first, rows = len(COLUMNS), self._by_drafts
+            width = sums.shape[1]
+            if capped:  # entries (d, step) are distinct: a fancy-indexed add adds each once
+                cells = d * width + (self._steps[:m] + (first * width + at))
+                flat = sums.reshape(-1)  # a view: the sums are one C-ordered block
+                flat[cells] += sign
+                if self._draft:
+                    flat[cells + rows * width] += sign * c[:-1]
+            else:
+                sums[first + k, at:end] += sign
+                if self._draft:
+                    sums[first + rows + k, at:end] += sign * c[:-1]
+            if self._draft and k:  # (k = 0: no chain, no catch-up)
+                self._catch_up(request, start, c[:-1], d, capped, sign, at, end)
+
+    def _catch_up(self, request: RequestState, start: int, c: np.ndarray, d, capped: bool,
+                  sign: int, at: int, end: int) -> None:
+        """A walk's share of pass 1's catch-up at each step that drafts: g = feed - 1 more
+        tokens, g (c + 1) - g (g + 1) / 2 more causal pairs (step_cost's `_catch_up_steps`)."""
+        extra = request.chain_feeds[start: start + len(c)] - 1
+        if capped:
+            extra = np.where(d > 0, extra, 0)
+        pairs = extra * (c + 1) - extra * (extra + 1) // 2
+        if sign > 0:
+            self._sums[-2, at:end] += extra
+            self._sums[-1, at:end] += pairs
+        else:
+            self._sums[-2, at:end] -= extra
+            self._sums[-1, at:end] -= pairs
 
     def _room(self, length: int) -> int:
         """The index of step `now` in the arrays, with `length` entries from it available:
@@ -94,4 +151,6 @@ class BatchColumns:
         sums = np.zeros((len(self._sums), max(capacity, 2 * length)), dtype=np.int64)
         sums[:, : live.shape[1]] = live
         self._sums, self._origin = sums, self.now
+        if len(self._steps) < sums.shape[1]:
+            self._steps = np.arange(sums.shape[1], dtype=np.int64)
         return 0

@@ -132,10 +132,16 @@ class Replica:
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them
-        # (and, where step records are kept of capped drafts, each step's most drafts)
-        self.columns = (BatchColumns(k_max=scheduler.k_max if self.varied
-                                     and steps.records_rows else 0)
-                        if self.segments_only and cost.prices_chain_sums else None)
+        # (and, where step records are kept of capped drafts, each step's most drafts); a
+        # draft model drafting a chain has its passes priced from sums too, where walks are
+        # replaced only as requests come and go (a policy that holds its ks re-plans them
+        # every few steps, and a walk's share of the draft sums costs several times a
+        # segment's share of the matrices: measured in docs/speed.md)
+        sums = cost.prices_chain_sums or (cost.draft_tree is None and not self.holds)
+        by_drafts = self.feeds or (self.varied and steps.records_rows)
+        self.columns = (BatchColumns(k_max=scheduler.k_max if by_drafts else 0,
+                                     draft=self.feeds)
+                        if self.segments_only and sums else None)
         # where the replica keeps the batch's sums and no policy reads a request's progress
         # between segments (its k from the running set alone, or walked), a segment's commit
         # is the count of its steps: each request's progress is read from its walk where
@@ -686,7 +692,8 @@ class Replica:
 
     def _commit_walks(self, batch, ks: list[int], n: int) -> None:
         """`_commit` where the replica keeps the batch's sums: n steps read from each
-        request's walk lists (no draft model, so no feeds)."""
+        request's walk lists (and its walk's feeds, with a draft model)."""
+        feeds = self.feeds
         for request, k in zip(batch, ks):
             at, before = request.chain_at, request.generated
             after = request.chain_list[at + n]
@@ -697,6 +704,8 @@ class Replica:
             request.accepted += after - before - n
             request.chain_at = at + n
             request.chain_g = after
+            if feeds:
+                request.draft_feed = int(request.chain_feeds[at + n])
 
     def _sync(self, request: RequestState) -> None:
         """`_commit_walks` of one request (`lazy`): its progress through every step committed
@@ -714,6 +723,8 @@ class Replica:
         request.accepted += after - before - n
         request.chain_at = at
         request.chain_g = after
+        if self.feeds:
+            request.draft_feed = int(request.chain_feeds[at])
 
     def _log_segment(self, batch, start, n, starts, stretch: _Stretch,
                      kv: np.ndarray | None = None) -> None:
@@ -752,6 +763,30 @@ class Replica:
             feeds[idle] = start[idle, None] + (gen[idle] - gen[idle, :1])
         return feeds
 
+    def _walk_feeds(self, request: RequestState) -> np.ndarray:
+        """`_feeds` of one request's whole walk, from its draft feed now (where it starts):
+        after a step that drafts, its chain's feed; after one that does not, the feed before
+        it plus what it committed (one row of `_varied_feeds`, in 1-D)."""
+        gen, drafts = request.chain, request.chain_ks
+        feeds = np.empty(len(gen), dtype=np.int64)
+        feeds[0] = request.draft_feed
+        if drafts is None:
+            drafts = request.chain_k
+            if drafts == 0 and self.catch_up != "one":  # no chain: the backlog grows
+                feeds[1:] = gen[1:] + (request.draft_feed - gen[0])
+                return feeds
+        after = chain_feed(self.catch_up, drafts, gen[1:] - gen[:-1])
+        if self.catch_up == "one" or np.ndim(drafts) == 0 or drafts.all():
+            feeds[1:] = after
+            return feeds
+        drafted = drafts > 0  # from the last step that drafted (or the walk's start), the
+        # feed grows by every token committed since
+        last = np.maximum.accumulate(np.where(drafted, np.arange(len(drafts)), -1))
+        at = np.maximum(last, 0)
+        feeds[1:] = (np.where(last >= 0, after[at] - gen[at + 1], feeds[0] - gen[0])
+                     + gen[1:])
+        return feeds
+
     def _varied_feeds(self, feeds: np.ndarray, drafts: np.ndarray, gen: np.ndarray
                       ) -> np.ndarray:
         """`_feeds` where each step's drafts vary (`next_feed` step by step, at once): after
@@ -786,7 +821,7 @@ class Replica:
                 self.columns.remove(request)
                 request.summed = False
             request.run = request.cap = request.chain = request.chain_ks = request.signals = None
-            request.chain_list = request.chain_drafted = None
+            request.chain_list = request.chain_drafted = request.chain_feeds = None
             request.chain_k = -1
 
     def _walks_ending(self, now: int) -> list[RequestState]:
@@ -838,10 +873,10 @@ class _Stretch:
     them; priced from the replica's kept sums (BatchColumns) nothing else does."""
 
     __slots__ = (
+        "_by_drafts",
         "_drafts",
         "_gen",
         "_origins",
-        "_reached",
         "_rejected",
         "ats",
         "capped",
@@ -874,6 +909,8 @@ class _Stretch:
                 else:
                     walk_chain(request, k)
                 if columns is not None:
+                    if replica.feeds:  # its draft feed before each step of its walk
+                        request.chain_feeds = replica._walk_feeds(request)
                     columns.add(request, k)
                     request.summed = True
                     request.chain_origin = columns.now  # its chain_at is 0
@@ -899,7 +936,7 @@ class _Stretch:
             self.steps = min(len(request.chain) - request.chain_at for request in batch) - 1
             self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
         k_arr = self.k_arr = np.asarray(ks, dtype=np.int64)
-        self._gen = self._drafts = self._rejected = self._reached = None
+        self._gen = self._drafts = self._rejected = self._by_drafts = None
         if columns is not None:
             return self._from_columns(replica, columns, batch)
         gen = self.gen
@@ -927,13 +964,20 @@ class _Stretch:
 
     def _from_columns(self, replica: Replica, columns: BatchColumns,
                       batch: list[RequestState]) -> _Stretch:
-        """Priced from the batch's sums (no draft model, so no feeds). `tokens` is the
-        batch's cached tokens: a constant more than its tokens generated, the same steps."""
-        cached, drafted, pairs, self._rejected, reached = columns.window(self.steps)
-        self._reached = reached if len(reached) else None
+        """Priced from the batch's sums (and a draft model's passes from theirs: the feeds
+        are in them). `tokens` is the batch's cached tokens: a constant more than its tokens
+        generated, the same steps."""
+        cached, drafted, pairs, self._rejected, by_drafts = columns.window(self.steps)
+        self._by_drafts = by_drafts if len(by_drafts) else None
         self.tokens, self.feeds = cached, None
         self.drafted = drafted if self.capped else None
-        self.durations = replica.cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
+        cost = replica.cost
+        durations = cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
+        passes = columns.draft_passes(self.steps) if replica.feeds else None
+        if passes is not None:  # + its draft passes, as iteration_s adds them
+            durations = durations + cost.chain_passes_s(
+                *passes, in_step_order=replica.holds or replica.varied)
+        self.durations = durations
         return self
 
     def _at_walks(self) -> None:
@@ -965,8 +1009,11 @@ class _Stretch:
 
     def max_drafts(self, n: int) -> np.ndarray:
         """The most drafts a request proposes at each of the first n steps (capped)."""
-        if self._reached is not None:  # the levels of drafts some request reaches
-            return (self._reached[:, :n] > 0).sum(axis=0)
+        if self._by_drafts is not None:  # the largest d some request drafts (rows d =
+            # 0..k_max: every request is in one, so each step has one, and argmax finds the
+            # first from the top)
+            by_drafts = self._by_drafts
+            return len(by_drafts) - 1 - (by_drafts[::-1, :n] > 0).argmax(axis=0)
         return self.drafts[:, :n].max(axis=0)
 
     def rejected_sums(self, n: int) -> list[int]:

@@ -19,6 +19,7 @@ class RequestState:
         "chain_at",
         "chain_drafted",
         "chain_end",
+        "chain_feeds",
         "chain_g",
         "chain_k",
         "chain_ks",
@@ -66,6 +67,9 @@ class RequestState:
         #: drafts summed up to each step (chain_drafted[j]: steps before j), for commits
         self.chain_list: list[int] | None = None
         self.chain_drafted: list[int] | None = None
+        #: where the replica keeps the batch's sums of a draft model's passes: its draft feed
+        #: before each step of its walk, and after the last
+        self.chain_feeds: np.ndarray | None = None
         self.summed = False  # its walk is in the replica's kept sums (simulator/batch_columns.py)
         #: where the replica keeps the batch's sums: the decode step (of the replica's count)
         #: its walk started at, and the one it ends at (its last entry)

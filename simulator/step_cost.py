@@ -286,6 +286,16 @@ class StepCostModel:
             total += row
         return total
 
+    def chain_passes_s(self, seqs: np.ndarray, cached: np.ndarray, feed_tokens: np.ndarray,
+                       feed_pairs: np.ndarray, in_step_order: bool):
+        """A chain's draft passes j = 1..P over many steps from their sums: `seqs` (P x
+        steps) the requests drafting at least j, `cached` their cached tokens before the
+        chain (changed in place), and pass 1's catch-up tokens and pairs per step
+        (simulator/batch_columns.py). The same integers as `iteration_s`'s matrices give,
+        so the same floats."""
+        return self._passes_s(seqs, cached, (feed_tokens, -feed_tokens, feed_pairs),
+                              in_step_order, True)
+
     def _varied_chain_s(self, ks: np.ndarray, cached: np.ndarray, first,
                         in_step_order: bool):
         """The draft passes of many steps whose drafts vary by step ((requests x steps) `ks`:

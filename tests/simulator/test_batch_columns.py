@@ -1,6 +1,7 @@
 """`BatchColumns`: the batch's per-step sums kept across segments equal the sums of the
 requests' walks stacked afresh, through joins, commits, new walks, finishes and the arrays
-moving or growing; and steps priced from them give `chain_segment_s`'s floats to the bit."""
+moving or growing (a draft model's passes and catch-up too); and steps priced from them give
+`chain_segment_s`'s floats to the bit, and with a draft model `iteration_s`'s."""
 
 from __future__ import annotations
 
@@ -23,28 +24,47 @@ def _request(rng, index: int, capped: bool) -> RequestState:
     return request
 
 
-def _stacked(batch: list[RequestState], steps: int):
-    """What a segment would stack and sum: cached tokens, drafts, causal pairs, rejections."""
+def _matrices(batch: list[RequestState], steps: int):
+    """What a segment would stack: tokens generated before each step (and after the last),
+    drafts, cached tokens, and (with a draft model) the draft feeds, requests x steps."""
     gen = np.array([r.chain[r.chain_at: r.chain_at + steps + 1] for r in batch])
     d = np.array([r.chain_ks[r.chain_at: r.chain_at + steps] if r.chain_ks is not None
                   else np.full(steps, r.chain_k) for r in batch])
     c = gen + np.array([r.prompt_tokens - 1 for r in batch])[:, None]
+    feeds = (np.array([r.chain_feeds[r.chain_at: r.chain_at + steps] for r in batch])
+             if batch[0].chain_feeds is not None else None)
+    return gen, d, c, feeds
+
+
+def _stacked(batch: list[RequestState], steps: int):
+    """What a segment would stack and sum: cached tokens, drafts, causal pairs, rejections."""
+    gen, d, c, _ = _matrices(batch, steps)
     pairs = (d + 1) * c[:, :-1] + (d + 1) * (d + 2) // 2
     return (c.sum(axis=0), d.sum(axis=0), pairs.sum(axis=0),
             (gen[:, 1:] - gen[:, :-1] <= d).sum(axis=0))
 
 
+def _walk(request: RequestState, k: int, rng, draft: bool) -> None:
+    """walk_chain, and with a draft model some draft feed before each step of the walk (the
+    sums take it as given: the replica's `_walk_feeds` computes it)."""
+    walk_chain(request, k)
+    if draft:
+        request.chain_feeds = rng.integers(1, 6, len(request.chain))
+
+
+@pytest.mark.parametrize("draft", [False, True])
 @pytest.mark.parametrize("capped", [False, True])
-def test_kept_sums_equal_the_stacked_walks_through_a_run(capped):
-    rng = np.random.default_rng(7 + capped)
-    columns = BatchColumns(capacity=8, k_max=8)  # small: the arrays move and grow
+def test_kept_sums_equal_the_stacked_walks_through_a_run(capped, draft):
+    rng = np.random.default_rng(7 + capped + 2 * draft)
+    # small: the arrays move and grow
+    columns = BatchColumns(capacity=8, k_max=8, draft=draft)
     running: list[RequestState] = []
     joined = 0
     for _ in range(300):
         if len(running) < 6 and rng.random() < 0.5:  # a request joins, walking at some k
             request = _request(rng, joined, capped)
             joined += 1
-            walk_chain(request, int(rng.integers(0, 9)))
+            _walk(request, int(rng.integers(0, 9)), rng, draft)
             columns.add(request, request.chain_k)
             running.append(request)
         if not running:
@@ -52,19 +72,32 @@ def test_kept_sums_equal_the_stacked_walks_through_a_run(capped):
         if rng.random() < 0.1:  # one request walks anew at another k
             request = running[int(rng.integers(len(running)))]
             columns.remove(request)
-            walk_chain(request, (request.chain_k + 1) % 9)
+            _walk(request, (request.chain_k + 1) % 9, rng, draft)
             columns.add(request, request.chain_k)
         steps = min(len(r.chain) - r.chain_at for r in running) - 1
-        cached, drafted, pairs, rejected, reached = columns.window(steps)
+        cached, drafted, pairs, rejected, by_drafts = columns.window(steps)
         want = _stacked(running, steps)
-        most = np.array([r.chain_ks[r.chain_at: r.chain_at + steps] if capped
-                         else np.full(steps, r.chain_k) for r in running]).max(axis=0)
-        if capped:  # the most drafts of each step: the levels some request reaches
-            assert (reached > 0).sum(axis=0).tolist() == most.tolist()
+        _, d, c, feeds = _matrices(running, steps)
+        # how many requests draft d = 0..k_max at each step
+        assert by_drafts.tolist() == [(d == n).sum(axis=0).tolist() for n in range(9)]
         assert cached.tolist() == want[0].tolist()
         assert drafted.tolist() == want[1].tolist()
         assert pairs.tolist() == want[2].tolist()
         assert rejected.tolist() == want[3].tolist()
+        passes = columns.draft_passes(steps) if draft else None
+        if passes is not None:  # pass j: the requests drafting j or more, their KV; the
+            # first pass's catch-up, where a step drafts
+            seqs, held, feed_tokens, feed_pairs = passes
+            depth = int(d.max())
+            assert seqs.tolist() == [(d >= j).sum(axis=0).tolist() for j in range(1, depth + 1)]
+            assert held.tolist() == [np.where(d >= j, c[:, :-1], 0).sum(axis=0).tolist()
+                                     for j in range(1, depth + 1)]
+            extra = np.where(d > 0, feeds - 1, 0)
+            assert feed_tokens.tolist() == extra.sum(axis=0).tolist()
+            assert feed_pairs.tolist() == (extra * (c[:, :-1] + 1)
+                                           - extra * (extra + 1) // 2).sum(axis=0).tolist()
+        elif draft:
+            assert not d.any()  # nothing drafts in the window
         n = int(rng.integers(1, steps + 1))  # commit n steps: every request takes them
         columns.now += n
         for r in running:
@@ -104,3 +137,26 @@ def test_steps_priced_from_kept_sums_equal_the_segment_price(capped):
     drafting = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                              get_gpu("h100")))
     assert not drafting.prices_chain_sums
+
+
+@pytest.mark.parametrize("in_step_order", [False, True])
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_draft_models_steps_priced_from_kept_sums_equal_iteration_s(capped, in_step_order):
+    """Verify pass, overhead and draft passes from the sums: `iteration_s`'s floats of the
+    matrices, in either order of adding the passes."""
+    rng = np.random.default_rng(5 + capped)
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                         get_gpu("h100")))
+    columns = BatchColumns(k_max=8, draft=True)
+    batch = [_request(rng, i, capped) for i in range(12)]
+    for request in batch:
+        _walk(request, int(rng.integers(1, 9)), rng, True)
+        columns.add(request, request.chain_k)
+    steps = min(len(r.chain) for r in batch) - 1
+    cached, drafted, pairs, _, _ = columns.window(steps)
+    got = (cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
+           + cost.chain_passes_s(*columns.draft_passes(steps), in_step_order=in_step_order))
+    _, d, c, feeds = _matrices(batch, steps)
+    want = cost.iteration_s(d if capped else d[:, 0], c[:, :-1], feeds=feeds,
+                            in_step_order=in_step_order)
+    assert got.tolist() == want.tolist()

@@ -114,3 +114,31 @@ def test_a_segment_at_k0_leaves_the_backlog_the_next_chain_pays():
     for frame in ("steps", "requests"):
         pd.testing.assert_frame_equal(getattr(fast, frame), getattr(slow, frame),
                                       check_exact=False, rtol=1e-9)
+
+
+@pytest.mark.parametrize("catch_up", ["bonus", "committed", "one"])
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_walks_feeds_are_the_segments_feeds_of_its_request(catch_up, capped):
+    """`Replica._walk_feeds` (one request's whole walk, for the kept sums) gives the row that
+    `_feeds` gives it in a segment's matrices: after capped steps that draft nothing, at
+    k = 0, from any feed it starts at."""
+    from types import SimpleNamespace
+
+    from simulator.replica import Replica
+    from simulator.request import RequestState, walk_chain
+
+    rng = np.random.default_rng(11 + capped)
+    replica = SimpleNamespace(catch_up=catch_up)
+    replica._varied_feeds = lambda *args: Replica._varied_feeds(replica, *args)
+    for index in range(60):
+        output = int(rng.integers(2, 80))
+        request = RequestState(index, index, 0.0, 100, output)
+        request.run = rng.integers(0, 7, output)
+        request.cap = rng.integers(0, 4, output) if capped else None
+        request.generated = int(rng.integers(0, output))
+        request.draft_feed = int(rng.integers(1, 5))
+        walk_chain(request, int(rng.integers(0, 5)))
+        drafts = None if request.chain_ks is None else request.chain_ks[None, :]
+        want = Replica._feeds(replica, [request], np.array([request.chain_k]),
+                              request.chain[None, :], drafts)[0]
+        assert Replica._walk_feeds(replica, request).tolist() == want.tolist()
