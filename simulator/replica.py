@@ -304,7 +304,8 @@ class Replica:
         """The drafter proposes no more than it has at each request's next position."""
         if not self.capped:
             return ks
-        return [min(k, request.cap[request.generated]) for request, k in zip(batch, ks)]
+        return [k if k <= (cap := request.cap[request.generated]) else cap  # min(k, cap)
+                for request, k in zip(batch, ks)]
 
     def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
         """The policy's k per request (a draft stop rule applied), before the drafter's cap."""
@@ -418,22 +419,32 @@ class Replica:
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
         ks = scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen
-        decodes = [entry for entry in plan.scheduled if not entry.prefill]
-        chunks = [entry for entry in plan.scheduled if entry.prefill]
-        drafts = [entry.drafts for entry in decodes]
+        decodes, chunks, drafts, computed = [], [], [], []
+        for entry in plan.scheduled:  # one pass: this runs once per request and step
+            if entry.prefill:
+                chunks.append(entry)
+            else:
+                decodes.append(entry)
+                drafts.append(entry.drafts)
+                computed.append(entry.computed)
         feeds = [entry.request.draft_feed for entry in decodes] if self.feeds else None
         start, (waiting, held, kv) = env.now, scheduler.snapshot()
         chunk_tokens = sum(entry.tokens for entry in chunks)
         duration = self.cost.iteration_s(
-            drafts, [entry.computed for entry in decodes], len(chunks), chunk_tokens,
+            drafts, computed, len(chunks), chunk_tokens,
             sum(entry.computed for entry in chunks),
             sum(e.tokens * e.computed + e.tokens * (e.tokens + 1) // 2 for e in chunks), feeds)
         yield env.timeout(duration)
         scheduler.step_index += 1
-        before = [entry.request.generated for entry in plan.scheduled]
-        accepted = [min(entry.drafts, int(entry.request.run[g]))
-                    if entry.drafts and not entry.placeholder else 0
-                    for entry, g in zip(plan.scheduled, before)]
+        before, accepted = [], []
+        for entry in plan.scheduled:  # min(drafts, run[g]) of each verified chain
+            g = entry.request.generated
+            before.append(g)
+            if entry.drafts and not entry.placeholder:
+                run = int(entry.request.run[g])
+                accepted.append(entry.drafts if entry.drafts < run else run)
+            else:
+                accepted.append(0)
         emitted = scheduler.update_from_output(plan, accepted, env.now)
         decode_emit = [(entry, g, emit) for entry, g, emit in zip(plan.scheduled, before, emitted)
                        if not entry.prefill]
@@ -448,7 +459,10 @@ class Replica:
         if self.observes and decode_emit:
             self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
                                 [self._outcome(entry.request, g, entry.drafts, emit - 1, emit)
-                                 for entry, g, emit in decode_emit])
+                                 for entry, g, emit in decode_emit] if self._policy_signals
+                                else [DraftOutcome(entry.request.request_id, entry.drafts,
+                                                   emit - 1, emit, g)
+                                      for entry, g, emit in decode_emit])
         self._propose(plan, ks, emitted)
         emit_total = sum(emit for _, _, emit in decode_emit)
         self.steps.add(self.index, start, duration, len(decodes), len(chunks), chunk_tokens,
@@ -488,8 +502,7 @@ class Replica:
             if key != self._ks_for:
                 self._ks, self._ks_for = self._choose_uncapped(batch), key
             ks = self._ks
-        if any(scheduler.proposed(request) != d
-               for request, d in zip(batch, self._cut_to_cap(batch, ks))):
+        if scheduler.proposals(batch) != self._cut_to_cap(batch, ks):
             yield from self._planned_iteration(ks if hold is not None else None)
             return
         start = self.env.now
@@ -531,8 +544,9 @@ class Replica:
         that sampled and goes on, at most its k; a draft stop rule and the n-gram lookup's
         limit are read at the position the drafts start from (its new `generated`)."""
         batch, chosen = [], []
+        finished = self.scheduler.finished
         for entry, k, emit in zip(plan.scheduled, ks, emitted):
-            if emit and not self.scheduler.finished(entry.request):
+            if emit and not finished(entry.request):
                 batch.append(entry.request)
                 chosen.append(k)
         if not self.scheduler.drafter_runs(plan):  # vLLM's zero drafts, K of them (doc 5.3)
@@ -542,8 +556,9 @@ class Replica:
         if type(self.policy).uses_draft_stop and not self.folds_stop:
             chosen = self._draft_stop(batch, chosen)
         chosen = self._cut_to_cap(batch, chosen)
+        propose = self.scheduler.propose
         for request, k in zip(batch, chosen):
-            self.scheduler.propose(request, k)
+            propose(request, k)
 
     # -- the fast path -----------------------------------------------------------------------
 

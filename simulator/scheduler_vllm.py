@@ -133,39 +133,47 @@ class VllmV1Scheduler:
     # -- schedule() (doc 3) ---------------------------------------------------------------------
 
     def _cap(self, tokens: int) -> int:
-        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
+        limit = self.max_model_len
+        return tokens if limit is None or tokens <= limit else limit
 
     def schedule(self, now: float) -> StepPlan:
         """Phase 1 over `running` in admission order, then (only if nothing was preempted)
         phase 2 over `waiting`, FCFS; advances each scheduled request's C (doc 3.2-3.5)."""
         plan, budget, seqs = StepPlan(), self.budget, self._seq
         scheduled, running, limit = plan.scheduled, self.running, self.max_model_len
+        add = scheduled.append
         i = 0
+        # (plain comparisons, not min/max: this loop runs once per running request and step)
         while i < len(running) and budget > 0:
             request = running[i]
             seq = seqs[request.index]
             total = request.prompt_tokens + request.generated  # N
             computed = seq.computed
-            n = min(total + seq.spec - computed, budget)
-            if limit is not None:
-                n = min(n, limit - computed - 1)
+            n = total + seq.spec - computed
+            if n > budget:
+                n = budget
+            if limit is not None and n > limit - computed - 1:
+                n = limit - computed - 1
             if n <= 0:
                 i += 1
                 continue
-            need = blocks_for(self._cap(computed + n)) - seq.blocks
+            need = -(-self._cap(computed + n) // BLOCK_SIZE) - seq.blocks  # blocks_for
             if need > 0:
                 if need > self.free_blocks and not self._make_room(request, need, plan):
                     break  # it was the last one: preempted itself, and nothing is left to walk
                 self.free_blocks -= need
                 seq.blocks += need
             budget -= n
-            drafts = max(n - (total - computed), 0) if seq.spec else 0
+            drafts = n - (total - computed) if seq.spec else 0
+            if drafts < 0:
+                drafts = 0
             seq.spec = 0  # trimmed drafts are dropped; new ones come at the end of the step
             # _update_after_schedule: drafts count as computed
             seq.computed = computed + n
-            scheduled.append(Scheduled(request, n, computed, drafts, seq.prefilling,
-                                       seq.prefilling and request.generated > 0,
-                                       seq.placeholder and drafts > 0))
+            prefilling = seq.prefilling
+            add(Scheduled(request, n, computed, drafts, prefilling,
+                          prefilling and request.generated > 0,
+                          seq.placeholder and drafts > 0))
             i += 1
         while (not plan.preempted and budget > 0 and self.waiting
                and len(running) < self.config.max_num_seqs):
@@ -245,9 +253,10 @@ class VllmV1Scheduler:
         Returns the tokens each entry sampled: 0 for a chunk short of N, 1 for the chunk that
         completes it, accepted + 1 for a decode, cut at the request's length."""
         out = []
+        seqs, limit = self._seq, self.max_model_len
         for entry, acc in zip(plan.scheduled, accepted):
             request = entry.request
-            seq = self._seq[request.index]
+            seq = seqs[request.index]
             total = request.prompt_tokens + request.generated
             if entry.prefill:
                 request.prefilled = min(seq.computed, request.prompt_tokens)
@@ -262,9 +271,9 @@ class VllmV1Scheduler:
                 out.append(1)
                 continue
             room = request.output_tokens - request.generated
-            if self.max_model_len is not None:
-                room = min(room, self.max_model_len - total)
-            emit = min(acc + 1, room)
+            if limit is not None and room > limit - total:
+                room = limit - total
+            emit = acc + 1 if acc < room else room  # min(acc + 1, room)
             seq.computed -= entry.drafts - acc  # rejected drafts roll back; blocks stay
             request.generated += emit
             request.steps += 1
@@ -349,9 +358,10 @@ class VllmV1Scheduler:
                 need += blocks - seq.blocks
         return need if need <= self.free_blocks and tokens <= self.budget else None
 
-    def proposed(self, request) -> int:
-        """The drafts `request` proposed for its next step."""
-        return self._seq[request.index].spec
+    def proposals(self, requests: Sequence) -> list[int]:
+        """The drafts each of `requests` proposed for its next step."""
+        seqs = self._seq
+        return [seqs[request.index].spec for request in requests]
 
     def decode_room(self, prompt: np.ndarray, gen: np.ndarray, drafts: np.ndarray
                     ) -> tuple[int, np.ndarray, np.ndarray]:
