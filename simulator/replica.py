@@ -544,21 +544,25 @@ class Replica:
         that sampled and goes on, at most its k; a draft stop rule and the n-gram lookup's
         limit are read at the position the drafts start from (its new `generated`)."""
         batch, chosen = [], []
-        finished = self.scheduler.finished
-        for entry, k, emit in zip(plan.scheduled, ks, emitted):
-            if emit and not finished(entry.request):
-                batch.append(entry.request)
-                chosen.append(k)
+        if self.scheduler.max_model_len is None:  # finished(): its output length, inline
+            for entry, k, emit in zip(plan.scheduled, ks, emitted):
+                request = entry.request
+                if emit and request.generated < request.output_tokens:
+                    batch.append(request)
+                    chosen.append(k)
+        else:
+            finished = self.scheduler.finished
+            for entry, k, emit in zip(plan.scheduled, ks, emitted):
+                if emit and not finished(entry.request):
+                    batch.append(entry.request)
+                    chosen.append(k)
         if not self.scheduler.drafter_runs(plan):  # vLLM's zero drafts, K of them (doc 5.3)
             for request in batch:
                 self.scheduler.propose(request, self.scheduler.config.k_max, placeholder=True)
             return
         if type(self.policy).uses_draft_stop and not self.folds_stop:
             chosen = self._draft_stop(batch, chosen)
-        chosen = self._cut_to_cap(batch, chosen)
-        propose = self.scheduler.propose
-        for request, k in zip(batch, chosen):
-            propose(request, k)
+        self.scheduler.propose_all(batch, self._cut_to_cap(batch, chosen))
 
     # -- the fast path -----------------------------------------------------------------------
 

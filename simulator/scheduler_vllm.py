@@ -299,6 +299,18 @@ class VllmV1Scheduler:
         longest = max(entry.computed + entry.tokens for entry in plan.scheduled)
         return longest + self.config.k_max <= self.max_model_len
 
+    def propose_all(self, requests: Sequence, drafts: Sequence[int]) -> None:
+        """`propose` of each request's drafts (none of them placeholders)."""
+        if self.max_model_len is not None:
+            for request, d in zip(requests, drafts):
+                self.propose(request, d)
+            return
+        seqs = self._seq
+        for request, d in zip(requests, drafts):
+            seq = seqs[request.index]
+            seq.spec = d if d >= 0 else 0  # max(d, 0)
+            seq.placeholder = False
+
     def propose(self, request, drafts: int, placeholder: bool = False) -> None:
         """The drafts `request` proposed at the end of this step (at most max_model_len - N),
         verified when it is next scheduled; a request not scheduled keeps its older ones.
@@ -314,7 +326,11 @@ class VllmV1Scheduler:
         (`candidates`: where the caller knows them, the only ones that can have finished)."""
         if candidates is not None and not any(self.finished(request) for request in candidates):
             return []
-        done = [request for request in self.running if self.finished(request)]
+        if self.max_model_len is None:  # finished(): its output length, compared inline
+            done = [request for request in self.running
+                    if request.generated >= request.output_tokens]
+        else:
+            done = [request for request in self.running if self.finished(request)]
         if not done:
             return []
         gone = {id(request) for request in done}
