@@ -364,10 +364,15 @@ class Replica:
         outcomes = [] if self.observes else None
         signals, feeds, catch_up = self.reads_signals, self.feeds, self.catch_up
         follow = self.chunk_segments  # segments resume the walks these steps move along
-        for request, k in zip(batch, ks):
+        for request, k in zip(batch, ks):  # (comparisons, not min: once per request and step)
             g = request.generated
-            acc = min(k, int(request.run[g])) if k else 0
-            emit = min(acc + 1, request.output_tokens - g)
+            if k:
+                run = int(request.run[g])
+                acc = k if k <= run else run  # min(k, run[g])
+            else:
+                acc = 0
+            left = request.output_tokens - g
+            emit = acc + 1 if acc < left else left  # min(acc + 1, left)
             request.generated = g + emit
             if follow and request.chain_g == g:
                 self._follow_walk(request, k, g + emit)
