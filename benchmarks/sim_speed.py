@@ -25,7 +25,8 @@ that holds its k under chunked prefill and vllm-v1), N requests per replica at 8
 per replica (the batch column: how full it runs).
 Sixth table (`--profiles N`): us per simulated iteration on the shipped profiles (the CPU
 SmolLM2 engine's with its early-exit draft, vLLM-CPU's with the n-gram lookup and its
-scheduler), the fast path beside one iteration at a time, and how far apart their mean E2E is.
+scheduler) at a light load and at three times it, the fast path beside one iteration at a
+time, and how far apart their mean E2E is.
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -197,7 +198,8 @@ def paths_table(n: int, repeats: int) -> None:
 
 
 #: the sixth table's rows: (shipped profile, acceptance, policy, scheduler, rate): the CPU
-#: engines' passes take milliseconds, so light loads (batch 4-8)
+#: engines' passes take milliseconds, so light loads (batch 4-8), and three times those
+#: rates (batch 73-108: where segments last a few steps)
 VLLM_CPU = SchedulerConfig(scheduler="vllm-v1", kv_capacity_tokens=262_144)
 PROFILES = (
     ("cpu-smollm2-135m", "iid:0.7~20", "fixed", SchedulerConfig(), 0.1),
@@ -205,6 +207,10 @@ PROFILES = (
     ("cpu-smollm2-135m", "smollm2-ngram", "goodput", SchedulerConfig(), 0.1),
     ("vllm-cpu-smollm2", "smollm2-ngram", "fixed", VLLM_CPU, 0.2),
     ("vllm-cpu-smollm2", "smollm2-ngram", "goodput", VLLM_CPU, 0.2),
+    ("cpu-smollm2-135m", "smollm2-ngram", "fixed", SchedulerConfig(), 0.3),
+    ("cpu-smollm2-135m", "smollm2-ngram", "goodput", SchedulerConfig(), 0.3),
+    ("vllm-cpu-smollm2", "smollm2-ngram", "fixed", VLLM_CPU, 0.6),
+    ("vllm-cpu-smollm2", "smollm2-ngram", "goodput", VLLM_CPU, 0.6),
 )
 
 
