@@ -111,6 +111,8 @@ class BatchColumns:
                 column -= share
         if self._by_drafts:  # by drafts: each step's (d, step) entry, one per step
             first, rows = len(COLUMNS), self._by_drafts
+            if not capped and not 0 <= k < rows:  # (capped drafts are at most their k)
+                raise ValueError(f"a walk at k={k} outside the kept sums' 0..{rows - 1}")
             width = sums.shape[1]
             if capped:  # entries (d, step) are distinct: a fancy-indexed add adds each once
                 cells = d * width + (self._steps[:m] + (first * width + at))

@@ -137,7 +137,8 @@ class Replica:
         # replaced only as requests come and go (a policy that holds its ks re-plans them
         # every few steps, and a walk's share of the draft sums costs several times a
         # segment's share of the matrices: measured in docs/speed.md)
-        sums = cost.prices_chain_sums or (cost.draft_tree is None and not self.holds)
+        sums = cost.prices_chain_sums or (cost.draft_tree is None and not self.holds
+                                          and cost.latency.arrays_match_scalars)
         by_drafts = self.feeds or (self.varied and steps.records_rows)
         self.columns = (BatchColumns(k_max=scheduler.k_max if by_drafts else 0,
                                      draft=self.feeds)
@@ -998,7 +999,9 @@ class _Stretch:
         cost = replica.cost
         durations = cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
         passes = columns.draft_passes(self.steps) if replica.feeds else None
-        if passes is not None:  # + its draft passes, as iteration_s adds them
+        if passes is not None:  # + its draft passes, as iteration_s adds them (in the order
+            # `priced` asks for: kept sums mean every decode step is a segment's, so neither
+            # chunk_segments nor plan_segments)
             durations = durations + cost.chain_passes_s(
                 *passes, in_step_order=replica.holds or replica.varied)
         self.durations = durations

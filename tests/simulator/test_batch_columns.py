@@ -143,14 +143,14 @@ def test_steps_priced_from_kept_sums_equal_the_segment_price(capped):
 @pytest.mark.parametrize("capped", [False, True])
 def test_a_draft_models_steps_priced_from_kept_sums_equal_iteration_s(capped, in_step_order):
     """Verify pass, overhead and draft passes from the sums: `iteration_s`'s floats of the
-    matrices, in either order of adding the passes."""
+    matrices, in either order of adding the passes, with requests at k = 0 among them."""
     rng = np.random.default_rng(5 + capped)
     cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
                                          get_gpu("h100")))
     columns = BatchColumns(k_max=8, draft=True)
     batch = [_request(rng, i, capped) for i in range(12)]
-    for request in batch:
-        _walk(request, int(rng.integers(1, 9)), rng, True)
+    for i, request in enumerate(batch):
+        _walk(request, 0 if i % 4 == 0 else int(rng.integers(1, 9)), rng, True)
         columns.add(request, request.chain_k)
     steps = min(len(r.chain) for r in batch) - 1
     cached, drafted, pairs, _, _ = columns.window(steps)
@@ -160,3 +160,13 @@ def test_a_draft_models_steps_priced_from_kept_sums_equal_iteration_s(capped, in
     want = cost.iteration_s(d if capped else d[:, 0], c[:, :-1], feeds=feeds,
                             in_step_order=in_step_order)
     assert got.tolist() == want.tolist()
+
+
+def test_a_walk_past_the_kept_levels_is_refused():
+    """A k beyond k_max would land in another column's rows: refused, not summed."""
+    rng = np.random.default_rng(1)
+    columns = BatchColumns(k_max=4, draft=True)
+    request = _request(rng, 0, False)
+    _walk(request, 6, rng, True)
+    with pytest.raises(ValueError, match="k=6"):
+        columns.add(request, 6)
