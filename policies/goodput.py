@@ -149,17 +149,21 @@ class Goodput(Policy):
                     continue
                 totals = self._totals_r.setdefault(rid, [0, 0, 0])
                 alpha = self._alpha_r.get(rid, self.initial_alpha)
-                for kk, acc in zip(ks, accs):
-                    if kk > 0:
-                        alpha = self._ema_of(alpha, totals, acc, kk, int(acc < kk),
-                                             ((kk, [acc]),))
+                if self.ema_input == "censored":  # the default, without a call per step
+                    alpha = self._censored(alpha, totals, accs, ks,
+                                           [acc < kk for kk, acc in zip(ks, accs)])
+                else:
+                    for kk, acc in zip(ks, accs):
+                        if kk > 0:
+                            alpha = self._ema_of(alpha, totals, acc, kk, int(acc < kk),
+                                                 ((kk, [acc]),))
                 self._alpha_r[rid] = alpha
             return
         # a request that drafts nothing accepts nothing and is no rejection: sums over all
         # requests are the sums over the drafting ones
         columns = steps.column_sums()
         if self.ema_input == "censored":  # the default, without a call per step
-            self._censored_steps(*columns)
+            self.alpha_hat = self._censored(self.alpha_hat, self._totals, *columns)
             return
         for step, (acc, drafted, rejected) in enumerate(zip(*columns)):
             if drafted:
@@ -169,12 +173,12 @@ class Goodput(Policy):
                 self.alpha_hat = self._ema_of(self.alpha_hat, self._totals, acc, drafted,
                                               rejected, groups)
 
-    def _censored_steps(self, accepted: Sequence[int], drafts: Sequence[int],
-                        rejected: Sequence[int]) -> None:
-        """`_ema_of` with ema_input "censored" over consecutive steps (the batch estimate):
-        the same float operations in the same order, without a call per step."""
-        keep, alpha = self.ema_keep, self.alpha_hat
-        totals = self._totals
+    def _censored(self, alpha: float, totals: list[int], accepted: Sequence[int],
+                  drafts: Sequence[int], rejected: Sequence[int]) -> float:
+        """`_ema_of` with ema_input "censored" over consecutive steps (of the batch, or of
+        one request: `alpha` and `totals` its estimate and sums): the same float operations
+        in the same order, without a call per step. Updates `totals`, returns the estimate."""
+        keep = self.ema_keep
         acc_total, drafted_total, rej_total = totals
         for acc, drafted, rej in zip(accepted, drafts, rejected):
             if drafted:
@@ -187,7 +191,7 @@ class Goodput(Policy):
                 alpha = alpha if alpha > 0.0 else 0.0
                 alpha = alpha if alpha < 1.0 else 1.0
         totals[:] = acc_total, drafted_total, rej_total
-        self.alpha_hat = alpha
+        return alpha
 
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)
