@@ -136,7 +136,8 @@ class Replica:
         # draft model drafting a chain has its passes priced from sums too, where walks are
         # replaced only as requests come and go (a policy that holds its ks re-plans them
         # every few steps, and a walk's share of the draft sums costs several times a
-        # segment's share of the matrices: measured in docs/speed.md)
+        # segment's share of the matrices: measured in docs/speed.md), and where the latency
+        # model's arrays give its scalars' numbers (the passes' sums reach it as arrays)
         sums = cost.prices_chain_sums or (cost.draft_tree is None and not self.holds
                                           and cost.latency.arrays_match_scalars)
         by_drafts = self.feeds or (self.varied and steps.records_rows)
@@ -448,7 +449,7 @@ class Replica:
             before.append(g)
             if entry.drafts and not entry.placeholder:
                 run = int(entry.request.run[g])
-                accepted.append(entry.drafts if entry.drafts < run else run)
+                accepted.append(entry.drafts if entry.drafts <= run else run)
             else:
                 accepted.append(0)
         emitted = scheduler.update_from_output(plan, accepted, env.now)
