@@ -162,7 +162,6 @@ class Replica:
                               "not a draft tree: use a chain drafter's trace")
         self.observes = type(policy).observe is not Policy.observe
         self._policy_signals = tuple(type(policy).signals)
-        self.reads_signals = bool(self._policy_signals)
         #: the trace's signals a step reads per request: the policy's, and its stop rule's
         self._signal_names = tuple(sorted(kind.signals if self.folds_stop
                                           else signals_needed(policy)))
@@ -364,7 +363,7 @@ class Replica:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
-        signals, feeds, catch_up = self.reads_signals, self.feeds, self.catch_up
+        feeds, catch_up = self.feeds, self.catch_up
         follow = self.chunk_segments  # segments resume the walks these steps move along
         for request, k in zip(batch, ks):  # (comparisons, not min: once per request and step)
             g = request.generated
@@ -388,10 +387,10 @@ class Replica:
             if outcomes is None:
                 continue
             # accepted drafts past the request's end do not count
-            outcomes.append(self._outcome(request, g, k, emit - 1, emit) if signals
-                            else DraftOutcome(request.request_id, k, emit - 1, emit, g))
+            outcomes.append((request, g, k, emit - 1, emit))
         if outcomes is not None:
-            self.policy.observe(self.scheduler.context(batch, self.env.now), outcomes)
+            self.policy.observe(self.scheduler.context(batch, self.env.now),
+                                self._outcomes(outcomes))
         return total_acc, total_emit
 
     @staticmethod
@@ -403,11 +402,21 @@ class Replica:
         if walked == k:  # the same drafts, so the same tokens (chain[at + 1] == after)
             request.chain_at, request.chain_g = at + 1, after
 
-    def _outcome(self, request: RequestState, g: int, k: int, acc: int, emit: int) -> DraftOutcome:
-        """Signals only for positions a real engine observed: accepted drafts + first rejection."""
-        seen = min(acc + 1, k, request.output_tokens - g)
-        signals = {name: request.signals[name][g:g + seen] for name in self._policy_signals}
-        return DraftOutcome(request.request_id, k, acc, emit, g, signals)
+    def _outcomes(self, steps: Iterable[tuple[RequestState, int, int, int, int]]
+                  ) -> list[DraftOutcome]:
+        """What verification revealed, one outcome per (request, position, k, accepted,
+        emitted): signals only for positions a real engine observed (accepted drafts and the
+        first rejection), and none where the policy reads none."""
+        names = self._policy_signals
+        if not names:
+            return [DraftOutcome(request.request_id, k, acc, emit, g)
+                    for request, g, k, acc, emit in steps]
+        out = []
+        for request, g, k, acc, emit in steps:
+            seen = min(acc + 1, k, request.output_tokens - g)
+            signals = {name: request.signals[name][g:g + seen] for name in names}
+            out.append(DraftOutcome(request.request_id, k, acc, emit, g, signals))
+        return out
 
     # -- a scheduler that plans whole steps (vllm-v1) ----------------------------------------
 
@@ -465,11 +474,8 @@ class Replica:
                                                      entry.drafts, emit)
         if self.observes and decode_emit:
             self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
-                                [self._outcome(entry.request, g, entry.drafts, emit - 1, emit)
-                                 for entry, g, emit in decode_emit] if self._policy_signals
-                                else [DraftOutcome(entry.request.request_id, entry.drafts,
-                                                   emit - 1, emit, g)
-                                      for entry, g, emit in decode_emit])
+                                self._outcomes((entry.request, g, entry.drafts, emit - 1, emit)
+                                               for entry, g, emit in decode_emit))
         self._propose(plan, ks, emitted)
         emit_total = sum(emit for _, _, emit in decode_emit)
         self.steps.add(self.index, start, duration, len(decodes), len(chunks), chunk_tokens,
@@ -551,18 +557,11 @@ class Replica:
         that sampled and goes on, at most its k; a draft stop rule and the n-gram lookup's
         limit are read at the position the drafts start from (its new `generated`)."""
         batch, chosen = [], []
-        if self.scheduler.max_model_len is None:  # finished(): its output length, inline
-            for entry, k, emit in zip(plan.scheduled, ks, emitted):
-                request = entry.request
-                if emit and request.generated < request.output_tokens:
-                    batch.append(request)
-                    chosen.append(k)
-        else:
-            finished = self.scheduler.finished
-            for entry, k, emit in zip(plan.scheduled, ks, emitted):
-                if emit and not finished(entry.request):
-                    batch.append(entry.request)
-                    chosen.append(k)
+        finished = self.scheduler.finished
+        for entry, k, emit in zip(plan.scheduled, ks, emitted):
+            if emit and not finished(entry.request):
+                batch.append(entry.request)
+                chosen.append(k)
         if not self.scheduler.drafter_runs(plan):  # vLLM's zero drafts, K of them (doc 5.3)
             for request in batch:
                 self.scheduler.propose(request, self.scheduler.config.k_max, placeholder=True)
@@ -717,9 +716,9 @@ class Replica:
                     request.draft_feed + after - before)
 
     def _commit_walks(self, batch, ks: list[int], n: int) -> None:
-        """`_commit` where the replica keeps the batch's sums: n steps read from each
-        request's walk lists (and its walk's feeds, with a draft model)."""
-        feeds = self.feeds
+        """`_commit` where the replica keeps the batch's sums and a policy holds its ks: n
+        steps read from each request's walk lists (no draft model: with one, such a policy
+        keeps no sums, so no feeds)."""
         for request, k in zip(batch, ks):
             at, before = request.chain_at, request.generated
             after = request.chain_list[at + n]
@@ -730,8 +729,6 @@ class Replica:
             request.accepted += after - before - n
             request.chain_at = at + n
             request.chain_g = after
-            if feeds:
-                request.draft_feed = int(request.chain_feeds[at + n])
 
     def _sync(self, request: RequestState) -> None:
         """`_commit_walks` of one request (`lazy`): its progress through every step committed

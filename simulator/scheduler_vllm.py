@@ -326,11 +326,8 @@ class VllmV1Scheduler:
         (`candidates`: where the caller knows them, the only ones that can have finished)."""
         if candidates is not None and not any(self.finished(request) for request in candidates):
             return []
-        if self.max_model_len is None:  # finished(): its output length, compared inline
-            done = [request for request in self.running
-                    if request.generated >= request.output_tokens]
-        else:
-            done = [request for request in self.running if self.finished(request)]
+        finished = self.finished
+        done = [request for request in self.running if finished(request)]
         if not done:
             return []
         gone = {id(request) for request in done}
