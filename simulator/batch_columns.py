@@ -14,6 +14,11 @@ With a draft model drafting a chain, each step's draft passes are priced from su
 the requests drafting at least j and their cached tokens; the first pass's catch-up tokens and
 causal pairs, fixed by each request's walk and its draft feed before it), so a segment builds
 no per-request matrix there either.
+
+Under vLLM's scheduler (`blocks`), each step's KV blocks held by the batch are kept too: a
+request's blocks after each step of its walk are fixed by the walk and the blocks it held
+when the walk was added (`walk_blocks` of simulator/scheduler_vllm.py), so a segment reads
+what each step allocates as a slice, without a (requests x steps) matrix of blocks.
 """
 
 from __future__ import annotations
@@ -32,22 +37,27 @@ COLUMNS = ("cached", "drafted", "pairs", "rejected")
 class BatchColumns:
     """Sums over the running requests' walks, by decode step from `now` (steps committed)."""
 
-    __slots__ = ("_by_drafts", "_draft", "_origin", "_steps", "_sums", "now")
+    __slots__ = ("_blocks", "_by_drafts", "_draft", "_origin", "_steps", "_sums", "now")
 
-    def __init__(self, capacity: int = 4096, k_max: int = 0, draft: bool = False) -> None:
+    def __init__(self, capacity: int = 4096, k_max: int = 0, draft: bool = False,
+                 blocks: bool = False) -> None:
         """`k_max` > 0 keeps, below the sums, how many requests draft d tokens at each step
         (d = 0..k_max): a step's most drafts is the largest d with any (a drafter that caps
         its drafts; k_max at least the ks drafted). `draft` (a draft model, with k_max) keeps
         below those their cached tokens by d, and the first pass's catch-up tokens and
         causal pairs, from each walk's `chain_feeds`: a step's draft pass j runs over the
-        requests with d >= j."""
+        requests with d >= j. `blocks` (not with `draft`) keeps, in a last row, the KV blocks
+        the batch holds before each step, from each walk's `chain_blocks`."""
         self.now = 0  # decode steps committed so far
         self._origin = 0  # the step index of the arrays' first entry
         self._by_drafts = k_max + 1 if k_max else 0  # rows d = 0..k_max, where kept
         self._draft = draft and k_max > 0
         self._steps = np.arange(capacity, dtype=np.int64)  # a walk's step offsets
         rows = len(COLUMNS) + (2 * self._by_drafts + 2 if self._draft else self._by_drafts)
-        self._sums = np.zeros((rows, capacity), dtype=np.int64)
+        if blocks and self._draft:
+            raise ValueError("the kept sums hold blocks or a draft model's passes, not both")
+        self._blocks = rows if blocks else -1  # the blocks' row, where kept
+        self._sums = np.zeros((rows + blocks, capacity), dtype=np.int64)
 
     def window(self, steps: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -59,6 +69,12 @@ class BatchColumns:
         return (sums[0, at: at + steps + 1], sums[1, at: at + steps],
                 sums[2, at: at + steps], sums[3, at: at + steps],
                 sums[first: first + self._by_drafts, at: at + steps])
+
+    def blocks_window(self, steps: int) -> np.ndarray:
+        """`blocks`: the KV blocks the batch holds before each of the next `steps` steps and
+        after the last (steps + 1 entries): a view, valid until the sums next change."""
+        at = self.now - self._origin
+        return self._sums[self._blocks, at: at + steps + 1]
 
     def draft_passes(self, steps: int
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -91,6 +107,12 @@ class BatchColumns:
         gen = request.chain[start:]
         m = len(gen) - 1  # steps left
         at = self._room(m + 1)
+        if self._blocks >= 0:  # its blocks before each step, and after its last
+            held = request.chain_blocks[start:]
+            if sign > 0:
+                self._sums[self._blocks, at: at + m + 1] += held
+            else:
+                self._sums[self._blocks, at: at + m + 1] -= held
         if not m:  # a finished walk: its last entry only, its KV after its last step
             self._sums[0, at] += sign * (int(gen[0]) + request.prompt_tokens - 1)
             return

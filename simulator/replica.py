@@ -144,6 +144,18 @@ class Replica:
         self.columns = (BatchColumns(k_max=scheduler.k_max if by_drafts else 0,
                                      draft=self.feeds)
                         if self.segments_only and sums else None)
+        # vllm-v1: the sums are kept too, with the KV blocks the batch holds at each step,
+        # where its segments are priced from the verify pass's sums (a model-free chain) and
+        # no policy holds its ks: the steps taken one at a time keep them (every request that
+        # took its walk's step stays in them, the others leave, and are walked anew)
+        self.plan_sums = self.plan_segments and not self.holds and cost.prices_chain_sums
+        if self.plan_sums:
+            self.columns = BatchColumns(
+                k_max=scheduler.k_max if self.varied and steps.records_rows else 0,
+                blocks=True)
+        #: plan_sums: every running request's state is current in the scheduler (after a step
+        #: taken one at a time; after a segment, only its walk says where it is)
+        self._synced = True
         # where the replica keeps the batch's sums and no policy reads a request's progress
         # between segments (its k from the running set alone, or walked), a segment's commit
         # is the count of its steps: each request's progress is read from its walk where
@@ -428,6 +440,7 @@ class Replica:
         requests retired (their blocks free for the next step). `chosen`: the policy's ks,
         where `_planned_segment` asked it for this step already (from the same context)."""
         env, scheduler = self.env, self.scheduler
+        summed = self._sync_running() if self.plan_sums else None
         plan = scheduler.schedule(env.now)
         if not plan.scheduled:
             raise RuntimeError("replica holds requests it can neither admit nor run")
@@ -468,6 +481,8 @@ class Replica:
             for entry, g, emit in decode_emit:
                 if entry.request.chain_g == g and not entry.placeholder:
                     self._follow_walk(entry.request, entry.drafts, g + emit)
+        if summed is not None:
+            self._keep_sums(summed)
         if self.feeds:
             for entry, _, emit in decode_emit:
                 entry.request.draft_feed = next_feed(self.catch_up, entry.request.draft_feed,
@@ -481,7 +496,31 @@ class Replica:
         self.steps.add(self.index, start, duration, len(decodes), len(chunks), chunk_tokens,
                        sum(drafts), max(drafts, default=0), emit_total - len(decodes),
                        emit_total, waiting, held, kv)
-        self._finish_done()
+        self._finish_done(every=self.plan_sums)
+
+    def _sync_running(self) -> list[tuple[RequestState, int]]:
+        """`plan_sums`: every running request in the kept sums read up to now (`_sync`: its
+        progress and its scheduler state), and where each is on its walk."""
+        self._synced = True
+        summed = []
+        for request in self.scheduler.running:
+            if request.summed:
+                self._sync(request)
+                summed.append((request, request.chain_at))
+        return summed
+
+    def _keep_sums(self, summed: list[tuple[RequestState, int]]) -> None:
+        """`plan_sums`, after a step taken one at a time: the requests that took their walk's
+        step (`_follow_walk`) stay in the kept sums, which move on a step; the others (not
+        scheduled, preempted, or drafting other than their walk) leave them from where they
+        were, and are walked anew at the next segment."""
+        columns = self.columns
+        for request, at in summed:
+            if request.chain_at != at + 1:
+                columns.remove(request)
+                request.summed = False
+                request.chain_k = -1  # (its walk is stale even where it did not move)
+        columns.now += 1
 
     def _planned_segment(self):
         """vLLM steps that are plain decodes of the running requests, costed at once, as
@@ -515,7 +554,14 @@ class Replica:
             if key != self._ks_for:
                 self._ks, self._ks_for = self._choose_uncapped(batch), key
             ks = self._ks
-        if scheduler.proposals(batch) != self._cut_to_cap(batch, ks):
+        if self.plan_sums:
+            if self._synced:  # the requests that left the sums or joined since, walked
+                self._fresh = [request for request in batch if not request.summed]
+            elif not (ks and ks.count(ks[0]) == len(ks) and ks[0] == self._walked_k):
+                # (else every request proposed its walk's next drafts, at these ks)
+                self._sync_running()
+        if ((not self.plan_sums or self._synced)
+                and scheduler.proposals(batch) != self._cut_to_cap(batch, ks)):
             yield from self._planned_iteration(ks if hold is not None else None)
             return
         start = self.env.now
@@ -526,10 +572,18 @@ class Replica:
         n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
         if hold is not None:  # its held steps, then it is asked again
             n = min(n, hold + 1)
-        prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, len(batch))
-        drafts = (stretch.drafts[:, :n] if stretch.capped
-                  else np.repeat(stretch.k_arr[:, None], n, axis=1))
-        n, kv, blocks = scheduler.decode_room(prompt, stretch.gen[:, :n], drafts)
+        if self.plan_sums:  # the blocks each step allocates, from the kept sums
+            held = self.columns.blocks_window(n)
+            allocated = held[1:] - held[0]
+            n, kv = scheduler.decode_room_sums(
+                len(batch), allocated,
+                stretch.drafted[:n] if stretch.capped else int(stretch.k_arr.sum()))
+        else:
+            prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64,
+                                 len(batch))
+            drafts = (stretch.drafts[:, :n] if stretch.capped
+                      else np.repeat(stretch.k_arr[:, None], n, axis=1))
+            n, kv, blocks = scheduler.decode_room(prompt, stretch.gen[:, :n], drafts)
         if n == 0:  # its first step trims drafts or preempts: stepped, and (a budget that
             # trims the same ks every step) so are the next, until the running set changes
             # (never where the policy holds: next_decode_blocks found that step whole)
@@ -538,11 +592,14 @@ class Replica:
             return
         self._commit(batch, stretch, 0, n)
         self._record(batch, start, n, clock[1:n], stretch, kv)
-        # the drafts each request proposes at the end of the last step, for the next one
-        scheduler.decoded(blocks, [
-            k if request.cap is None else min(k, request.cap[request.generated])
-            if request.generated < request.output_tokens else 0
-            for request, k in zip(batch, ks)])
+        if self.plan_sums:  # each request's blocks and next drafts read from its walk (_sync)
+            scheduler.take_blocks(int(allocated[n - 1]))
+            self._synced = False
+        else:  # the drafts each request proposes at the end of the last step, for the next
+            scheduler.decoded(blocks, [
+                k if request.cap is None else min(k, request.cap[request.generated])
+                if request.generated < request.output_tokens else 0
+                for request, k in zip(batch, ks)])
         yield _At(self.env, float(clock[n]))
         if hold is not None:  # the n steps' observes (and the n - 1 held asks) at once, at
             # the end of the last, as the step path observes it (arrivals during it waiting)
@@ -748,6 +805,11 @@ class Replica:
         request.chain_g = after
         if self.feeds:
             request.draft_feed = int(request.chain_feeds[at])
+        if self.plan_sums:  # its blocks, and the drafts it proposed for its next step
+            ks = request.chain_ks
+            spec = (0 if at == len(request.chain_list) - 1
+                    else request.chain_k if ks is None else int(ks[at]))
+            self.scheduler.sync(request, int(request.chain_blocks[at]), spec)
 
     def _log_segment(self, batch, start, n, starts, stretch: _Stretch,
                      kv: np.ndarray | None = None) -> None:
@@ -832,12 +894,14 @@ class Replica:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _finish_done(self, started: list[RequestState] | None = None) -> None:
+    def _finish_done(self, started: list[RequestState] | None = None, every: bool = False
+                     ) -> None:
         """Retire the requests that reached their length (`started`: those a prefill just
-        started decoding, which may have)."""
+        started decoding, which may have; `every`: any running request may have, and is
+        read: a step taken one at a time under vLLM's scheduler)."""
         candidates = None
-        if self.lazy:  # the requests whose walks end here: their progress, for their records;
-            # with those just started, the only ones that can have finished
+        if self.lazy and not every:  # the requests whose walks end here: their progress,
+            # for their records; with those just started, the only ones that can have finished
             candidates = self._walks_ending(self.columns.now) + (started or [])
         for request in self.scheduler.finish_done(self.env.now, candidates):  # KV freed
             if request.summed:  # its walk's last entry, out of the batch's sums
@@ -845,6 +909,7 @@ class Replica:
                 request.summed = False
             request.run = request.cap = request.chain = request.chain_ks = request.signals = None
             request.chain_list = request.chain_drafted = request.chain_feeds = None
+            request.chain_blocks = None
             request.chain_k = -1
 
     def _walks_ending(self, now: int) -> list[RequestState]:
@@ -934,6 +999,10 @@ class _Stretch:
                 if columns is not None:
                     if replica.feeds:  # its draft feed before each step of its walk
                         request.chain_feeds = replica._walk_feeds(request)
+                    if replica.plan_sums:  # the blocks it holds before each step of its walk
+                        request.chain_blocks = replica.scheduler.walk_blocks(
+                            request, request.chain,
+                            k if request.chain_ks is None else request.chain_ks)
                     columns.add(request, k)
                     request.summed = True
                     request.chain_origin = columns.now  # its chain_at is 0

@@ -17,6 +17,7 @@ class RequestState:
         "cap",
         "chain",
         "chain_at",
+        "chain_blocks",
         "chain_drafted",
         "chain_end",
         "chain_feeds",
@@ -70,6 +71,9 @@ class RequestState:
         #: where the replica keeps the batch's sums of a draft model's passes: its draft feed
         #: before each step of its walk, and after the last
         self.chain_feeds: np.ndarray | None = None
+        #: under vLLM's scheduler with kept sums: the KV blocks it holds before each step of
+        #: its walk, and after the last (simulator/batch_columns.py)
+        self.chain_blocks: np.ndarray | None = None
         self.summed = False  # its walk is in the replica's kept sums (simulator/batch_columns.py)
         #: where the replica keeps the batch's sums: the decode step (of the replica's count)
         #: its walk started at, and the one it ends at (its last entry)

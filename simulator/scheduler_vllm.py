@@ -396,6 +396,43 @@ class VllmV1Scheduler:
         kv = (self.total_blocks - self.free_blocks + allocated[:n]) * BLOCK_SIZE
         return n, kv, blocks[:, n - 1] if n else held
 
+    def walk_blocks(self, request, chain: np.ndarray, drafts) -> np.ndarray:
+        """The blocks `request` holds before each step of a walk from where it is (`chain`:
+        tokens generated before each step and after the last; `drafts`: each step's, or one
+        for all) and after its last, as `decode_room` allocates them: a decode step schedules
+        C + n = prompt + g + d tokens' blocks, and blocks are never given back while running."""
+        held = self._seq[request.index].blocks
+        out = np.empty(len(chain), dtype=np.int64)
+        out[0] = held
+        need = blocks_for(request.prompt_tokens + chain[:-1] + drafts)
+        out[1:] = np.maximum.accumulate(np.maximum(need, held))
+        return out
+
+    def decode_room_sums(self, requests: int, allocated: np.ndarray, drafted
+                         ) -> tuple[int, np.ndarray]:
+        """`decode_room` from the batch's sums (simulator/batch_columns.py): of the steps
+        whose blocks allocated since the first (`allocated`) and drafts (`drafted`: per step,
+        or one for all) are given, how many `schedule()` runs whole, and the KV tokens in
+        allocated blocks after each of those steps' scheduling. The caller takes the blocks
+        (`take_blocks`) and keeps each request's own (`sync`)."""
+        fits = (allocated <= self.free_blocks) & (requests + drafted <= self.budget)
+        n = len(fits) if fits.all() else int(fits.argmin())
+        kv = (self.total_blocks - self.free_blocks + allocated[:n]) * BLOCK_SIZE
+        return n, kv
+
+    def take_blocks(self, blocks: int) -> None:
+        """Blocks the running requests took in steps that `decode_room_sums` allowed."""
+        self.free_blocks -= blocks
+
+    def sync(self, request, blocks: int, spec: int) -> None:
+        """A running request's state after decode steps committed from its walk (`decoded`
+        of one request, where the replica keeps the batch's sums and reads a request's
+        progress only where something needs it): its KV entries, its blocks (already counted
+        out of the free ones) and the drafts it proposed for its next step."""
+        seq = self._seq[request.index]
+        seq.blocks, seq.spec = blocks, spec
+        seq.computed = request.prompt_tokens + request.generated - 1
+
     def decoded(self, blocks: np.ndarray, proposals: list[int]) -> None:
         """The running requests took decode steps as `decode_room` allowed (the replica
         committed them to the requests): their KV entries, their blocks (`blocks`), and the

@@ -20,8 +20,13 @@ from traces import parametric_trace, parse_acceptance
 @pytest.fixture
 def counted(monkeypatch):
     """Segments run and preemptions made, over the runs of a test."""
-    seen = {"segments": 0, "preempted": 0}
+    seen = {"segments": 0, "preempted": 0, "left_sums": 0}
     segment, make_room = Replica._planned_segment, VllmV1Scheduler._make_room
+    keep_sums = Replica._keep_sums
+
+    def counted_keep(replica, summed):
+        keep_sums(replica, summed)
+        seen["left_sums"] += sum(not request.summed for request, _ in summed)
 
     def counted_segment(replica):
         seen["segments"] += 1
@@ -35,6 +40,7 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(Replica, "_planned_segment", counted_segment)
     monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
+    monkeypatch.setattr(Replica, "_keep_sums", counted_keep)
     return seen
 
 
@@ -83,7 +89,9 @@ def test_vllm_segments_match_the_step_path(counted, policy, params, acceptance, 
 @pytest.mark.parametrize("budget,blocks,prompts", [(512, 12, 300), (22, 200, 20)])
 def test_arrivals_on_iteration_boundaries(monkeypatch, counted, seed, budget, blocks, prompts):
     """Arrivals on iteration ends exactly, with ties; a pool of 12 blocks that runs out, or a
-    budget that 8 requests' k + 1 = 5 tokens overrun (short prompts: plain decodes mostly)."""
+    budget that 8 requests' k + 1 = 5 tokens overrun (short prompts: plain decodes mostly).
+    The replica keeps the batch's sums (a model-free chain, fixed k) through the steps taken
+    one at a time."""
     trimmed = []
     schedule = VllmV1Scheduler.schedule
 
@@ -104,6 +112,9 @@ def test_arrivals_on_iteration_boundaries(monkeypatch, counted, seed, budget, bl
           ClusterConfig(2, "round-robin"))
     assert counted["segments"]
     assert counted["preempted"] if blocks < 100 else any(trimmed)
+    # requests left the kept sums in steps taken one at a time (preempted, or their drafts
+    # trimmed) and were walked anew, with the same records
+    assert counted["left_sums"]
 
 
 def test_a_policy_that_learns_every_step_steps_one_at_a_time():
