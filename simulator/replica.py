@@ -19,6 +19,7 @@ the step where its token budget or free KV blocks would change what it plans.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from heapq import heappop, heappush
 from itertools import count
@@ -35,7 +36,7 @@ from simulator.errors import ConfigError
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
-from simulator.step_cost import StepCostModel
+from simulator.step_cost import StepCostModel, verify_sums
 
 
 class Replica:
@@ -153,9 +154,11 @@ class Replica:
             self.columns = BatchColumns(
                 k_max=scheduler.k_max if self.varied and steps.records_rows else 0,
                 blocks=True)
-        #: plan_sums: every running request's state is current in the scheduler (after a step
-        #: taken one at a time; after a segment, only its walk says where it is)
-        self._synced = True
+        #: plan_sums: how many running requests, first in admission order, are in the kept sums
+        #: and read nowhere but from their walks (after a segment), the rest being current in
+        #: the scheduler and not in the sums; None: every running request is current in the
+        #: scheduler (after a step that read them all)
+        self._head: int | None = None
         # where the replica keeps the batch's sums and no policy reads a request's progress
         # between segments (its k from the running set alone, or walked), a segment's commit
         # is the count of its steps: each request's progress is read from its walk where
@@ -440,11 +443,18 @@ class Replica:
         requests retired (their blocks free for the next step). `chosen`: the policy's ks,
         where `_planned_segment` asked it for this step already (from the same context)."""
         env, scheduler = self.env, self.scheduler
-        summed = self._sync_running() if self.plan_sums else None
-        plan = scheduler.schedule(env.now)
-        if not plan.scheduled:
+        head = self._head_step() if self.plan_sums and chosen is None else None
+        summed = None
+        if head is not None:  # the head's share from the kept sums, the rest as schedule() runs it
+            plan = scheduler.schedule_after(head.size, head.blocks, head.size + head.drafted,
+                                            env.now)
+            batch = scheduler.running[:head.size] + plan.requests
+        else:
+            summed = self._sync_running() if self.plan_sums else None
+            plan = scheduler.schedule(env.now)
+            batch = plan.requests
+        if not batch:
             raise RuntimeError("replica holds requests it can neither admit nor run")
-        batch = plan.requests
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
         ks = scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen
@@ -459,12 +469,19 @@ class Replica:
         feeds = [entry.request.draft_feed for entry in decodes] if self.feeds else None
         start, (waiting, held, kv) = env.now, scheduler.snapshot()
         chunk_tokens = sum(entry.tokens for entry in chunks)
-        duration = self.cost.iteration_s(
-            drafts, computed, len(chunks), chunk_tokens,
-            sum(entry.computed for entry in chunks),
-            sum(e.tokens * e.computed + e.tokens * (e.tokens + 1) // 2 for e in chunks), feeds)
+        chunk_sums = (len(chunks), chunk_tokens, sum(entry.computed for entry in chunks),
+                      sum(e.tokens * e.computed + e.tokens * (e.tokens + 1) // 2 for e in chunks))
+        if head is None:
+            duration = self.cost.iteration_s(drafts, computed, *chunk_sums, feeds)
+        else:  # the head's verify sums and the rest's, added (integers: the same sums)
+            n, rest_drafted, rest_cached, rest_pairs = verify_sums(drafts, computed)
+            duration = self.cost.chain_mixed_s(head.size + n, head.drafted + rest_drafted,
+                                               head.cached + rest_cached,
+                                               head.pairs + rest_pairs, *chunk_sums)
         yield env.timeout(duration)
         scheduler.step_index += 1
+        if head is not None:  # the head took its walks' step: committed as a count
+            self.columns.now += 1
         before, accepted = [], []
         for entry in plan.scheduled:  # min(drafts, run[g]) of each verified chain
             g = entry.request.generated
@@ -491,17 +508,133 @@ class Replica:
             self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
                                 self._outcomes((entry.request, g, entry.drafts, emit - 1, emit)
                                                for entry, g, emit in decode_emit))
-        self._propose(plan, ks, emitted)
-        emit_total = sum(emit for _, _, emit in decode_emit)
-        self.steps.add(self.index, start, duration, len(decodes), len(chunks), chunk_tokens,
-                       sum(drafts), max(drafts, default=0), emit_total - len(decodes),
-                       emit_total, waiting, held, kv)
-        self._finish_done(every=self.plan_sums)
+        if head is None:
+            self._propose(plan, ks, emitted)
+            emit_total = sum(emit for _, _, emit in decode_emit)
+            self.steps.add(self.index, start, duration, len(decodes), len(chunks),
+                           chunk_tokens, sum(drafts), max(drafts, default=0),
+                           emit_total - len(decodes), emit_total, waiting, held, kv)
+            self._finish_done(every=self.plan_sums)
+            if summed is not None:  # those still in the sums, if their proposals are their
+                # walks' next drafts
+                size = self._summed_head()
+                if size and ks[:size].count(self._walked_k) != size:
+                    size = None
+                self._head = self._extend_head(ks, size)
+            return
+        size = head.size
+        self._propose(plan, ks[size:], emitted)
+        head_ks = ks[:size]
+        implicit = head_ks.count(self._walked_k) == size  # the head proposes its walks' next
+        if not implicit:  # drafts at other ks: proposed as the step path proposes them
+            self._propose_head(size, head_ks)
+        emit_total = sum(emit for _, _, emit in decode_emit) + head.emitted
+        n_decodes = len(decodes) + size
+        max_k = max(drafts, default=0)
+        self.steps.add(self.index, start, duration, n_decodes, len(chunks), chunk_tokens,
+                       sum(drafts) + head.drafted, max_k if max_k >= head.max_k else head.max_k,
+                       emit_total - n_decodes, emit_total, waiting, held, kv)
+        left = self._finish_done(scheduler.running[size:])
+        self._head = self._extend_head(ks, size - left) if implicit else None
+
+    def _summed_head(self) -> int | None:
+        """After a step taken one at a time whose proposals are the walks' next drafts: the
+        running requests in the kept sums, if they come first in admission order (they are
+        read from their walks alone from here, as after a segment), else None."""
+        running = self.scheduler.running
+        size = 0
+        for request in running:
+            if not request.summed:
+                break
+            size += 1
+        for request in running[size:]:
+            if request.summed:
+                return None
+        return size
+
+    def _head_step(self) -> _HeadSums | None:
+        """`plan_sums`: where the running requests first in admission order are read from
+        their walks alone (`_head`, after a segment), and `schedule()` would run their
+        proposals (their walks' next drafts) whole, their share of the next step from the
+        kept sums: their verify pass's sums, the tokens they emit, and the blocks they
+        allocate. None where it would not (a step taken one at a time reads them all)."""
+        size = self._head
+        if not size or self._walked_k is None:
+            return None
+        columns = self.columns
+        cached, drafted, pairs, _, by_drafts = columns.window(1)
+        held = columns.blocks_window(1)
+        blocks = int(held[1]) - int(held[0])
+        fits, _ = self.scheduler.decode_room_sums(size, np.array([blocks]), drafted)
+        if not fits:
+            return None
+        if len(by_drafts):  # the most drafts of any (rows d = 0..k_max, one row per request)
+            max_k = len(by_drafts) - 1 - int((by_drafts[::-1, 0] > 0).argmax())
+        else:  # every request at the walks' k (capped: only their totals are kept, where
+            # this is not read)
+            max_k = 0 if self.capped else self._walked_k
+        return _HeadSums(size, blocks, int(drafted[0]), int(cached[0]), int(pairs[0]),
+                         int(cached[1]) - int(cached[0]), max_k)
+
+    def _propose_head(self, size: int, ks: list[int]) -> None:
+        """The head's drafts for the next step where the policy's ks differ from its walks':
+        each request read up to date, then proposed as `_propose` proposes (none where it
+        finished), so the scheduler holds every request's state (`_head` None)."""
+        head = self.scheduler.running[:size]
+        for request in head:
+            self._sync(request)
+        going = [(request, k) for request, k in zip(head, ks)
+                 if not self.scheduler.finished(request)]
+        self.scheduler.propose_all([r for r, _ in going],
+                                   self._cut_to_cap([r for r, _ in going], [k for _, k in going]))
+
+    def _add_walk(self, request: RequestState, k: int) -> None:
+        """A request's new walk (at its start) into the kept sums, with what reading it back
+        needs: its draft feeds or blocks before each step, its end (in the heap, `lazy`), and
+        its entries and drafts as lists."""
+        columns = self.columns
+        if self.feeds:  # its draft feed before each step of its walk
+            request.chain_feeds = self._walk_feeds(request)
+        if self.plan_sums:  # the blocks it holds before each step of its walk
+            request.chain_blocks = self.scheduler.walk_blocks(
+                request, request.chain, k if request.chain_ks is None else request.chain_ks)
+        columns.add(request, k)
+        request.summed = True
+        request.chain_origin = columns.now  # its chain_at is 0
+        request.chain_end = columns.now + len(request.chain) - 1
+        if self.lazy:
+            heappush(self._ends, (request.chain_end, next(self._pushes), request))
+        request.chain_list = request.chain.tolist()
+        if request.chain_ks is not None:
+            request.chain_drafted = np.concatenate(([0], request.chain_ks.cumsum())).tolist()
+
+    def _extend_head(self, ks: list[int], size: int | None) -> int | None:
+        """`plan_sums`, after a step taken one at a time whose first `size` running requests
+        proposed their walks' next drafts (None: not so): where it proposed the same k for
+        every request (`ks`), the walks' k if there are any, the decoding requests after them
+        are walked at k and added to the kept sums, so the next steps take their share from
+        the sums too (`_head_step`). Returns the head's size then."""
+        if size is None or not ks or ks.count(ks[0]) != len(ks):
+            return size
+        k = ks[0]
+        if size and k != self._walked_k:
+            return size
+        scheduler = self.scheduler
+        running = scheduler.running
+        for request in running[size:]:
+            if not scheduler.decoding(request):  # prefilling: last in admission order
+                break
+            walk_chain(request, k)
+            self._add_walk(request, k)
+            size += 1
+        if size:
+            self._walked_k = k
+        return size
 
     def _sync_running(self) -> list[tuple[RequestState, int]]:
         """`plan_sums`: every running request in the kept sums read up to now (`_sync`: its
         progress and its scheduler state), and where each is on its walk."""
-        self._synced = True
+        self._head = None
         summed = []
         for request in self.scheduler.running:
             if request.summed:
@@ -554,18 +687,25 @@ class Replica:
             if key != self._ks_for:
                 self._ks, self._ks_for = self._choose_uncapped(batch), key
             ks = self._ks
+        checked = batch  # the requests whose proposals are read from the scheduler
         if self.plan_sums:
-            if self._synced:  # the requests that left the sums or joined since, walked
+            size = self._head
+            if size is not None and not (ks and ks.count(ks[0]) == len(ks)
+                                         and ks[0] == self._walked_k):
+                self._sync_running()  # (else the head proposed its walks' next drafts)
+                size = None
+            if size is None:  # the requests that left the sums or joined since, walked
                 self._fresh = [request for request in batch if not request.summed]
-            elif not (ks and ks.count(ks[0]) == len(ks) and ks[0] == self._walked_k):
-                # (else every request proposed its walk's next drafts, at these ks)
-                self._sync_running()
-        if ((not self.plan_sums or self._synced)
-                and scheduler.proposals(batch) != self._cut_to_cap(batch, ks)):
+            else:  # those that joined since the head's segment
+                self._fresh = checked = batch[size:]
+        if (checked and scheduler.proposals(checked)
+                != self._cut_to_cap(checked, ks[len(batch) - len(checked):])):
             yield from self._planned_iteration(ks if hold is not None else None)
             return
         start = self.env.now
         stretch = _Stretch.priced(self, batch, ks)
+        if self.plan_sums:  # every running request in the sums, at its walk's start or on it
+            self._head = len(batch)
         # the step path's clock to the bit (such runs were recorded one step at a time)
         clock = np.concatenate(([start], stretch.durations)).cumsum()
         horizon = self.next_arrival_s(self.index)
@@ -594,7 +734,6 @@ class Replica:
         self._record(batch, start, n, clock[1:n], stretch, kv)
         if self.plan_sums:  # each request's blocks and next drafts read from its walk (_sync)
             scheduler.take_blocks(int(allocated[n - 1]))
-            self._synced = False
         else:  # the drafts each request proposes at the end of the last step, for the next
             scheduler.decoded(blocks, [
                 k if request.cap is None else min(k, request.cap[request.generated])
@@ -607,7 +746,9 @@ class Replica:
                                      self._held_steps(stretch, 0, n, self._held_sums(
                                          batch, stretch, n)))
         if n == stretch.steps:  # else no request reached its length: nothing to retire
-            self._finish_done()
+            left = self._finish_done()
+            if self._head is not None:
+                self._head -= left
 
     def _propose(self, plan, ks: list[int], emitted: list[int]) -> None:
         """The drafts proposed at the end of the step for the next (doc 5.2): by every request
@@ -895,11 +1036,12 @@ class Replica:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _finish_done(self, started: list[RequestState] | None = None, every: bool = False
-                     ) -> None:
+                     ) -> int:
         """Retire the requests that reached their length (`started`: those a prefill just
-        started decoding, which may have; `every`: any running request may have, and is
-        read: a step taken one at a time under vLLM's scheduler)."""
-        candidates = None
+        started decoding, or a step under vLLM's scheduler ran one at a time, which may have;
+        `every`: any running request may have, and is read: a step taken one at a time under
+        vLLM's scheduler). Returns how many of them were in the kept sums."""
+        candidates, left = None, 0
         if self.lazy and not every:  # the requests whose walks end here: their progress,
             # for their records; with those just started, the only ones that can have finished
             candidates = self._walks_ending(self.columns.now) + (started or [])
@@ -907,10 +1049,12 @@ class Replica:
             if request.summed:  # its walk's last entry, out of the batch's sums
                 self.columns.remove(request)
                 request.summed = False
+                left += 1
             request.run = request.cap = request.chain = request.chain_ks = request.signals = None
             request.chain_list = request.chain_drafted = request.chain_feeds = None
             request.chain_blocks = None
             request.chain_k = -1
+        return left
 
     def _walks_ending(self, now: int) -> list[RequestState]:
         """`lazy`: the running requests whose walks end at step `now`, synced (`_sync`; one
@@ -997,23 +1141,7 @@ class _Stretch:
                 else:
                     walk_chain(request, k)
                 if columns is not None:
-                    if replica.feeds:  # its draft feed before each step of its walk
-                        request.chain_feeds = replica._walk_feeds(request)
-                    if replica.plan_sums:  # the blocks it holds before each step of its walk
-                        request.chain_blocks = replica.scheduler.walk_blocks(
-                            request, request.chain,
-                            k if request.chain_ks is None else request.chain_ks)
-                    columns.add(request, k)
-                    request.summed = True
-                    request.chain_origin = columns.now  # its chain_at is 0
-                    request.chain_end = columns.now + len(request.chain) - 1
-                    if lazy:
-                        heappush(replica._ends,
-                                 (request.chain_end, next(replica._pushes), request))
-                    request.chain_list = request.chain.tolist()
-                    if request.chain_ks is not None:
-                        request.chain_drafted = np.concatenate(
-                            ([0], request.chain_ks.cumsum())).tolist()
+                    replica._add_walk(request, k)
         # the walks as they are now (a walk is replaced, never changed, so `gen` and `drafts`
         # can be built from these at any time, even after the requests moved on or left)
         self.capped = replica.varied
@@ -1128,6 +1256,21 @@ class _Stretch:
         k = (np.repeat(self.k_arr[:, None], last - first, axis=1) if not self.capped
              else self.drafts[:, first:last])
         return k, emitted - 1, emitted, gen[:, first:last]
+
+
+@dataclass(slots=True)
+class _HeadSums:
+    """The share of an engine step of the running requests read from their walks alone
+    (`Replica._head_step`): how many, the blocks they allocate, their verify pass's sums, the
+    tokens they emit, and the most drafts any of them verifies."""
+
+    size: int
+    blocks: int
+    drafted: int
+    cached: int
+    pairs: int
+    emitted: int
+    max_k: int
 
 
 class _At(simpy.events.Event):

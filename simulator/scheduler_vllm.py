@@ -139,10 +139,22 @@ class VllmV1Scheduler:
     def schedule(self, now: float) -> StepPlan:
         """Phase 1 over `running` in admission order, then (only if nothing was preempted)
         phase 2 over `waiting`, FCFS; advances each scheduled request's C (doc 3.2-3.5)."""
-        plan, budget, seqs = StepPlan(), self.budget, self._seq
+        return self._plan(0, self.budget, now)
+
+    def schedule_after(self, head: int, blocks: int, tokens: int, now: float) -> StepPlan:
+        """`schedule()` where its phase 1 runs the first `head` running requests' proposals
+        whole, as `decode_room_sums` found it does (`blocks`: what they allocate; `tokens`:
+        what they take of the budget): those blocks taken, then phase 1 over the rest and
+        phase 2. The plan lists the rest's entries and phase 2's; the head's state is the
+        caller's, who keeps it (`sync`) as after a segment's steps."""
+        self.free_blocks -= blocks
+        return self._plan(head, self.budget - tokens, now)
+
+    def _plan(self, i: int, budget: int, now: float) -> StepPlan:
+        """`schedule()` from running request i on, with `budget` tokens left."""
+        plan, seqs = StepPlan(), self._seq
         scheduled, running, limit = plan.scheduled, self.running, self.max_model_len
         add = scheduled.append
-        i = 0
         # (plain comparisons, not min/max: this loop runs once per running request and step)
         while i < len(running) and budget > 0:
             request = running[i]
@@ -281,6 +293,11 @@ class VllmV1Scheduler:
             request.accepted += emit - 1
             out.append(emit)
         return out
+
+    def decoding(self, request) -> bool:
+        """Whether a running request has sampled since it was last (re-)admitted: its next
+        step is a decode, not a prompt chunk."""
+        return not self._seq[request.index].prefilling
 
     def finished(self, request) -> bool:
         """Stops of doc 8 for token-id workloads: max tokens (the output length), max_model_len."""

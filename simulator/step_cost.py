@@ -77,7 +77,7 @@ class StepCostModel:
             else:
                 distinct, counts, sums = _buckets_per_step(ks, cached)
         elif chain_only:
-            n_decode, positions, cached_total, pairs = _verify_sums(ks, cached)
+            n_decode, positions, cached_total, pairs = verify_sums(ks, cached)
         else:
             distinct, counts, sums = _buckets(ks, cached)
         if distinct is not None:
@@ -94,6 +94,28 @@ class StepCostModel:
             positions_fed = sum(w * n for w, n in zip(widths, counts))
         else:
             positions_fed = positions
+        total = self._target_s(n_decode, positions, positions_fed, cached_total, pairs,
+                               prefill_seqs, prefill_tokens, prefill_cached, prefill_pairs)
+        if lat.has_draft_model:
+            first = None if feeds is None else (
+                _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
+                else _catch_up(ks, cached, feeds))
+            if varied:
+                return total + self._varied_chain_s(ks, cached, first, in_step_order)
+            if tree is not None:  # a tree has passes to its depth only
+                distinct, counts, sums = _capped(distinct, counts, sums, tree.depth)
+            total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
+                                                prefill_tokens, prefill_cached, prefill_pairs,
+                                                first, in_step_order)
+        return total
+
+    def _target_s(self, n_decode, positions, positions_fed, cached_total, pairs,
+                  prefill_seqs: int = 0, prefill_tokens: int = 0, prefill_cached: int = 0,
+                  prefill_pairs: int = 0):
+        """The target's part of an iteration (its verify pass with any prompt chunks, the
+        step's overhead, the idle proposer) from the verify pass's sums: `positions` drafts
+        (`positions_fed` the tokens they feed: a tree's nodes) over `n_decode` requests."""
+        lat = self.latency
         query = positions_fed + n_decode
         if prefill_seqs and getattr(lat, "mixed_parts", False):
             # prompt chunks priced as a prefill (a continuing chunk too) and the decodes as
@@ -109,18 +131,16 @@ class StepCostModel:
         total = total + lat.step_overhead_s(n_decode + prefill_seqs, positions)
         if self.idle_s:
             total = total + self._idle_proposer_s(n_decode, positions)
-        if lat.has_draft_model:
-            first = None if feeds is None else (
-                _catch_up_steps(np.asarray(ks), cached, np.asarray(feeds)) if many
-                else _catch_up(ks, cached, feeds))
-            if varied:
-                return total + self._varied_chain_s(ks, cached, first, in_step_order)
-            if tree is not None:  # a tree has passes to its depth only
-                distinct, counts, sums = _capped(distinct, counts, sums, tree.depth)
-            total = total + self._draft_chain_s(distinct, counts, sums, prefill_seqs,
-                                                prefill_tokens, prefill_cached, prefill_pairs,
-                                                first, in_step_order)
         return total
+
+    def chain_mixed_s(self, seqs: int, drafted: int, cached: int, pairs: int,
+                      prefill_seqs: int, prefill_tokens: int, prefill_cached: int,
+                      prefill_pairs: int) -> float:
+        """`iteration_s` of one step whose decodes (a model-free chain's, where
+        `prices_chain_sums`) are given by their verify pass's sums, with prompt chunks beside
+        them: the same Python integers reach the latency model, so the same float."""
+        return self._target_s(seqs, drafted, drafted, cached, pairs, prefill_seqs,
+                              prefill_tokens, prefill_cached, prefill_pairs)
 
     def _verify_steps_s(self, ks: np.ndarray, cached: np.ndarray) -> np.ndarray:
         """Many steps of one batch whose drafter has no model (so no draft passes) and drafts
@@ -408,7 +428,7 @@ def _capped(distinct: list, counts: list, sums: list, depth: int) -> tuple[list,
     return keys, [merged[k][0] for k in keys], [merged[k][1] for k in keys]
 
 
-def _verify_sums(ks: Sequence[int], cached: Sequence[int]) -> tuple[int, int, int, int]:
+def verify_sums(ks: Sequence[int], cached: Sequence[int]) -> tuple[int, int, int, int]:
     """(requests, drafts, cached tokens, causal pairs) of a chain's verify pass, in plain
     Python: the step path calls it every iteration."""
     if isinstance(ks, np.ndarray):

@@ -176,3 +176,35 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     assert asked[0] < asked[1] and observed[0] < observed[1]
     decode = runs[0].steps[runs[0].steps.decode_seqs > 0]
     assert decode.max_k.nunique() > 1  # the plans moved
+
+
+@pytest.mark.parametrize("rate,replicas", [(10.0, 1), (20.0, 2)])
+def test_steps_that_admit_take_the_walked_requests_share_from_the_kept_sums(monkeypatch, rate,
+                                                                            replicas):
+    """Under load most engine steps admit or prefill: the running requests read from their
+    walks (a model-free chain, a policy asked per running set) take their share of such a
+    step from the kept sums (`_head_step`), the rest goes through schedule(); a k that
+    changes with the batch size makes them propose other drafts than their walks'
+    (`_propose_head`). The same records, to the bit, as one engine step at a time."""
+    seen = {"head": 0, "other ks": 0}
+    head_step, propose_head = Replica._head_step, Replica._propose_head
+
+    def counted_head(replica):
+        head = head_step(replica)
+        seen["head"] += head is not None
+        return head
+
+    def counted_propose(replica, size, ks):
+        seen["other ks"] += 1
+        return propose_head(replica, size, ks)
+
+    monkeypatch.setattr(Replica, "_head_step", counted_head)
+    monkeypatch.setattr(Replica, "_propose_head", counted_propose)
+    spec = SimulationSpec(workload="poisson", rate=rate, requests=200, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=4)
+    inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
+    policy = make_policy("batch_adaptive", {"schedule": [[1, 3, 4], [4, 6, 3], [7, 256, 2]]})
+    _both(inputs.workload, inputs.latency, inputs.acceptance, policy,
+          inputs.kv_capacity_tokens, SchedulerConfig(scheduler="vllm-v1", max_num_seqs=12),
+          ClusterConfig(replicas, "least-loaded"))
+    assert seen["head"] > 100 and seen["other ks"]
