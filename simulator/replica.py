@@ -132,7 +132,8 @@ class Replica:
         self._stepping_for: tuple[int, ...] | None = None  # see _planned_segment
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
-        # running request advances with each of them
+        # running request advances with each of them (under vllm-v1, `plan_sums` below, the
+        # steps taken one at a time keep them too)
         # (and, where step records are kept of capped drafts, each step's most drafts); a
         # draft model drafting a chain has its passes priced from sums too, where walks are
         # replaced only as requests come and go (a policy that holds its ks re-plans them
@@ -508,39 +509,31 @@ class Replica:
             self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
                                 self._outcomes((entry.request, g, entry.drafts, emit - 1, emit)
                                                for entry, g, emit in decode_emit))
-        if head is None:
-            self._propose(plan, ks, emitted)
-            emit_total = sum(emit for _, _, emit in decode_emit)
-            self.steps.add(self.index, start, duration, len(decodes), len(chunks),
-                           chunk_tokens, sum(drafts), max(drafts, default=0),
-                           emit_total - len(decodes), emit_total, waiting, held, kv)
-            self._finish_done(every=self.plan_sums)
-            if summed is not None:  # those still in the sums, if their proposals are their
-                # walks' next drafts
-                size = self._summed_head()
-                if size and ks[:size].count(self._walked_k) != size:
-                    size = None
-                self._head = self._extend_head(ks, size)
-            return
-        size = head.size
+        size = 0 if head is None else head.size
         self._propose(plan, ks[size:], emitted)
-        head_ks = ks[:size]
-        implicit = head_ks.count(self._walked_k) == size  # the head proposes its walks' next
-        if not implicit:  # drafts at other ks: proposed as the step path proposes them
-            self._propose_head(size, head_ks)
-        emit_total = sum(emit for _, _, emit in decode_emit) + head.emitted
-        n_decodes = len(decodes) + size
-        max_k = max(drafts, default=0)
+        implicit = head is not None and ks[:size].count(self._walked_k) == size
+        if head is not None and not implicit:  # the head proposes drafts at other ks than
+            self._propose_head(size, ks[:size])  # its walks': as the step path proposes them
+        emit_total = sum(emit for _, _, emit in decode_emit)
+        n_decodes, drafted, max_k = len(decodes), sum(drafts), max(drafts, default=0)
+        if head is not None:
+            emit_total, n_decodes = emit_total + head.emitted, n_decodes + size
+            drafted, max_k = drafted + head.drafted, max_k if max_k >= head.max_k else head.max_k
         self.steps.add(self.index, start, duration, n_decodes, len(chunks), chunk_tokens,
-                       sum(drafts) + head.drafted, max_k if max_k >= head.max_k else head.max_k,
-                       emit_total - n_decodes, emit_total, waiting, held, kv)
-        left = self._finish_done(scheduler.running[size:])
-        self._head = self._extend_head(ks, size - left) if implicit else None
+                       drafted, max_k, emit_total - n_decodes, emit_total, waiting, held, kv)
+        if implicit:  # candidates: the head's walks that end here, and the rest
+            left = self._finish_done(scheduler.running[size:])
+            self._head = self._extend_head(ks, size - left)
+        else:
+            self._finish_done(every=self.plan_sums)
+            if self.plan_sums:  # the requests that stayed in the sums, where they come first
+                self._head = self._extend_head(ks, self._summed_head())
 
     def _summed_head(self) -> int | None:
-        """After a step taken one at a time whose proposals are the walks' next drafts: the
-        running requests in the kept sums, if they come first in admission order (they are
-        read from their walks alone from here, as after a segment), else None."""
+        """After a step that read every running request: how many of those in the kept sums
+        come first in admission order, where every one of them proposed its walk's next
+        drafts (so they can be read from their walks alone from here, as after a segment);
+        None where they do not come first or one proposed other drafts."""
         running = self.scheduler.running
         size = 0
         for request in running:
@@ -550,7 +543,15 @@ class Replica:
         for request in running[size:]:
             if request.summed:
                 return None
+        head = running[:size]
+        if self.scheduler.proposals(head) != self._walks_next(head):
+            return None
         return size
+
+    def _walks_next(self, requests: list[RequestState]) -> list[int]:
+        """The drafts each request's walk takes at its next step (read up to date)."""
+        return [request.chain_k if request.chain_ks is None
+                else int(request.chain_ks[request.chain_at]) for request in requests]
 
     def _head_step(self) -> _HeadSums | None:
         """`plan_sums`: where the running requests first in admission order are read from
@@ -561,19 +562,18 @@ class Replica:
         size = self._head
         if not size or self._walked_k is None:
             return None
-        columns = self.columns
+        columns, scheduler = self.columns, self.scheduler
         cached, drafted, pairs, _, by_drafts = columns.window(1)
         held = columns.blocks_window(1)
-        blocks = int(held[1]) - int(held[0])
-        fits, _ = self.scheduler.decode_room_sums(size, np.array([blocks]), drafted)
-        if not fits:
-            return None
+        blocks, drafts = int(held[1]) - int(held[0]), int(drafted[0])
+        if blocks > scheduler.free_blocks or size + drafts > scheduler.budget:
+            return None  # (decode_room_sums of this one step: it would preempt or trim)
         if len(by_drafts):  # the most drafts of any (rows d = 0..k_max, one row per request)
             max_k = len(by_drafts) - 1 - int((by_drafts[::-1, 0] > 0).argmax())
         else:  # every request at the walks' k (capped: only their totals are kept, where
             # this is not read)
             max_k = 0 if self.capped else self._walked_k
-        return _HeadSums(size, blocks, int(drafted[0]), int(cached[0]), int(pairs[0]),
+        return _HeadSums(size, blocks, drafts, int(cached[0]), int(pairs[0]),
                          int(cached[1]) - int(cached[0]), max_k)
 
     def _propose_head(self, size: int, ks: list[int]) -> None:
@@ -593,6 +593,7 @@ class Replica:
         needs: its draft feeds or blocks before each step, its end (in the heap, `lazy`), and
         its entries and drafts as lists."""
         columns = self.columns
+        assert request.chain_at == 0, "a walk joins the kept sums from its start"
         if self.feeds:  # its draft feed before each step of its walk
             request.chain_feeds = self._walk_feeds(request)
         if self.plan_sums:  # the blocks it holds before each step of its walk
@@ -610,19 +611,22 @@ class Replica:
 
     def _extend_head(self, ks: list[int], size: int | None) -> int | None:
         """`plan_sums`, after a step taken one at a time whose first `size` running requests
-        proposed their walks' next drafts (None: not so): where it proposed the same k for
+        are read from their walks (None: none is): where the step's policy chose one k for
         every request (`ks`), the walks' k if there are any, the decoding requests after them
-        are walked at k and added to the kept sums, so the next steps take their share from
+        that proposed it (capped as the drafter caps it) are walked at it and added to the
+        kept sums, in admission order up to the first that did not (prefilling, or holding an
+        older proposal: not scheduled in this step), so the next steps take their share from
         the sums too (`_head_step`). Returns the head's size then."""
-        if size is None or not ks or ks.count(ks[0]) != len(ks):
-            return size
-        k = ks[0]
-        if size and k != self._walked_k:
+        if size is None or not ks:
             return size
         scheduler = self.scheduler
-        running = scheduler.running
-        for request in running[size:]:
-            if not scheduler.decoding(request):  # prefilling: last in admission order
+        rest = scheduler.running[size:]
+        k = ks[0]
+        if (not rest or not scheduler.decoding(rest[0]) or ks.count(k) != len(ks)
+                or (size and k != self._walked_k)):
+            return size
+        for request, drafts in zip(rest, scheduler.proposals(rest)):
+            if not scheduler.decoding(request) or drafts != self._cut_to_cap([request], [k])[0]:
                 break
             walk_chain(request, k)
             self._add_walk(request, k)
@@ -694,14 +698,17 @@ class Replica:
                                          and ks[0] == self._walked_k):
                 self._sync_running()  # (else the head proposed its walks' next drafts)
                 size = None
-            if size is None:  # the requests that left the sums or joined since, walked
-                self._fresh = [request for request in batch if not request.summed]
-            else:  # those that joined since the head's segment
-                self._fresh = checked = batch[size:]
+            # the requests to walk: those that left the sums or joined since
+            fresh = ([request for request in batch if not request.summed] if size is None
+                     else batch[size:])
+            if size is not None:  # the head is read from its walks
+                checked = fresh
         if (checked and scheduler.proposals(checked)
                 != self._cut_to_cap(checked, ks[len(batch) - len(checked):])):
             yield from self._planned_iteration(ks if hold is not None else None)
             return
+        if self.plan_sums:
+            self._fresh = fresh
         start = self.env.now
         stretch = _Stretch.priced(self, batch, ks)
         if self.plan_sums:  # every running request in the sums, at its walk's start or on it
@@ -1081,7 +1088,7 @@ class Replica:
                              ) -> Iterable[tuple[RequestState, int]]:
         """The (request, k) whose walks `_Stretch.priced` checks: every running request, or
         (`lazy`, every k the same as at the last pricing, whose walks were all found current
-        then) those started since: segments alone moved the others, along their walks. Takes
+        then) those started since: only steps along their walks moved the others. Takes
         `_fresh` (emptied) and notes the ks' k for the next pricing."""
         if not self.lazy:
             return zip(batch, ks)
@@ -1195,8 +1202,8 @@ class _Stretch:
         durations = cost.chain_steps_s(len(batch), drafted, cached[:-1], pairs)
         passes = columns.draft_passes(self.steps) if replica.feeds else None
         if passes is not None:  # + its draft passes, as iteration_s adds them (in the order
-            # `priced` asks for: kept sums mean every decode step is a segment's, so neither
-            # chunk_segments nor plan_segments)
+            # `priced` asks for: with a draft model the sums are kept only where every decode
+            # step is a segment's, so neither chunk_segments nor plan_segments)
             durations = durations + cost.chain_passes_s(
                 *passes, in_step_order=replica.holds or replica.varied)
         self.durations = durations

@@ -431,7 +431,8 @@ class VllmV1Scheduler:
         whose blocks allocated since the first (`allocated`) and drafts (`drafted`: per step,
         or one for all) are given, how many `schedule()` runs whole, and the KV tokens in
         allocated blocks after each of those steps' scheduling. The caller takes the blocks
-        (`take_blocks`) and keeps each request's own (`sync`)."""
+        (`take_blocks`, or `schedule_after` for a step's first requests) and keeps each
+        request's own (`sync`)."""
         fits = (allocated <= self.free_blocks) & (requests + drafted <= self.budget)
         n = len(fits) if fits.all() else int(fits.argmin())
         kv = (self.total_blocks - self.free_blocks + allocated[:n]) * BLOCK_SIZE

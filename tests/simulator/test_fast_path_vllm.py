@@ -178,14 +178,16 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     assert decode.max_k.nunique() > 1  # the plans moved
 
 
-@pytest.mark.parametrize("rate,replicas", [(10.0, 1), (20.0, 2)])
+@pytest.mark.parametrize("rate,replicas,budget", [(10.0, 1, 2048), (20.0, 2, 2048),
+                                                   (20.0, 1, 40)])
 def test_steps_that_admit_take_the_walked_requests_share_from_the_kept_sums(monkeypatch, rate,
-                                                                            replicas):
+                                                                            replicas, budget):
     """Under load most engine steps admit or prefill: the running requests read from their
     walks (a model-free chain, a policy asked per running set) take their share of such a
     step from the kept sums (`_head_step`), the rest goes through schedule(); a k that
     changes with the batch size makes them propose other drafts than their walks'
-    (`_propose_head`). The same records, to the bit, as one engine step at a time."""
+    (`_propose_head`), and a budget of 40 tokens leaves requests unscheduled, holding the
+    drafts of an older k. The same records, to the bit, as one engine step at a time."""
     seen = {"head": 0, "other ks": 0}
     head_step, propose_head = Replica._head_step, Replica._propose_head
 
@@ -205,6 +207,7 @@ def test_steps_that_admit_take_the_walked_requests_share_from_the_kept_sums(monk
     inputs = build_inputs(spec, {}, SchedulerConfig(scheduler="vllm-v1"))
     policy = make_policy("batch_adaptive", {"schedule": [[1, 3, 4], [4, 6, 3], [7, 256, 2]]})
     _both(inputs.workload, inputs.latency, inputs.acceptance, policy,
-          inputs.kv_capacity_tokens, SchedulerConfig(scheduler="vllm-v1", max_num_seqs=12),
+          inputs.kv_capacity_tokens,
+          SchedulerConfig(scheduler="vllm-v1", max_num_seqs=12, max_batched_tokens=budget),
           ClusterConfig(replicas, "least-loaded"))
     assert seen["head"] > 100 and seen["other ks"]
