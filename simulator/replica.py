@@ -151,10 +151,15 @@ class Replica:
         # no policy holds its ks: the steps taken one at a time keep them (every request that
         # took its walk's step stays in them, the others leave, and are walked anew)
         self.plan_sums = self.plan_segments and not self.holds and cost.prices_chain_sums
-        if self.plan_sums:
+        # chunked prefill: the same, where the policy is asked per running set and the drafter
+        # has no model; a step with prompt chunks takes the decodes' share from the sums
+        # where every running request is walked at the set's k (`_chunked_head`)
+        self.chunk_sums = (self.chunk_segments and asked_per_set and not self.holds
+                           and cost.prices_chain_sums)
+        if self.plan_sums or self.chunk_sums:
             self.columns = BatchColumns(
                 k_max=scheduler.k_max if self.varied and steps.records_rows else 0,
-                blocks=True)
+                blocks=self.plan_sums)
         #: plan_sums: how many running requests, first in admission order, are in the kept sums
         #: and read nowhere but from their walks (after a segment), the rest being current in
         #: the scheduler and not in the sums; None: every running request is current in the
@@ -284,6 +289,13 @@ class Replica:
         """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
         scheduler = self.scheduler
         decode = scheduler.running
+        summed = None
+        if self.chunk_sums and decode:
+            head = self._chunked_head(decode)
+            if head is not None:
+                yield from self._chunked_step(head)
+                return
+            summed = self._sync_running()  # every request read up to date, stepped as below
         ks = self._choose(decode) if decode else []
         chunked = self.config.chunked_prefill
         chunks = scheduler.plan_chunks(self._verify_tokens(ks), self.env.now) if chunked else []
@@ -298,15 +310,74 @@ class Replica:
         yield self.env.timeout(duration)
         scheduler.step_index += 1
         accepted, emitted = self._apply_decode(decode, ks) if decode else (0, 0)
+        if summed is not None:
+            self._keep_sums(summed)
         self.steps.add(self.index, start, duration, len(decode), len(chunks), chunk_tokens,
                        sum(ks), max(ks, default=0), accepted, emitted, waiting, held, kv)
+        self._start_whole(chunks)
+        self._finish_done(every=self.chunk_sums)
+
+    def _start_whole(self, chunks: list) -> list[RequestState]:
+        """The prompt chunks' progress; the prompts now whole start decoding (returned)."""
         whole = []
         for request, n, _ in chunks:
             request.prefilled += n
             if request.prefilled == request.prompt_tokens:
                 whole.append(request)
-        scheduler.start_decoding(whole, self.env.now)
-        self._finish_done()
+        self.scheduler.start_decoding(whole, self.env.now)
+        return whole
+
+    def _chunked_head(self, decode: list[RequestState]) -> _HeadSums | None:
+        """`chunk_sums`: where the policy gives the running set one k, the walks' k if any
+        are walked, every running request not walked yet is walked at it and added to the
+        kept sums, and the decodes' share of this step is read from them (None where the
+        policy's k is another: the step reads every request)."""
+        scheduler = self.scheduler
+        if scheduler.changes != self._ks_at:  # asked once per running set, as segments ask
+            self._ks, self._ks_at = self._choose_uncapped(decode), scheduler.changes
+        ks = self._ks
+        k = ks[0]
+        if ks.count(k) != len(ks) or (k != self._walked_k and any(
+                request.summed for request in decode)):
+            return None
+        for request in decode:
+            if not request.summed:
+                walk_chain(request, k)
+                self._add_walk(request, k)
+        self._walked_k = k
+        return self._sums_step(len(decode))
+
+    def _sums_step(self, size: int) -> _HeadSums:
+        """The next step's share of the `size` requests in the kept sums: their verify
+        pass's sums, the tokens they emit, and the most drafts any of them verifies (where
+        only totals are kept of capped drafts, where this is not read: 0)."""
+        cached, drafted, pairs, _, by_drafts = self.columns.window(1)
+        if len(by_drafts):  # the most drafts of any (rows d = 0..k_max, one row per request)
+            max_k = len(by_drafts) - 1 - int((by_drafts[::-1, 0] > 0).argmax())
+        else:  # every request at the walks' k
+            max_k = 0 if self.capped else self._walked_k
+        return _HeadSums(size, 0, int(drafted[0]), int(cached[0]), int(pairs[0]),
+                         int(cached[1]) - int(cached[0]), max_k)
+
+    def _chunked_step(self, head: _HeadSums):
+        """`_mixed_iteration` where every running request's step is its walk's
+        (`_chunked_head`): the decodes priced from the kept sums beside the prompt chunks
+        (the same integers), and committed as a count."""
+        scheduler, size = self.scheduler, head.size
+        chunks = scheduler.plan_chunks(size + head.drafted, self.env.now)
+        start, (waiting, held, kv) = self.env.now, scheduler.snapshot()
+        chunk_tokens = sum(n for _, n, _ in chunks)
+        duration = self.cost.chain_mixed_s(
+            size, head.drafted, head.cached, head.pairs, len(chunks), chunk_tokens,
+            sum(c for _, _, c in chunks),
+            sum(n * c + n * (n + 1) // 2 for _, n, c in chunks))  # causal pairs of each chunk
+        yield self.env.timeout(duration)
+        scheduler.step_index += 1
+        self.columns.now += 1
+        self.steps.add(self.index, start, duration, size, len(chunks), chunk_tokens,
+                       head.drafted, head.max_k, head.emitted - size, head.emitted, waiting,
+                       held, kv)
+        self._finish_done(self._start_whole(chunks))
 
     def _verify_tokens(self, ks: list[int]) -> int:
         """Tokens the decode requests' verify pass feeds: k + 1 each, or a draft tree's nodes
@@ -563,18 +634,13 @@ class Replica:
         if not size or self._walked_k is None:
             return None
         columns, scheduler = self.columns, self.scheduler
-        cached, drafted, pairs, _, by_drafts = columns.window(1)
         held = columns.blocks_window(1)
-        blocks, drafts = int(held[1]) - int(held[0]), int(drafted[0])
+        blocks, drafts = int(held[1]) - int(held[0]), int(columns.window(1)[1][0])
         if blocks > scheduler.free_blocks or size + drafts > scheduler.budget:
             return None  # (decode_room_sums of this one step: it would preempt or trim)
-        if len(by_drafts):  # the most drafts of any (rows d = 0..k_max, one row per request)
-            max_k = len(by_drafts) - 1 - int((by_drafts[::-1, 0] > 0).argmax())
-        else:  # every request at the walks' k (capped: only their totals are kept, where
-            # this is not read)
-            max_k = 0 if self.capped else self._walked_k
-        return _HeadSums(size, blocks, drafts, int(cached[0]), int(pairs[0]),
-                         int(cached[1]) - int(cached[0]), max_k)
+        head = self._sums_step(size)
+        head.blocks = blocks
+        return head
 
     def _propose_head(self, size: int, ks: list[int]) -> None:
         """The head's drafts for the next step where the policy's ks differ from its walks':
@@ -797,6 +863,8 @@ class Replica:
             if scheduler.changes != self._ks_at:
                 self._ks, self._ks_at = self._choose_uncapped(batch), scheduler.changes
             ks, hold = self._ks, None
+        if self.chunk_sums:  # the requests not in the sums yet (started, or left them)
+            self._fresh = [request for request in batch if not request.summed]
         last_hold = None
         while True:
             stretch = _Stretch.priced(self, batch, ks)

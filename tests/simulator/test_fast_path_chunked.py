@@ -101,3 +101,37 @@ def test_a_profile_takes_segments_with_the_step_paths_records():
         assert fast.meta["fast_path"] and not slow.meta["fast_path"]
         pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
         pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+@pytest.mark.parametrize("budget,replicas", [(2048, 1), (96, 2)])
+def test_steps_with_prompt_chunks_take_the_decodes_share_from_the_kept_sums(
+        monkeypatch, budget, replicas):
+    """A model-free chain with a policy asked per running set: the replica keeps the batch's
+    sums, and a step with prompt chunks prices its decodes from them where every running
+    request is walked at the set's k (`_chunked_head`); where a k by batch size changes, the
+    step reads every request and they leave the sums (`_keep_sums`) to be walked anew. The
+    same records, to the bit, as one iteration at a time."""
+    seen = {"from sums": 0, "read": 0, "left": 0}
+    chunked_head, keep_sums = Replica._chunked_head, Replica._keep_sums
+
+    def counted_head(replica, decode):
+        head = chunked_head(replica, decode)
+        seen["from sums" if head is not None else "read"] += 1
+        return head
+
+    def counted_keep(replica, summed):
+        keep_sums(replica, summed)
+        seen["left"] += sum(not request.summed for request, _ in summed)
+
+    monkeypatch.setattr(Replica, "_chunked_head", counted_head)
+    monkeypatch.setattr(Replica, "_keep_sums", counted_keep)
+    spec = SimulationSpec(workload="poisson", rate=10.0 * replicas, requests=200,
+                          lengths="azure-conv", acceptance="smollm2-ngram", draft="none", seed=4)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget, max_num_seqs=12)
+    policy = make_policy("batch_adaptive", {"schedule": [[1, 3, 4], [4, 6, 3], [7, 256, 2]]})
+    (fast, slow), _ = _both(monkeypatch, inputs.workload, inputs.latency, inputs.acceptance,
+                            policy, inputs.kv_capacity_tokens, scheduler,
+                            ClusterConfig(replicas, "least-loaded"))
+    _assert_identical(fast, slow)
+    assert seen["from sums"] > 100 and seen["read"] and seen["left"]
