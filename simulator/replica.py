@@ -173,7 +173,8 @@ class Replica:
         # lazy: the running requests' walk ends, a heap of (chain_end, tiebreak, request) with
         # stale entries (walks replaced, requests gone) dropped where read; the requests that
         # started decoding since the last pricing; the k every other running request's walk
-        # was found current at then (None: some other, or several)
+        # was found current at then, or walked at since (`_extend_head`, `_chunked_head`)
+        # (None: some other, or several)
         self._ends: list[tuple[int, int, RequestState]] = []
         self._pushes = count()
         self._fresh: list[RequestState] = []
@@ -286,7 +287,8 @@ class Replica:
                             if request.generated < request.output_tokens]
 
     def _mixed_iteration(self):
-        """One iteration, step by step: decode requests first, then prompt chunks in the budget."""
+        """One iteration: decode requests first, then prompt chunks in the budget; request by
+        request, or (`chunk_sums`) the decodes from the kept sums (`_chunked_step`)."""
         scheduler = self.scheduler
         decode = scheduler.running
         summed = None
@@ -301,10 +303,10 @@ class Replica:
         chunks = scheduler.plan_chunks(self._verify_tokens(ks), self.env.now) if chunked else []
         start, (waiting, held, kv) = self.env.now, scheduler.snapshot()
         cached = [request.prompt_tokens + request.generated - 1 for request in decode]
-        chunk_tokens = sum(n for _, n, _ in chunks)
+        chunk_sums = _chunk_sums(chunks)
+        chunk_tokens = chunk_sums[1]
         duration = self.cost.iteration_s(
-            ks, cached, len(chunks), chunk_tokens, sum(c for _, _, c in chunks),
-            sum(n * c + n * (n + 1) // 2 for _, n, c in chunks),  # causal pairs of each chunk
+            ks, cached, *chunk_sums,
             [request.draft_feed for request in decode] if self.feeds else None,
         )
         yield self.env.timeout(duration)
@@ -328,24 +330,34 @@ class Replica:
         return whole
 
     def _chunked_head(self, decode: list[RequestState]) -> _HeadSums | None:
-        """`chunk_sums`: where the policy gives the running set one k, the walks' k if any
-        are walked, every running request not walked yet is walked at it and added to the
-        kept sums, and the decodes' share of this step is read from them (None where the
-        policy's k is another: the step reads every request)."""
-        scheduler = self.scheduler
-        if scheduler.changes != self._ks_at:  # asked once per running set, as segments ask
-            self._ks, self._ks_at = self._choose_uncapped(decode), scheduler.changes
-        ks = self._ks
+        """`chunk_sums`: where the policy gives the running set one k, every running request
+        is walked at it and in the kept sums (those walked at another k read up to date and
+        walked anew, as `_Stretch.priced` does), and the decodes' share of this step is read
+        from them; None where the policy's ks differ (the step reads every request)."""
+        ks = self._set_ks(decode)
         k = ks[0]
-        if ks.count(k) != len(ks) or (k != self._walked_k and any(
-                request.summed for request in decode)):
+        if ks.count(k) != len(ks):
             return None
+        if k != self._walked_k:  # walks at another k leave the sums
+            columns = self.columns
+            for request in decode:
+                if request.summed and request.chain_k != k:
+                    self._sync(request)
+                    columns.remove(request)
+                    request.summed = False
         for request in decode:
             if not request.summed:
                 walk_chain(request, k)
                 self._add_walk(request, k)
         self._walked_k = k
         return self._sums_step(len(decode))
+
+    def _set_ks(self, batch: list[RequestState]) -> list[int]:
+        """The policy's ks for the running set, asked once per set (`Scheduler.changes`): a
+        policy asked per running set gives the same ks for it every time."""
+        if self.scheduler.changes != self._ks_at:
+            self._ks, self._ks_at = self._choose_uncapped(batch), self.scheduler.changes
+        return self._ks
 
     def _sums_step(self, size: int) -> _HeadSums:
         """The next step's share of the `size` requests in the kept sums: their verify
@@ -366,11 +378,10 @@ class Replica:
         scheduler, size = self.scheduler, head.size
         chunks = scheduler.plan_chunks(size + head.drafted, self.env.now)
         start, (waiting, held, kv) = self.env.now, scheduler.snapshot()
-        chunk_tokens = sum(n for _, n, _ in chunks)
-        duration = self.cost.chain_mixed_s(
-            size, head.drafted, head.cached, head.pairs, len(chunks), chunk_tokens,
-            sum(c for _, _, c in chunks),
-            sum(n * c + n * (n + 1) // 2 for _, n, c in chunks))  # causal pairs of each chunk
+        chunk_sums = _chunk_sums(chunks)
+        chunk_tokens = chunk_sums[1]
+        duration = self.cost.chain_mixed_s(size, head.drafted, head.cached, head.pairs,
+                                           *chunk_sums)
         yield self.env.timeout(duration)
         scheduler.step_index += 1
         self.columns.now += 1
@@ -702,8 +713,9 @@ class Replica:
         return size
 
     def _sync_running(self) -> list[tuple[RequestState, int]]:
-        """`plan_sums`: every running request in the kept sums read up to now (`_sync`: its
-        progress and its scheduler state), and where each is on its walk."""
+        """`plan_sums` or `chunk_sums`, before a step that reads every request: every running
+        request in the kept sums read up to now (`_sync`: its progress, and under vLLM's
+        scheduler its scheduler state), and where each is on its walk."""
         self._head = None
         summed = []
         for request in self.scheduler.running:
@@ -713,10 +725,10 @@ class Replica:
         return summed
 
     def _keep_sums(self, summed: list[tuple[RequestState, int]]) -> None:
-        """`plan_sums`, after a step taken one at a time: the requests that took their walk's
-        step (`_follow_walk`) stay in the kept sums, which move on a step; the others (not
-        scheduled, preempted, or drafting other than their walk) leave them from where they
-        were, and are walked anew at the next segment."""
+        """`plan_sums` or `chunk_sums`, after a step that read every request: the requests
+        that took their walk's step (`_follow_walk`) stay in the kept sums, which move on a
+        step; the others (not scheduled, preempted, or drafting other than their walk) leave
+        them from where they were, and are walked anew later."""
         columns = self.columns
         for request, at in summed:
             if request.chain_at != at + 1:
@@ -860,9 +872,7 @@ class Replica:
             ks = self._choose_uncapped(batch)
             hold = self.policy.hold()
         else:  # asked once per running set
-            if scheduler.changes != self._ks_at:
-                self._ks, self._ks_at = self._choose_uncapped(batch), scheduler.changes
-            ks, hold = self._ks, None
+            ks, hold = self._set_ks(batch), None
         if self.chunk_sums:  # the requests not in the sums yet (started, or left them)
             self._fresh = [request for request in batch if not request.summed]
         last_hold = None
@@ -1113,9 +1123,9 @@ class Replica:
     def _finish_done(self, started: list[RequestState] | None = None, every: bool = False
                      ) -> int:
         """Retire the requests that reached their length (`started`: those a prefill just
-        started decoding, or a step under vLLM's scheduler ran one at a time, which may have;
-        `every`: any running request may have, and is read: a step taken one at a time under
-        vLLM's scheduler). Returns how many of them were in the kept sums."""
+        started decoding, or a step read one at a time, which may have; `every`: any running
+        request may have, and is read: a step that read every request, where the replica
+        keeps the sums). Returns how many of them were in the kept sums."""
         candidates, left = None, 0
         if self.lazy and not every:  # the requests whose walks end here: their progress,
             # for their records; with those just started, the only ones that can have finished
@@ -1335,8 +1345,9 @@ class _Stretch:
 
 @dataclass(slots=True)
 class _HeadSums:
-    """The share of an engine step of the running requests read from their walks alone
-    (`Replica._head_step`): how many, the blocks they allocate, their verify pass's sums, the
+    """The share of a step of the running requests read from their walks alone
+    (`Replica._sums_step`, for vLLM's `_head_step` and chunked prefill's `_chunked_head`):
+    how many, the blocks they allocate (vLLM's; 0 elsewhere), their verify pass's sums, the
     tokens they emit, and the most drafts any of them verifies."""
 
     size: int
@@ -1346,6 +1357,13 @@ class _HeadSums:
     pairs: int
     emitted: int
     max_k: int
+
+
+def _chunk_sums(chunks: list) -> tuple[int, int, int, int]:
+    """Prompt chunks (request, tokens n, cached c) as a step prices them: how many, their
+    tokens, their cached tokens and their causal pairs (n c + n (n + 1) / 2 each)."""
+    return (len(chunks), sum(n for _, n, _ in chunks), sum(c for _, _, c in chunks),
+            sum(n * c + n * (n + 1) // 2 for _, n, c in chunks))
 
 
 class _At(simpy.events.Event):

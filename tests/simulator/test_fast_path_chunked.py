@@ -4,12 +4,15 @@ were recorded step by step)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import pandas as pd
 import pytest
 from support.engine import KeptPolicies, LinearLatency, workload
 
-from policies import make_policy
+from policies import Policy, make_policy
 from simulator import ClusterConfig, SchedulerConfig, simulate
 from simulator.replica import Replica
 from spectune.simulate import SimulationSpec, build_inputs
@@ -107,24 +110,19 @@ def test_a_profile_takes_segments_with_the_step_paths_records():
 def test_steps_with_prompt_chunks_take_the_decodes_share_from_the_kept_sums(
         monkeypatch, budget, replicas):
     """A model-free chain with a policy asked per running set: the replica keeps the batch's
-    sums, and a step with prompt chunks prices its decodes from them where every running
-    request is walked at the set's k (`_chunked_head`); where a k by batch size changes, the
-    step reads every request and they leave the sums (`_keep_sums`) to be walked anew. The
-    same records, to the bit, as one iteration at a time."""
-    seen = {"from sums": 0, "read": 0, "left": 0}
-    chunked_head, keep_sums = Replica._chunked_head, Replica._keep_sums
+    sums, and a step with prompt chunks prices its decodes from them, every running request
+    walked at the set's k (`_chunked_head`; where a k by batch size changes, walked anew at
+    the new one). The same records, to the bit, as one iteration at a time."""
+    seen = {"from sums": 0, "ks": set()}
+    chunked_head = Replica._chunked_head
 
     def counted_head(replica, decode):
         head = chunked_head(replica, decode)
-        seen["from sums" if head is not None else "read"] += 1
+        seen["from sums"] += head is not None
+        seen["ks"].add(replica._walked_k)
         return head
 
-    def counted_keep(replica, summed):
-        keep_sums(replica, summed)
-        seen["left"] += sum(not request.summed for request, _ in summed)
-
     monkeypatch.setattr(Replica, "_chunked_head", counted_head)
-    monkeypatch.setattr(Replica, "_keep_sums", counted_keep)
     spec = SimulationSpec(workload="poisson", rate=10.0 * replicas, requests=200,
                           lengths="azure-conv", acceptance="smollm2-ngram", draft="none", seed=4)
     inputs = build_inputs(spec, {}, SchedulerConfig())
@@ -134,4 +132,38 @@ def test_steps_with_prompt_chunks_take_the_decodes_share_from_the_kept_sums(
                             policy, inputs.kv_capacity_tokens, scheduler,
                             ClusterConfig(replicas, "least-loaded"))
     _assert_identical(fast, slow)
-    assert seen["from sums"] > 100 and seen["read"] and seen["left"]
+    assert seen["from sums"] > 100 and len(seen["ks"]) > 1
+
+
+@dataclass
+class _ByParity(Policy):
+    """Asked per running set, with two ks: odd request ids draft 4 tokens, even ones none."""
+
+    name: ClassVar[str] = "parity-chunked-test"
+    stateless_per_batch: ClassVar[bool] = True
+
+    def choose(self, ctx):
+        return [4 if r.request_id % 2 else 0 for r in ctx.requests]
+
+
+def test_a_set_of_several_ks_reads_every_request_in_steps_with_prompt_chunks(monkeypatch):
+    """Where the policy gives the running set several ks, a step with prompt chunks reads every
+    request (it takes the decodes' share from the sums only where the set has one k), and
+    segments walk each at its own: the same records as one iteration at a time."""
+    heads = []
+    chunked_head = Replica._chunked_head
+
+    def counted(replica, decode):
+        head = chunked_head(replica, decode)
+        heads.append(head is not None)
+        return head
+
+    monkeypatch.setattr(Replica, "_chunked_head", counted)
+    spec = SimulationSpec(workload="poisson", rate=10.0, requests=150, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=4)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=512, max_num_seqs=12)
+    (fast, slow), _ = _both(monkeypatch, inputs.workload, inputs.latency, inputs.acceptance,
+                            _ByParity(), inputs.kv_capacity_tokens, scheduler)
+    _assert_identical(fast, slow)
+    assert any(heads) and not all(heads)  # (sets of one parity have one k)

@@ -21,6 +21,11 @@ from spectune.simulate import SimulationSpec, build_inputs
      ("goodput", {})),
     (SchedulerConfig(max_num_seqs=8), ClusterConfig(3, "least-loaded"), ("batch_adaptive", {})),
     (SchedulerConfig(max_num_seqs=12), ClusterConfig(2), ("goodput", {"per_request": True})),
+    # the replica keeps the batch's sums through the steps with prompt chunks
+    (SchedulerConfig(max_batched_tokens=512, chunked_prefill=True), ClusterConfig(1),
+     ("fixed", {"k": 4})),
+    (SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=512), ClusterConfig(2),
+     ("fixed", {"k": 4})),
 ])
 def test_totals_without_the_records_equal_those_of_the_records(
         monkeypatch, acceptance, fast_path, scheduler, cluster, policy):
