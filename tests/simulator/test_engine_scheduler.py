@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.engine import LinearLatency, workload
+from support.engine import ByParity, LinearLatency, workload
 
 from policies import Policy, make_policy
 from simulator import ClusterConfig, ConfigError, SchedulerConfig, simulate
@@ -212,22 +212,11 @@ def test_fast_path_matches_step_by_step_even_on_exact_boundaries(seed, policy, p
     pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps, check_exact=False, rtol=1e-12)
 
 
-@dataclass
-class _ByParity(Policy):
-    """Stateless per batch and mixed: odd request ids draft 4 tokens, even ones none."""
-
-    name: ClassVar[str] = "parity-test"
-    stateless_per_batch: ClassVar[bool] = True
-
-    def choose(self, ctx):
-        return [4 if r.request_id % 2 else 0 for r in ctx.requests]
-
-
 class _RefeedLatency(LinearLatency):
     draft_catch_up = "committed"  # an EAGLE head's (simulator/draft_feed.py)
 
 
-@pytest.mark.parametrize("policy", [_ByParity(), make_policy("fixed", {"k": 3})])
+@pytest.mark.parametrize("policy", [ByParity(), make_policy("fixed", {"k": 3})])
 def test_fast_path_carries_the_draft_catch_up_across_segments(policy):
     """Both catch-up rules give the fast path's records step by step's, and re-feeding the
     committed tokens costs more than feeding the bonus token, for the same tokens."""

@@ -4,15 +4,12 @@ were recorded step by step)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 import pandas as pd
 import pytest
-from support.engine import KeptPolicies, LinearLatency, workload
+from support.engine import ByParity, KeptPolicies, LinearLatency, workload
 
-from policies import Policy, make_policy
+from policies import make_policy
 from simulator import ClusterConfig, SchedulerConfig, simulate
 from simulator.replica import Replica
 from spectune.simulate import SimulationSpec, build_inputs
@@ -135,17 +132,6 @@ def test_steps_with_prompt_chunks_take_the_decodes_share_from_the_kept_sums(
     assert seen["from sums"] > 100 and len(seen["ks"]) > 1
 
 
-@dataclass
-class _ByParity(Policy):
-    """Asked per running set, with two ks: odd request ids draft 4 tokens, even ones none."""
-
-    name: ClassVar[str] = "parity-chunked-test"
-    stateless_per_batch: ClassVar[bool] = True
-
-    def choose(self, ctx):
-        return [4 if r.request_id % 2 else 0 for r in ctx.requests]
-
-
 def test_a_set_of_several_ks_reads_every_request_in_steps_with_prompt_chunks(monkeypatch):
     """Where the policy gives the running set several ks, a step with prompt chunks reads every
     request (it takes the decodes' share from the sums only where the set has one k), and
@@ -164,6 +150,6 @@ def test_a_set_of_several_ks_reads_every_request_in_steps_with_prompt_chunks(mon
     inputs = build_inputs(spec, {}, SchedulerConfig())
     scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=512, max_num_seqs=12)
     (fast, slow), _ = _both(monkeypatch, inputs.workload, inputs.latency, inputs.acceptance,
-                            _ByParity(), inputs.kv_capacity_tokens, scheduler)
+                            ByParity(), inputs.kv_capacity_tokens, scheduler)
     _assert_identical(fast, slow)
     assert any(heads) and not all(heads)  # (sets of one parity have one k)

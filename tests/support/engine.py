@@ -63,6 +63,17 @@ class CyclingPolicy(Policy):
         return [(0, 0, 3, 1, 4)[(ctx.step_index + r.request_id) % 5] for r in ctx.requests]
 
 
+@dataclass
+class ByParity(Policy):
+    """Asked per running set, with two ks: odd request ids draft 4 tokens, even ones none."""
+
+    name: ClassVar[str] = "parity-test"
+    stateless_per_batch: ClassVar[bool] = True
+
+    def choose(self, ctx):
+        return [4 if r.request_id % 2 else 0 for r in ctx.requests]
+
+
 def feed_recorder(seen: list) -> Policy:
     """A `CyclingPolicy` that appends, at every step, what it sees of each request: (id,
     generated, draft_feed). `seen` is shared through the closure: engines deep-copy policies."""
