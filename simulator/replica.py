@@ -644,13 +644,12 @@ class Replica:
         size = self._head
         if not size or self._walked_k is None:
             return None
-        columns, scheduler = self.columns, self.scheduler
-        held = columns.blocks_window(1)
-        blocks, drafts = int(held[1]) - int(held[0]), int(columns.window(1)[1][0])
-        if blocks > scheduler.free_blocks or size + drafts > scheduler.budget:
-            return None  # (decode_room_sums of this one step: it would preempt or trim)
+        scheduler = self.scheduler
         head = self._sums_step(size)
-        head.blocks = blocks
+        held = self.columns.blocks_window(1)
+        head.blocks = int(held[1]) - int(held[0])
+        if head.blocks > scheduler.free_blocks or size + head.drafted > scheduler.budget:
+            return None  # (decode_room_sums of this one step: it would preempt or trim)
         return head
 
     def _propose_head(self, size: int, ks: list[int]) -> None:
@@ -702,8 +701,9 @@ class Replica:
         if (not rest or not scheduler.decoding(rest[0]) or ks.count(k) != len(ks)
                 or (size and k != self._walked_k)):
             return size
-        for request, drafts in zip(rest, scheduler.proposals(rest)):
-            if not scheduler.decoding(request) or drafts != self._cut_to_cap([request], [k])[0]:
+        for request, drafts, cut in zip(rest, scheduler.proposals(rest),
+                                        self._cut_to_cap(rest, [k] * len(rest))):
+            if not scheduler.decoding(request) or drafts != cut:
                 break
             walk_chain(request, k)
             self._add_walk(request, k)
