@@ -1,0 +1,100 @@
+"""benchmarks/vllm_windows.py: the validation targets pooled over measured windows."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "vllm-epyc"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("vllm_windows",
+                                                  ROOT / "benchmarks" / "vllm_windows.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _window(errors: dict[str, float], policy: str = "fixed:k=2", rate: float = 1.5,
+            measured: float = 2.0) -> pd.DataFrame:
+    """A window's rows, each metric simulated `errors[metric]` percent off `measured`."""
+    return pd.DataFrame([{"policy": policy, "rate": rate, "metric": m, "measured": measured,
+                          "simulated": measured * (1 + e / 100)} for m, e in errors.items()])
+
+
+def test_pooled_error_is_the_mean_simulated_over_the_mean_measured():
+    """Two runs 8% long and 6% short on equal measured values pool to +1%: each misses its
+    own E2E target, the configuration over both meets it."""
+    w = _script()
+    fine = dict.fromkeys(w.TARGETS, 0.0)
+    pooled = w.pool([_window({**fine, "e2e_mean_s": 8.0}), _window({**fine, "e2e_mean_s": -6.0})])
+    row = pooled.iloc[0]
+    assert row.windows == 2 and row.runs_within == 0
+    assert row.e2e_mean_s == pytest.approx(1.0)
+    assert bool(row.within)
+    # weighed by the measured values (as the requests' mean over both windows), not the
+    # errors' mean: 1.1 s against 1 s and 3 s against 3 s pool to 4.1 against 4, +2.5%
+    pooled = w.pool([_window({"e2e_mean_s": 10.0}, measured=1.0),
+                     _window({"e2e_mean_s": 0.0}, measured=3.0)])
+    assert pooled.iloc[0].e2e_mean_s == pytest.approx(2.5)
+
+
+def test_a_metric_past_its_target_fails_the_pool_and_a_missing_one_fails_the_run():
+    w = _script()
+    fine = dict.fromkeys(w.TARGETS, 0.0)
+    # TTFT 12% long in both: pooled +12% against its 10% target
+    pooled = w.pool([_window({**fine, "ttft_mean_s": 12.0}), _window(fine)])
+    assert pooled.iloc[0].ttft_mean_s == pytest.approx(6.0) and bool(pooled.iloc[0].within)
+    assert pooled.iloc[0].runs_within == 1
+    pooled = w.pool([_window({**fine, "ttft_mean_s": 12.0})] * 2)
+    assert not bool(pooled.iloc[0].within)
+    # a window without tokens per step is no run that met all five, and the pool has it from
+    # the other window only
+    partial = {m: 0.0 for m in w.TARGETS if m != "emitted_per_step"}
+    pooled = w.pool([_window(partial), _window(fine)])
+    assert pooled.iloc[0].runs_within == 1 and bool(pooled.iloc[0].within)
+
+
+def test_configurations_pool_separately_in_order_of_appearance():
+    w = _script()
+    fine = dict.fromkeys(w.TARGETS, 0.0)
+    pooled = w.pool([pd.concat([_window(fine, "fixed:k=4", 3.0), _window(fine, "fixed:k=0")]),
+                     _window({**fine, "tpot_mean_s": 4.0}, "fixed:k=0")])
+    assert list(zip(pooled.policy, pooled.rate, pooled.windows)) == [
+        ("fixed:k=4", 3.0, 1), ("fixed:k=0", 1.5, 2)]
+    assert pooled.iloc[1].tpot_mean_s == pytest.approx(2.0)
+
+
+def test_what_is_not_a_validate_table_is_refused_in_one_line(tmp_path, capsys):
+    w = _script()
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    assert w.main([str(other)]) == 2
+    assert "not a validate.csv" in capsys.readouterr().err
+    assert w.main([str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: cannot read it" in capsys.readouterr().err
+    twice = tmp_path / "twice.csv"
+    pd.concat([_window(dict.fromkeys(w.TARGETS, 0.0))] * 2).to_csv(twice, index=False)
+    assert w.main([str(twice)]) == 2
+    assert "appears twice" in capsys.readouterr().err
+
+
+def test_the_shipped_windows_meet_every_target_pooled(capsys):
+    """The six calibrated windows measured on vLLM (docs/vllm.md, "Over several windows"):
+    every configuration and rate within all five targets over its windows."""
+    w = _script()
+    tables = [RESULTS / f"matched{s}-calibrated.csv" for s in ("", "-s1", "-s2", "-s3")]
+    tables += [RESULTS / f"tables-s{s}-calibrated.csv" for s in (4, 5)]
+    assert w.main([str(t) for t in tables]) == 0
+    out = capsys.readouterr().out
+    assert ("configurations and rates within all five targets over their windows: 24 of 24; "
+            "single runs: 90 of 105") in out
+    assert w.main([]) == 0  # the same windows, by default
+    assert capsys.readouterr().out == out
+    assert w.main(["--plain"]) == 0
+    assert "23 of 24; single runs: 71 of 105" in capsys.readouterr().out
