@@ -1,12 +1,14 @@
 """The validation targets over several measured windows: per configuration and rate, the mean
-of its simulated values over the windows that served it against the mean of vLLM's (TTFT, TPOT,
-E2E mean, the windows' E2E p99, tokens per step), beside how many of its single runs met all
-five. Reads `validate.csv` tables of `spectune validate --engine vllm` (nothing served).
+of its simulated values over the windows that served it against the mean of vLLM's (mean TTFT,
+TPOT and E2E, the mean of the windows' E2E p99, tokens per step), beside how many of its single
+runs met all five. Reads `validate.csv` tables of `spectune validate --engine vllm` (nothing
+served).
 
 One window serves a configuration once: 24 requests, on one server instance, whose speed moves
-by several percent from one instance or hour to the next (docs/vllm.md). Over windows of other
-questions and arrivals that noise averages out, as it does for a user who serves a
-configuration for longer than one window; each run is still simulated on its own workload.
+by several percent from one instance or hour to the next (docs/vllm.md). Over windows served by
+other instances, of other questions and arrivals, what is noise averages out, as it does for a
+user who serves a configuration longer than one window; a bias stays and shows. Each run is
+still simulated on its own workload.
 
     python benchmarks/vllm_windows.py runs/window-0/calibrated/validate.csv \\
         runs/window-1/calibrated/validate.csv ...
@@ -28,8 +30,8 @@ TARGETS = {"ttft_mean_s": 10.0, "tpot_mean_s": 5.0, "e2e_mean_s": 5.0, "e2e_p99_
 LABELS = {"ttft_mean_s": "TTFT mean", "tpot_mean_s": "TPOT mean", "e2e_mean_s": "E2E mean",
           "e2e_p99_s": "E2E p99", "emitted_per_step": "tokens/step"}
 COLUMNS = ("policy", "rate", "metric", "simulated", "measured")
-#: the windows measured on the EPYC VM (docs/vllm.md): seeds 0 to 3 of loop 2's seven
-#: configurations, and the fifth and sixth, of the tables
+#: the windows measured on the EPYC VM (docs/vllm.md): seeds 0-3 (loop 2's seven
+#: configurations) and windows 5-6 (the two tables beside k = 0, 1, 2)
 SHIPPED = Path(__file__).resolve().parent / "results" / "vllm-epyc"
 SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5")
 
@@ -42,18 +44,28 @@ def read_window(path: Path) -> pd.DataFrame:
     """One window's validate.csv: its target metrics' simulated and measured values."""
     try:
         table = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as exc:
         raise WindowsError(f"{path}: cannot read it as a table ({exc})") from None
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise WindowsError(f"{path}: not a validate.csv of `spectune validate --engine vllm` "
                            f"(no column {', '.join(missing)})")
-    table = table[table.metric.isin(TARGETS)].loc[:, list(COLUMNS)]
+    table = table[table.metric.isin(TARGETS)].loc[:, list(COLUMNS)].copy()
     if table.empty:
         raise WindowsError(f"{path}: none of the metrics {', '.join(TARGETS)}")
+    for column in ("rate", "simulated", "measured"):  # numbers, or empty (not simulated)
+        given = table[column].notna()
+        table[column] = pd.to_numeric(table[column], errors="coerce")
+        if (given & table[column].isna()).any() or (column == "rate"
+                                                     and table.rate.isna().any()):
+            raise WindowsError(f"{path}: column {column} holds a value that is not a number")
+    if table.policy.isna().any():
+        raise WindowsError(f"{path}: a row without its configuration (policy)")
     if table.duplicated(["policy", "rate", "metric"]).any():
         raise WindowsError(f"{path}: a configuration, rate and metric appears twice")
-    return table
+    # a metric one side lacks in a window is that window's gap, not pooled one-sided
+    return table[table.simulated.notna() & table.measured.notna()]
 
 
 def pool(windows: list[pd.DataFrame]) -> pd.DataFrame:
@@ -115,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--plain picks the shipped windows' plain simulations: give tables or --plain")
     kind = "plain" if args.plain else "calibrated"
     tables = args.tables or [SHIPPED / f"{name}-{kind}.csv" for name in SHIPPED_WINDOWS]
+    repeated = sorted({str(t) for t in tables if tables.count(t) > 1})
+    if repeated:
+        ap.error(f"{', '.join(repeated)} given twice: each window counts once")
     try:
         print(markdown(pool([read_window(path) for path in tables])))
     except WindowsError as exc:
