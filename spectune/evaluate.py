@@ -292,10 +292,22 @@ class Runner:
     def _run(self, tasks: Sequence[Task]) -> list[dict]:
         keys = [t.key() for t in tasks]
         out: list[dict | None] = [self._load(k) for k in keys]
-        todo = [i for i, m in enumerate(out) if m is None]
-        self.cached += len(tasks) - len(todo)
+        # a task the batch holds twice (searches run together can ask for the same one) is
+        # simulated once; once it is done, the repeat counts as it would have a batch later:
+        # read from the cache where there is one, else simulated again
+        first: dict[str, int] = {}
+        repeats = []
+        for i, m in enumerate(out):
+            if m is None:
+                if keys[i] in first:
+                    repeats.append(i)
+                else:
+                    first[keys[i]] = i
+        todo = list(first.values())
+        loaded = len(tasks) - len(todo) - len(repeats)
+        self.cached += loaded
         self.total += len(tasks)
-        self.done += len(tasks) - len(todo)
+        self.done += loaded
         self._tick()
         if todo and self.executor == "ray":
             if self._ray is None:
@@ -315,6 +327,12 @@ class Runner:
         else:
             for i in todo:
                 out[i] = self._finish(keys[i], tasks[i], evaluate(tasks[i]))
+        for i in repeats:
+            out[i] = out[first[keys[i]]]
+            self.cached += self.cache_dir is not None
+            self.done += 1
+        if repeats:
+            self._tick()
         return out  # type: ignore[return-value]
 
     def map_here(self, fn: Callable, tasks: Sequence[Task], *per_task: Sequence) -> list:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 Scores = dict["Candidate", list[float]]
 #: runs (candidate, seed) pairs (in parallel, from a cache, ...) and returns one value per pair
 Evaluate = Callable[[list[tuple["Candidate", int]]], list[float]]
+#: a search as steps: it yields the (candidate, seed) pairs it needs next, is sent their values
+#: (one per pair, in order), and returns what it found. Several such searches can be run
+#: together (`run_together`): their pairs go to the workers as one batch, so the workers are
+#: never left waiting on one search's step while another's work is ready
+Steps = Generator[list[tuple["Candidate", int]], list[float], Any]
 
 
 @dataclass(frozen=True, order=True)
@@ -112,11 +117,60 @@ def mean_score(scores: Scores, candidate: Candidate) -> float:
     return float(np.mean(values)) if values else math.inf
 
 
+def run_steps(steps: Steps, evaluate: Evaluate) -> Any:
+    """Run one search given as steps, each step's pairs through `evaluate`; its result."""
+    try:
+        pairs = next(steps)
+        while True:
+            pairs = steps.send(evaluate(pairs))
+    except StopIteration as done:
+        return done.value
+
+
+def run_together(
+        searches: Sequence[Steps],
+        evaluate: Callable[[list[tuple[int, list[tuple[Candidate, int]]]]], list[list[float]]],
+        started: Callable[[int], None] | None = None) -> list[Any]:
+    """Run searches side by side: every search's next pairs at once through `evaluate` (a
+    list of (search index, pairs) in, one value list each out), each search sent its own
+    values. Each search sees exactly what it would alone, so each finds what it would alone;
+    only the order the simulations run in changes. `started(i)` is called before search i
+    takes a step (what it says then, it says as search i). The results, in the searches'
+    order."""
+    results: list[Any] = [None] * len(searches)
+    pending: dict[int, list[tuple[Candidate, int]]] = {}
+
+    def step(i: int, values: list[float] | None) -> None:
+        if started is not None:
+            started(i)
+        try:
+            pending[i] = searches[i].send(values)  # type: ignore[arg-type]
+        except StopIteration as done:
+            results[i] = done.value
+
+    for i in range(len(searches)):
+        step(i, None)
+    while pending:
+        batch = list(pending.items())
+        pending.clear()
+        for (i, _), values in zip(batch, evaluate(batch)):
+            step(i, values)
+    return results
+
+
 def evaluate_on_seeds(evaluate: Evaluate, scores: Scores, cands: Sequence[Candidate],
-         seeds: Sequence[int]) -> None:
+                      seeds: Sequence[int]) -> None:
     """Evaluate each candidate on the seeds it has not run yet (seed order kept)."""
+    run_steps(seeds_steps(scores, cands, seeds), evaluate)
+
+
+def seeds_steps(scores: Scores, cands: Sequence[Candidate], seeds: Sequence[int]) -> Steps:
+    """`evaluate_on_seeds` as steps (one, or none where nothing is left to run)."""
     todo = [(c, s) for c in cands for s in seeds[len(scores.get(c, [])):]]
-    for (c, _), value in zip(todo, evaluate(todo) if todo else []):
+    if not todo:
+        return
+    values = yield todo
+    for (c, _), value in zip(todo, values):
         scores.setdefault(c, []).append(value)
 
 
@@ -127,18 +181,26 @@ def successive_halving(cands: Sequence[Candidate], seeds: Sequence[int], evaluat
 
     Lower is better. With one seed, or no more candidates than `eta`, every candidate runs on
     every seed (nothing to halve)."""
+    return run_steps(halving_steps(cands, seeds, eta, refine_points, refine_seed, fixed),
+                     evaluate)
+
+
+def halving_steps(cands: Sequence[Candidate], seeds: Sequence[int], eta: int = 3,
+                  refine_points: int = 4, refine_seed: int = 1,
+                  fixed: dict[str, Any] | None = None) -> Steps:
+    """`successive_halving` as steps."""
     scores: Scores = {}
     cands = list(dict.fromkeys(cands))
     if len(seeds) == 1 or len(cands) <= eta:
-        evaluate_on_seeds(evaluate, scores, cands, seeds)
+        yield from seeds_steps(scores, cands, seeds)
     else:
-        evaluate_on_seeds(evaluate, scores, cands, seeds[:1])
+        yield from seeds_steps(scores, cands, seeds[:1])
         keep = sorted(cands, key=lambda c: mean_score(scores, c))[: math.ceil(len(cands) / eta)]
-        evaluate_on_seeds(evaluate, scores, keep, seeds)
+        yield from seeds_steps(scores, keep, seeds)
     best = best_candidate(scores, len(seeds))
     refined = _refinements(best, refine_points, refine_seed, fixed)
     if refined:
-        evaluate_on_seeds(evaluate, scores, refined, seeds)
+        yield from seeds_steps(scores, refined, seeds)
     return scores
 
 

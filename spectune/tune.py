@@ -37,15 +37,17 @@ from spectune.objectives import Objective, get_objective
 from spectune.search import (
     Candidate,
     Scores,
+    Steps,
     best_candidate,
     candidates,
     confidence_interval,
     edge_notes,
-    evaluate_on_seeds,
     exhaustive_grid,
+    halving_steps,
     mean_score,
     past_the_top,
-    successive_halving,
+    run_together,
+    seeds_steps,
 )
 from spectune.simulate import SimulationSpec, build_slo, note_short_trace
 
@@ -161,13 +163,52 @@ class _Search:
         self.runner, self.seeds = runner, list(seeds)
         self.k_max_given = k_max_given
         self.k_limit = _replayable_k(scenario, scheduler)
-        self.metrics: dict[tuple[float, Candidate], list[dict]] = {}
+        #: each evaluation's metrics, by (rate, candidate) and seed
+        self.metrics: dict[tuple[float, Candidate], dict[int, dict]] = {}
         self.notes: dict[str, list[float]] = {}  # note -> the rates it applies to
+        #: while searches run together (`together`): what each said, in order, and which one
+        #: is taking its step
+        self._said: list[list[tuple[str, float]]] | None = None
+        self._saying = 0
 
     def note(self, text: str, rate: float) -> None:
+        if self._said is not None:  # said in the searches' order once they are done
+            self._said[self._saying].append((text, rate))
+            return
         rates = self.notes.setdefault(text, [])
         if rate not in rates:
             rates.append(rate)
+
+    def together(self, searches: list[tuple[float, Steps]]) -> list:
+        """Run searches (each at its rate) side by side, their simulations in one batch per
+        round (`run_together`): each finds what it would alone, and the notes come in the
+        searches' order, as if they had run one after another. Their results, in order."""
+        self._said = [[] for _ in searches]
+
+        def evaluate(batch: list[tuple[int, list[tuple[Candidate, int]]]]) -> list[list[float]]:
+            tasks = [Task(self.scenario, self.scheduler_for(c), c, searches[i][0], s)
+                     for i, pairs in batch for c, s in pairs]
+            results = iter(self.runner.run(tasks))
+            values = []
+            for i, pairs in batch:
+                rate, scored = searches[i][0], []
+                for c, s in pairs:
+                    m = next(results)
+                    self.metrics.setdefault((rate, c), {})[s] = m
+                    scored.append(self.objective.score(m))
+                values.append(scored)
+            return values
+
+        def started(i: int) -> None:
+            self._saying = i
+
+        try:
+            return run_together([steps for _, steps in searches], evaluate, started)
+        finally:
+            said, self._said = self._said, None
+            for notes in said:
+                for text, rate in notes:
+                    self.note(text, rate)
 
     def scheduler_for(self, c: Candidate) -> SchedulerConfig:
         """`scheduler_for`, a pinned table's k_max kept within what the acceptance can
@@ -179,17 +220,9 @@ class _Search:
 
     def row(self, rate: float, c: Candidate, values: list[float]) -> dict:
         """A candidate's record at a rate: its scores over the seeds and mean metrics."""
-        return _row(rate, c, values, self.metrics[(rate, c)][-len(values):], self.objective,
-                    self.scheduler_for(c).k_max)
-
-    def evaluator(self, rate: float):
-        def evaluate(pairs: list[tuple[Candidate, int]]) -> list[float]:
-            tasks = [Task(self.scenario, self.scheduler_for(c), c, rate, s) for c, s in pairs]
-            results = self.runner.run(tasks)
-            for (c, _), m in zip(pairs, results):
-                self.metrics.setdefault((rate, c), []).append(m)
-            return [self.objective.score(m) for m in results]
-        return evaluate
+        by_seed = self.metrics[(rate, c)]  # values[i] is seed i's (seeds run in order)
+        return _row(rate, c, values, [by_seed[s] for s in self.seeds[:len(values)]],
+                    self.objective, self.scheduler_for(c).k_max)
 
     def feasible(self, cands: list[Candidate], rate: float) -> list[Candidate]:
         """Candidates the engine would run: a fixed k above a k_max the user set is refused,
@@ -211,25 +244,24 @@ class _Search:
             out.append(c)
         return out
 
-    def policy(self, rate: float, name: str, pinned: dict, spec: TuneSpec) -> Scores:
-        evaluate = self.evaluator(rate)
+    def policy(self, rate: float, name: str, pinned: dict, spec: TuneSpec) -> Steps:
+        """One policy's search at one rate, as steps (`spectune.search.Steps`): its scores."""
         grid = spec.search == "grid"
         cands = self.feasible(exhaustive_grid(name, pinned, spec.points) if grid
                               else candidates(name, pinned, spec.points), rate)
         if not cands:
+            said = [text for text, _ in (self._said or [[]])[self._saying]]
             raise ConfigError(f"--policies {name}: no parameter setting the policy accepts "
-                              f"({'; '.join(self.notes)})")
+                              f"({'; '.join([*self.notes, *said])})")
         if grid:
             scores: Scores = {}
-            for c, v in zip(cands, _chunks(evaluate([(c, s) for c in cands for s in self.seeds]),
-                                          len(self.seeds))):
-                scores[c] = v
+            yield from seeds_steps(scores, cands, self.seeds)
         else:
-            scores = successive_halving(cands, self.seeds, evaluate, fixed=pinned)
-        self.extend(rate, name, pinned, scores, evaluate)
+            scores = yield from halving_steps(cands, self.seeds, fixed=pinned)
+        yield from self.extend(rate, pinned, scores)
         return scores
 
-    def extend(self, rate: float, name: str, pinned: dict, scores: Scores, evaluate) -> None:
+    def extend(self, rate: float, pinned: dict, scores: Scores) -> Steps:
         """While the policy's best sits on the top of a grid that declares `extend` values, try
         the next one (on every seed), up to the last (the stated hard cap)."""
         while True:
@@ -238,7 +270,7 @@ class _Search:
                    if c not in scores]
             if not nxt:
                 return
-            evaluate_on_seeds(evaluate, scores, nxt, self.seeds)
+            yield from seeds_steps(scores, nxt, self.seeds)
 
 
 def _replayable_k(scenario: SimulationSpec, scheduler: SchedulerConfig) -> int:
@@ -251,10 +283,6 @@ def _replayable_k(scenario: SimulationSpec, scheduler: SchedulerConfig) -> int:
     if isinstance(max_run, int) and not (tree and max_run == max(len(p) for p in tree)):
         return max(max_run, scheduler.k_max)
     return 64
-
-
-def _chunks(values: list[float], n: int) -> list[list[float]]:
-    return [values[i : i + n] for i in range(0, len(values), n)]
 
 
 def _row(rate: float, c: Candidate, values: list[float], metrics: list[dict],
@@ -294,13 +322,14 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
     scenario, scheduler, objective = search.scenario, search.scheduler, search.objective
     runner, seeds = search.runner, search.seeds
     specs = [(name, pinned_values(name, pinned)) for name, pinned in spec.policy_specs()]
-    searched: dict[float, Scores] = {}
+    # every policy's search at every rate, and k = 0's, side by side (`_Search.together`)
+    jobs: list[tuple[float, Steps]] = []
     for rate in spec.rates:
-        scores: Scores = {}
-        for name, pinned in specs:
-            scores.update(search.policy(rate, name, pinned, spec))
-        scores.update(successive_halving([BASELINE], seeds, search.evaluator(rate)))
-        searched[rate] = scores
+        jobs += [(rate, search.policy(rate, name, pinned, spec)) for name, pinned in specs]
+        jobs.append((rate, halving_steps([BASELINE], seeds)))
+    searched: dict[float, Scores] = {rate: {} for rate in spec.rates}
+    for (rate, _), scores in zip(jobs, search.together(jobs)):  # merged in the jobs' order
+        searched[rate].update(scores)
     k_best: dict[float, Candidate] = {}  # the best fixed k per rate, over every seed
     for rate, scores in searched.items():
         fixed = {c: v for c, v in scores.items() if c.policy == "fixed" and len(v) == len(seeds)}
@@ -317,9 +346,10 @@ def _tune(spec: TuneSpec, search: _Search, out: Path | None, started: float) -> 
     schedule = engine_schedule(best_fixed, scheduler) if best_fixed and searched_fixed else None
     table = table_candidate(schedule, searched, len(seeds)) if schedule is not None else None
     rows, recommendations, engine_rows = [], [], []
+    if table is not None:  # at every rate at once
+        search.together([(rate, seeds_steps(scores, [table], seeds))
+                         for rate, scores in searched.items()])
     for rate, scores in searched.items():
-        if table is not None:
-            evaluate_on_seeds(search.evaluator(rate), scores, [table], seeds)
         full = {c: v for c, v in scores.items() if len(v) == len(seeds)}
         rate_rows = {c: search.row(rate, c, v) for c, v in scores.items()}
         rows += list(rate_rows.values())

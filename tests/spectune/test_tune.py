@@ -79,6 +79,74 @@ def test_successive_halving_finds_the_grid_optimum_with_fewer_evaluations():
     assert n_tuned < len(calls)
 
 
+def test_searches_run_together_find_what_each_finds_alone_in_fewer_rounds():
+    """Two searches as steps, run side by side: each sees the values it would alone, so each
+    finds the same scores; their pairs go out together, in as many rounds as the longer one
+    takes alone, not the sum."""
+    from spectune.search import halving_steps, run_together, successive_halving
+
+    def bowl(c, seed):
+        p = c.params_dict
+        return (1.0 + (p["ema_keep"] - 0.8) ** 2 + 4 * (p["k0_bonus"] - 1.12) ** 2
+                + (0.5 if p["per_request"] else 0) + 0.002 * seed)
+
+    def valley(c, seed):
+        return abs(c.params_dict["k"] - 5) + 0.01 * seed
+
+    goodput, fixed = candidates("goodput", continuous_points=8), candidates("fixed")
+    alone, rounds_alone = [], []
+    for cands, f in ((goodput, bowl), (fixed, valley)):
+        rounds = []
+
+        def evaluate(pairs, f=f, rounds=rounds):
+            rounds.append(len(pairs))
+            return [f(c, s) for c, s in pairs]
+
+        alone.append(successive_halving(cands, [0, 1, 2], evaluate))
+        rounds_alone.append(len(rounds))
+    batches = []
+
+    def evaluate_both(batch):
+        batches.append(sorted(i for i, _ in batch))
+        return [[(bowl if i == 0 else valley)(c, s) for c, s in pairs] for i, pairs in batch]
+
+    said = []
+    together = run_together([halving_steps(goodput, [0, 1, 2]), halving_steps(fixed, [0, 1, 2])],
+                            evaluate_both, said.append)
+    assert together == alone
+    assert [list(t) for t in together] == [list(a) for a in alone]  # insertion order too
+    assert len(batches) == max(rounds_alone) < sum(rounds_alone)
+    assert batches[0] == [0, 1]  # both searches' first pairs in one batch
+    assert said[:2] == [0, 1]  # each search's first step announced before it runs
+
+
+def test_a_batch_that_asks_for_a_task_twice_simulates_it_once(tmp_path, monkeypatch):
+    """Searches run together can ask for the same simulation in one batch (k = 0 is fixed's
+    grid point and the baseline): it runs once, and the counts are those of asking in turn:
+    from the cache where there is one, else simulated again."""
+    import spectune.evaluate as ev
+    from spectune.evaluate import Runner, Task
+
+    calls = []
+    real = ev.evaluate
+
+    def counted(task, keep_records=False):
+        calls.append(task.key())
+        return real(task, keep_records)
+
+    monkeypatch.setattr(ev, "evaluate", counted)
+    spec = SimulationSpec(workload="poisson", requests=20, lengths="fixed:50,20",
+                          acceptance="iid:0.6", draft="none")
+    one, two = (Task(spec, SchedulerConfig(), BASELINE, 4.0, s) for s in (0, 1))
+    for cache in (tmp_path / "evals", None):
+        calls.clear()
+        with Runner(cache, jobs=1) as runner:
+            out = runner.run([one, two, one])
+        assert calls == [one.key(), two.key()] and out[0] == out[2]
+        assert (runner.total, runner.done) == (3, 3)
+        assert runner.cached == (1 if cache is not None else 0)
+
+
 def test_confidence_interval_is_log_normal_and_never_below_zero():
     one = confidence_interval([2.0])
     assert (one.low, one.high) == (None, None) and one.method == "no interval (1 seed)"
