@@ -293,45 +293,46 @@ class Runner:
         keys = [t.key() for t in tasks]
         out: list[dict | None] = [self._load(k) for k in keys]
         # a task the batch holds twice (searches run together can ask for the same one) is
-        # simulated once; once it is done, the repeat counts as it would have a batch later:
+        # simulated once; each repeat counts as it would have a batch later, once this batch
+        # is done (so an interrupted batch's count is the cache's: one file per simulation):
         # read from the cache where there is one, else simulated again
         first: dict[str, int] = {}
-        repeats = []
+        repeats: dict[int, list[int]] = {}  # first index -> the repeats' indices
         for i, m in enumerate(out):
             if m is None:
                 if keys[i] in first:
-                    repeats.append(i)
+                    repeats.setdefault(first[keys[i]], []).append(i)
                 else:
                     first[keys[i]] = i
         todo = list(first.values())
-        loaded = len(tasks) - len(todo) - len(repeats)
+        loaded = len(tasks) - len(todo) - sum(map(len, repeats.values()))
         self.cached += loaded
         self.total += len(tasks)
         self.done += loaded
         self._tick()
+
+        def finished(i: int, metrics: dict) -> None:
+            out[i] = self._finish(keys[i], tasks[i], metrics)
+            for j in repeats.get(i, ()):
+                out[j] = metrics
+
         if todo and self.executor == "ray":
             if self._ray is None:
                 from spectune.ray_pool import RayPool
 
                 self._ray = RayPool(self.ray_address, evaluate)
-
-            def finished(j: int, metrics: dict) -> None:
-                i = todo[j]
-                out[i] = self._finish(keys[i], tasks[i], metrics)
-
-            self._ray.run([tasks[i] for i in todo], finished)
+            self._ray.run([tasks[i] for i in todo], lambda j, metrics: finished(todo[j], metrics))
         elif len(todo) > 1 and self.jobs > 1:
             pool = self._workers(tasks[todo[0]])
             for i, metrics in zip(todo, pool.map(evaluate, [tasks[i] for i in todo])):
-                out[i] = self._finish(keys[i], tasks[i], metrics)
+                finished(i, metrics)
         else:
             for i in todo:
-                out[i] = self._finish(keys[i], tasks[i], evaluate(tasks[i]))
-        for i in repeats:
-            out[i] = out[first[keys[i]]]
-            self.cached += self.cache_dir is not None
-            self.done += 1
+                finished(i, evaluate(tasks[i]))
         if repeats:
+            counted = sum(map(len, repeats.values()))
+            self.cached += counted if self.cache_dir is not None else 0
+            self.done += counted
             self._tick()
         return out  # type: ignore[return-value]
 

@@ -31,8 +31,8 @@ Scores = dict["Candidate", list[float]]
 Evaluate = Callable[[list[tuple["Candidate", int]]], list[float]]
 #: a search as steps: it yields the (candidate, seed) pairs it needs next, is sent their values
 #: (one per pair, in order), and returns what it found. Several such searches can be run
-#: together (`run_together`): their pairs go to the workers as one batch, so the workers are
-#: never left waiting on one search's step while another's work is ready
+#: together (`run_together`): each round of all of them goes to the workers as one batch (the
+#: next starts when the batch's last simulation ends), not one search's round at a time
 Steps = Generator[list[tuple["Candidate", int]], list[float], Any]
 
 
@@ -121,10 +121,14 @@ def run_steps(steps: Steps, evaluate: Evaluate) -> Any:
     """Run one search given as steps, each step's pairs through `evaluate`; its result."""
     try:
         pairs = next(steps)
-        while True:
-            pairs = steps.send(evaluate(pairs))
     except StopIteration as done:
         return done.value
+    while True:
+        values = evaluate(pairs)  # (outside the try: its own StopIteration is no result)
+        try:
+            pairs = steps.send(values)
+        except StopIteration as done:
+            return done.value
 
 
 def run_together(
@@ -153,7 +157,7 @@ def run_together(
     while pending:
         batch = list(pending.items())
         pending.clear()
-        for (i, _), values in zip(batch, evaluate(batch)):
+        for (i, _), values in zip(batch, evaluate(batch), strict=True):
             step(i, values)
     return results
 

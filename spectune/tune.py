@@ -205,7 +205,7 @@ class _Search:
         try:
             return run_together([steps for _, steps in searches], evaluate, started)
         finally:
-            said, self._said = self._said, None
+            said, self._said, self._saying = self._said, None, 0
             for notes in said:
                 for text, rate in notes:
                     self.note(text, rate)
@@ -249,10 +249,11 @@ class _Search:
         grid = spec.search == "grid"
         cands = self.feasible(exhaustive_grid(name, pinned, spec.points) if grid
                               else candidates(name, pinned, spec.points), rate)
-        if not cands:
-            said = [text for text, _ in (self._said or [[]])[self._saying]]
+        if not cands:  # with what was said so far (searches before this one, and this one)
+            said = ([text for notes in self._said[:self._saying + 1] for text, _ in notes]
+                    if self._said is not None else [])
             raise ConfigError(f"--policies {name}: no parameter setting the policy accepts "
-                              f"({'; '.join([*self.notes, *said])})")
+                              f"({'; '.join(dict.fromkeys([*self.notes, *said]))})")
         if grid:
             scores: Scores = {}
             yield from seeds_steps(scores, cands, self.seeds)

@@ -145,6 +145,50 @@ def test_a_batch_that_asks_for_a_task_twice_simulates_it_once(tmp_path, monkeypa
         assert calls == [one.key(), two.key()] and out[0] == out[2]
         assert (runner.total, runner.done) == (3, 3)
         assert runner.cached == (1 if cache is not None else 0)
+    monkeypatch.undo()  # (the workers take the module's own evaluate)
+    with Runner(None, jobs=2) as runner:  # over the worker pool: the same answers and counts
+        pooled = runner.run([one, two, one])
+    assert pooled == out and (runner.total, runner.done, runner.cached) == (3, 3, 0)
+
+
+def test_searches_run_together_say_their_notes_in_the_searches_order():
+    """What each search notes while they run side by side comes out as if they had run one
+    after another: all of the first search's notes, then the second's."""
+    from spectune.search import seeds_steps
+    from spectune.tune import _Search
+
+    class Runner:  # every simulation's metrics: its seed
+        def run(self, tasks):
+            return [{"seed": t.seed} for t in tasks]
+
+    class Objective:
+        def score(self, metrics):
+            return float(metrics["seed"])
+
+    search = _Search.__new__(_Search)
+    search.scenario, search.scheduler, search.k_max_given, search.k_limit = (
+        SCENARIO, SchedulerConfig(), True, 64)
+    search.runner, search.objective, search.seeds = Runner(), Objective(), [0, 1]
+    search.metrics, search.notes, search._said, search._saying = {}, {}, None, 0
+
+    def noting(first: str, then: str, rounds: int, rate: float):
+        search.note(first, rate)
+        scores = {}
+        for r in range(rounds):
+            yield from seeds_steps(scores, [Candidate("fixed", (("k", r),))], [0, 1])
+        search.note(then, rate)
+        return scores
+
+    found = search.together([(1.0, noting("a", "c", 2, 1.0)), (2.0, noting("b", "d", 1, 2.0))])
+    assert list(search.notes) == ["a", "c", "b", "d"]
+    assert search.notes["a"] == [1.0] and search.notes["d"] == [2.0]
+    assert [list(f) for f in found] == [[Candidate("fixed", (("k", 0),)),
+                                         Candidate("fixed", (("k", 1),))],
+                                        [Candidate("fixed", (("k", 0),))]]
+    assert search.metrics[(1.0, Candidate("fixed", (("k", 1),)))] == {0: {"seed": 0},
+                                                                       1: {"seed": 1}}
+    search.note("after", 1.0)  # said directly once the searches are done
+    assert list(search.notes)[-1] == "after"
 
 
 def test_confidence_interval_is_log_normal_and_never_below_zero():
