@@ -12,13 +12,18 @@ still simulated on its own workload.
 
     python benchmarks/vllm_windows.py runs/window-0/calibrated/validate.csv \\
         runs/window-1/calibrated/validate.csv ...
-    python benchmarks/vllm_windows.py          # the six calibrated windows shipped
+    python benchmarks/vllm_windows.py          # the eight calibrated windows shipped
     python benchmarks/vllm_windows.py --plain  # ... simulated with the plain profile
+
+`--ranking` prints instead, per rate, vLLM's mean E2E of each configuration over the windows
+that served all of them, and with `--predicted` (a CSV of policy, rate, e2e_mean_s: what
+`spectune tune` predicted) the Kendall tau of the prediction's order against vLLM's.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -31,9 +36,10 @@ LABELS = {"ttft_mean_s": "TTFT mean", "tpot_mean_s": "TPOT mean", "e2e_mean_s": 
           "e2e_p99_s": "E2E p99", "emitted_per_step": "tokens/step"}
 COLUMNS = ("policy", "rate", "metric", "simulated", "measured")
 #: the windows measured on the EPYC VM (docs/vllm.md): seeds 0-3 (loop 2's seven
-#: configurations) and windows 5-6 (the two tables beside k = 0, 1, 2)
+#: configurations) and seeds 4-7 (the two tables beside k = 0, 1, 2)
 SHIPPED = Path(__file__).resolve().parent / "results" / "vllm-epyc"
-SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5")
+SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5",
+                   "tables-s6", "tables-s7")
 
 
 class WindowsError(ValueError):
@@ -115,6 +121,61 @@ def markdown(pooled: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau of two orders of the same items (ties count 0)."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    signs = [((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
+             for i, j in pairs]
+    return sum(signs) / len(pairs) if pairs else float("nan")
+
+
+def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], float]) -> str:
+    """Per rate, over the windows that served every configuration served at that rate: each
+    configuration's measured mean E2E (the windows' mean) against the best, the mean of its
+    ratio to each window's best (each window weighing alike, whatever its load), and the
+    prediction where given, with Kendall tau of the prediction against both orders."""
+    e2e = pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
+                     for i, w in enumerate(windows)], ignore_index=True)
+    lines = []
+    for rate, at in e2e.groupby("rate", sort=True):
+        configs = list(dict.fromkeys(at.policy))
+        served = at.groupby("window").policy.apply(set)
+        common = [w for w, names in served.items() if names >= set(configs)]
+        if not common:
+            lines.append(f"rate {rate:g}: no window served all {len(configs)} configurations")
+            continue
+        table = at[at.window.isin(common)].pivot(index="policy", columns="window",
+                                                 values="measured").loc[configs]
+        mean = table.mean(axis=1)
+        ratio = (table / table.min(axis=0)).mean(axis=1)
+        lines.append(f"rate {rate:g} req/s: {len(common)} windows served all {len(configs)}")
+        lines.append(f"  {'configuration':<52} {'mean E2E':>9} {'vs best':>8} "
+                     f"{'mean ratio':>11} {'predicted':>10}")
+        for name in configs:
+            guess = predicted.get((name, float(rate)))
+            behind = (mean[name] / mean.min() - 1) * 100
+            lines.append(f"  {name:<52} {mean[name]:>8.3f}s {behind:>+7.1f}%"
+                         f" {(ratio[name] - 1) * 100:>+10.1f}% "
+                         + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
+        guesses = [predicted.get((name, float(rate))) for name in configs]
+        if all(g is not None for g in guesses):
+            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, list(mean)):.2f} "
+                         f"against the mean E2E, {kendall_tau(guesses, list(ratio)):.2f} against "
+                         "the mean ratio")
+    return "\n".join(lines)
+
+
+def read_predicted(path: Path) -> dict[tuple[str, float], float]:
+    """A CSV of policy, rate, e2e_mean_s (lines starting with # are comments)."""
+    try:
+        table = pd.read_csv(path, comment="#")
+        return {(str(p), float(r)): float(v)
+                for p, r, v in zip(table.policy, table.rate, table.e2e_mean_s)}
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as exc:
+        raise WindowsError(f"{path}: not a CSV of policy, rate, e2e_mean_s ({exc})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="*",
@@ -122,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                          "default: the six windows measured on the EPYC VM, calibrated)")
     ap.add_argument("--plain", action="store_true",
                     help="without tables: the shipped windows simulated with the plain profile")
+    ap.add_argument("--ranking", action="store_true",
+                    help="vLLM's mean E2E per configuration and rate over the windows that "
+                         "served all of them, instead of the targets")
+    ap.add_argument("--predicted", type=Path,
+                    help="with --ranking: a CSV of policy, rate, e2e_mean_s predicted by a tune")
     args = ap.parse_args(argv)
+    if args.predicted and not args.ranking:
+        ap.error("--predicted is read with --ranking")
     if args.plain and args.tables:
         ap.error("--plain picks the shipped windows' plain simulations: give tables or --plain")
     kind = "plain" if args.plain else "calibrated"
@@ -131,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     if repeated:
         ap.error(f"{', '.join(repeated)} given twice: each window counts once")
     try:
-        print(markdown(pool([read_window(path) for path in tables])))
+        windows = [read_window(path) for path in tables]
+        if args.ranking:
+            predicted = read_predicted(args.predicted) if args.predicted else {}
+            print(ranking(windows, predicted))
+        else:
+            print(markdown(pool(windows)))
     except WindowsError as exc:
         print(f"vllm_windows: error: {exc}", file=sys.stderr)
         return 2

@@ -108,21 +108,56 @@ def test_what_is_not_a_validate_table_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_the_shipped_windows_meet_every_target_pooled(capsys):
-    """The six calibrated windows measured on vLLM (docs/vllm.md, "Over several windows"):
+    """The eight calibrated windows measured on vLLM (docs/vllm.md, "Over several windows"):
     every configuration and rate within all five targets over its windows."""
     w = _script()
     tables = [RESULTS / f"matched{s}-calibrated.csv" for s in ("", "-s1", "-s2", "-s3")]
-    tables += [RESULTS / f"tables-s{s}-calibrated.csv" for s in (4, 5)]
+    tables += [RESULTS / f"tables-s{s}-calibrated.csv" for s in (4, 5, 6, 7)]
     assert w.main([str(t) for t in tables]) == 0
     out = capsys.readouterr().out
     assert ("configurations and rates within all five targets over their windows: 24 of 24; "
-            "single runs: 90 of 105") in out
+            "single runs: 119 of 135") in out
     assert w.main([]) == 0  # the same windows, by default
     assert capsys.readouterr().out == out
     assert w.main(["--plain"]) == 0
     plain = capsys.readouterr().out
-    assert "23 of 24; single runs: 71 of 105" in plain
+    assert "23 of 24; single runs: 94 of 135" in plain
     # the files docs/vllm.md points to are this output, below their comment line
     for kind, printed in (("calibrated", out), ("plain", plain)):
         shipped = (RESULTS / f"windows-{kind}.md").read_text().split("\n", 2)[2]
         assert shipped == printed
+
+
+def test_the_ranking_of_the_tables_windows_against_the_tunes_prediction(capsys):
+    """The four windows of the two tables (docs/vllm.md, "The loop over the four windows of the
+    tables"): per rate, vLLM's means over the windows that served all five, and the tune's
+    order against them; the file the docs point to is this output."""
+    w = _script()
+    tables = [str(RESULTS / f"tables-s{s}-calibrated.csv") for s in (4, 5, 6, 7)]
+    args = ["--ranking", "--predicted", str(RESULTS / "tables-predicted.csv"), *tables]
+    assert w.main(args) == 0
+    out = capsys.readouterr().out
+    taus = [line.split(":")[1].split()[0] for line in out.splitlines() if "Kendall" in line]
+    assert taus == ["1.00", "1.00", "0.80"]
+    assert "3 windows served all 5" in out
+    shipped = (RESULTS / "tables-s4-s7-ranking.txt").read_text().split("\n", 2)[2]
+    assert shipped == out
+
+
+def test_kendall_tau_counts_pairs_in_the_same_order():
+    w = _script()
+    assert w.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert w.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert w.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+
+
+def test_predictions_are_read_only_with_the_ranking(tmp_path, capsys):
+    w = _script()
+    with pytest.raises(SystemExit):
+        w.main(["--predicted", str(RESULTS / "tables-predicted.csv")])
+    assert "--predicted is read with --ranking" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert w.main(["--ranking", "--predicted", str(bad)]) == 2
+    assert "not a CSV of policy, rate, e2e_mean_s" in capsys.readouterr().err
+
