@@ -70,8 +70,7 @@ def read_window(path: Path) -> pd.DataFrame:
         raise WindowsError(f"{path}: a row without its configuration (policy)")
     if table.duplicated(["policy", "rate", "metric"]).any():
         raise WindowsError(f"{path}: a configuration, rate and metric appears twice")
-    # a metric one side lacks in a window is that window's gap, not pooled one-sided
-    return table[table.simulated.notna() & table.measured.notna()]
+    return table[table.measured.notna()]  # (a value not simulated is left to `pool`)
 
 
 def pool(windows: list[pd.DataFrame]) -> pd.DataFrame:
@@ -79,6 +78,8 @@ def pool(windows: list[pd.DataFrame]) -> pd.DataFrame:
     target metric's error of the mean simulated against the mean measured (percent), whether
     all five are within their targets, and how many single runs met all five."""
     tagged = pd.concat([w.assign(window=i) for i, w in enumerate(windows)], ignore_index=True)
+    # a metric one side lacks in a window is that window's gap, not pooled one-sided
+    tagged = tagged[tagged.simulated.notna() & tagged.measured.notna()]
     tagged["error"] = (tagged.simulated / tagged.measured - 1.0) * 100.0
     tagged["within"] = [abs(e) <= TARGETS[m] for e, m in zip(tagged.error, tagged.metric)]
     rows = []
@@ -121,9 +122,16 @@ def markdown(pooled: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau of two orders of the same items (ties count 0)."""
-    pairs = list(itertools.combinations(range(len(a)), 2))
+#: pairs whose measured values lie closer than this (relative) are left out of the second tau:
+#: one window set resolves about this much (docs/vllm.md)
+APART = 0.04
+
+
+def kendall_tau(a: list[float], b: list[float], apart: float = 0.0) -> float:
+    """Kendall's tau of two orders of the same items (ties count 0), over the pairs whose
+    values in `b` differ by more than `apart` of the smaller (all pairs by default)."""
+    pairs = [(i, j) for i, j in itertools.combinations(range(len(a)), 2)
+             if abs(b[i] - b[j]) > apart * min(b[i], b[j])]
     signs = [((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
              for i, j in pairs]
     return sum(signs) / len(pairs) if pairs else float("nan")
@@ -159,9 +167,14 @@ def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], floa
                          + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
         guesses = [predicted.get((name, float(rate))) for name in configs]
         if all(g is not None for g in guesses):
-            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, list(mean)):.2f} "
-                         f"against the mean E2E, {kendall_tau(guesses, list(ratio)):.2f} against "
-                         "the mean ratio")
+            measured = list(mean)
+            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
+                         f"against the mean E2E ({kendall_tau(guesses, measured, APART):.2f} over "
+                         f"the pairs more than {APART:.0%} apart), "
+                         f"{kendall_tau(guesses, list(ratio)):.2f} against the mean ratio")
+        elif predicted:
+            lines.append("  no Kendall tau: no prediction for " + ", ".join(
+                name for name, guess in zip(configs, guesses) if guess is None))
     return "\n".join(lines)
 
 
@@ -169,18 +182,26 @@ def read_predicted(path: Path) -> dict[tuple[str, float], float]:
     """A CSV of policy, rate, e2e_mean_s (lines starting with # are comments)."""
     try:
         table = pd.read_csv(path, comment="#")
-        return {(str(p), float(r)): float(v)
-                for p, r, v in zip(table.policy, table.rate, table.e2e_mean_s)}
+        rows = [(str(p), float(r), float(v))
+                for p, r, v in zip(table.policy, table.rate, table.e2e_mean_s)]
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, pd.errors.ParserError,
             pd.errors.EmptyDataError) as exc:
         raise WindowsError(f"{path}: not a CSV of policy, rate, e2e_mean_s ({exc})") from None
+    out: dict[tuple[str, float], float] = {}
+    for policy, rate, value in rows:
+        if not value > 0:
+            raise WindowsError(f"{path}: {policy} at {rate:g} req/s: no positive mean E2E")
+        if (policy, rate) in out:
+            raise WindowsError(f"{path}: {policy} at {rate:g} req/s appears twice")
+        out[(policy, rate)] = value
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="*",
                     help="validate.csv of each window (spectune validate --engine vllm --out; "
-                         "default: the six windows measured on the EPYC VM, calibrated)")
+                         "default: the eight windows measured on the EPYC VM, calibrated)")
     ap.add_argument("--plain", action="store_true",
                     help="without tables: the shipped windows simulated with the plain profile")
     ap.add_argument("--ranking", action="store_true",
@@ -193,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--predicted is read with --ranking")
     if args.plain and args.tables:
         ap.error("--plain picks the shipped windows' plain simulations: give tables or --plain")
+    if args.ranking and not args.tables:
+        ap.error("--ranking compares windows that served the same configurations: give their "
+                 "validate.csv (the shipped tables' windows: benchmarks/results/vllm-epyc/"
+                 "tables-s4-calibrated.csv to tables-s7-calibrated.csv)")
     kind = "plain" if args.plain else "calibrated"
     tables = args.tables or [SHIPPED / f"{name}-{kind}.csv" for name in SHIPPED_WINDOWS]
     repeated = sorted({str(t) for t in tables if tables.count(t) > 1})

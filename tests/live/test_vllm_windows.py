@@ -139,7 +139,7 @@ def test_the_ranking_of_the_tables_windows_against_the_tunes_prediction(capsys):
     out = capsys.readouterr().out
     taus = [line.split(":")[1].split()[0] for line in out.splitlines() if "Kendall" in line]
     assert taus == ["1.00", "1.00", "0.80"]
-    assert "3 windows served all 5" in out
+    assert out.count("3 windows served all 5") == 3  # the sixth served three, at two rates
     shipped = (RESULTS / "tables-s4-s7-ranking.txt").read_text().split("\n", 2)[2]
     assert shipped == out
 
@@ -149,6 +149,22 @@ def test_kendall_tau_counts_pairs_in_the_same_order():
     assert w.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
     assert w.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
     assert w.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert w.kendall_tau([1, 1, 3], [1, 2, 3]) == pytest.approx(2 / 3)  # a tie counts 0
+    # over the pairs more than 4% apart: the swapped pair 1% apart is left out
+    assert w.kendall_tau([1, 2, 3], [2.0, 1.98, 3.0], apart=0.04) == 1.0
+    assert w.kendall_tau([1, 2, 3], [2.0, 1.98, 3.0]) == pytest.approx(1 / 3)
+
+
+def test_a_configuration_without_prediction_or_common_window_is_said(tmp_path):
+    w = _script()
+    fine = dict.fromkeys(w.TARGETS, 0.0)
+    one = pd.concat([_window(fine, "fixed:k=0", 1.0), _window(fine, "fixed:k=2", 1.0, 1.5),
+                     _window(fine, "fixed:k=0", 2.0)])
+    two = _window(fine, "fixed:k=2", 2.0)  # at 2 req/s no window served both
+    text = w.ranking([one, two], {("fixed:k=0", 1.0): 2.0})
+    assert "no Kendall tau: no prediction for fixed:k=2" in text
+    assert "rate 2: no window served all 2 configurations" in text
+    assert w.ranking([one], {}).count("Kendall") == 0  # nothing predicted: nothing to say
 
 
 def test_predictions_are_read_only_with_the_ranking(tmp_path, capsys):
@@ -158,6 +174,16 @@ def test_predictions_are_read_only_with_the_ranking(tmp_path, capsys):
     assert "--predicted is read with --ranking" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    assert w.main(["--ranking", "--predicted", str(bad)]) == 2
+    tables = [str(RESULTS / "tables-s4-calibrated.csv")]
+    assert w.main(["--ranking", "--predicted", str(bad), *tables]) == 2
     assert "not a CSV of policy, rate, e2e_mean_s" in capsys.readouterr().err
+    bad.write_text("policy,rate,e2e_mean_s\nfixed:k=0,1.5,2\nfixed:k=0,1.5,2\n")
+    assert w.main(["--ranking", "--predicted", str(bad), *tables]) == 2
+    assert "appears twice" in capsys.readouterr().err
+    bad.write_text("policy,rate,e2e_mean_s\nfixed:k=0,1.5,\n")
+    assert w.main(["--ranking", "--predicted", str(bad), *tables]) == 2
+    assert "no positive mean E2E" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the default windows served different configurations
+        w.main(["--ranking"])
+    assert "give their validate.csv" in capsys.readouterr().err
 
