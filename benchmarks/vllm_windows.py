@@ -23,11 +23,16 @@ that served all of them, and with `--predicted` (a CSV of policy, rate, e2e_mean
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.vllm_calibration import kendall_tau  # noqa: E402
+from benchmarks.vllm_ranking import pair_tau  # noqa: E402
 
 #: the validation targets (docs/vllm.md): the largest |error| in percent each metric may have
 TARGETS = {"ttft_mean_s": 10.0, "tpot_mean_s": 5.0, "e2e_mean_s": 5.0, "e2e_p99_s": 10.0,
@@ -122,19 +127,9 @@ def markdown(pooled: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-#: pairs whose measured values lie closer than this (relative) are left out of the second tau:
+#: pairs whose measured values lie closer than this (percent) are left out of the second tau:
 #: one window set resolves about this much (docs/vllm.md)
-APART = 0.04
-
-
-def kendall_tau(a: list[float], b: list[float], apart: float = 0.0) -> float:
-    """Kendall's tau of two orders of the same items (ties count 0), over the pairs whose
-    values in `b` differ by more than `apart` of the smaller (all pairs by default)."""
-    pairs = [(i, j) for i, j in itertools.combinations(range(len(a)), 2)
-             if abs(b[i] - b[j]) > apart * min(b[i], b[j])]
-    signs = [((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
-             for i, j in pairs]
-    return sum(signs) / len(pairs) if pairs else float("nan")
+APART_PCT = 4.0
 
 
 def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], float]) -> str:
@@ -169,8 +164,8 @@ def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], floa
         if all(g is not None for g in guesses):
             measured = list(mean)
             lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
-                         f"against the mean E2E ({kendall_tau(guesses, measured, APART):.2f} over "
-                         f"the pairs more than {APART:.0%} apart), "
+                         f"against the mean E2E ({pair_tau(guesses, measured, APART_PCT)[0]:.2f} "
+                         f"over the pairs more than {APART_PCT:g}% apart), "
                          f"{kendall_tau(guesses, list(ratio)):.2f} against the mean ratio")
         elif predicted:
             lines.append("  no Kendall tau: no prediction for " + ", ".join(

@@ -305,7 +305,8 @@ class Runner:
                 else:
                     first[keys[i]] = i
         todo = list(first.values())
-        loaded = len(tasks) - len(todo) - sum(map(len, repeats.values()))
+        repeated = sum(map(len, repeats.values()))
+        loaded = len(tasks) - len(todo) - repeated
         self.cached += loaded
         self.total += len(tasks)
         self.done += loaded
@@ -329,10 +330,9 @@ class Runner:
         else:
             for i in todo:
                 finished(i, evaluate(tasks[i]))
-        if repeats:
-            counted = sum(map(len, repeats.values()))
-            self.cached += counted if self.cache_dir is not None else 0
-            self.done += counted
+        if repeated:
+            self.cached += repeated if self.cache_dir is not None else 0
+            self.done += repeated
             self._tick()
         return out  # type: ignore[return-value]
 

@@ -117,20 +117,6 @@ def mean_score(scores: Scores, candidate: Candidate) -> float:
     return float(np.mean(values)) if values else math.inf
 
 
-def run_steps(steps: Steps, evaluate: Evaluate) -> Any:
-    """Run one search given as steps, each step's pairs through `evaluate`; its result."""
-    try:
-        pairs = next(steps)
-    except StopIteration as done:
-        return done.value
-    while True:
-        values = evaluate(pairs)  # (outside the try: its own StopIteration is no result)
-        try:
-            pairs = steps.send(values)
-        except StopIteration as done:
-            return done.value
-
-
 def run_together(
         searches: Sequence[Steps],
         evaluate: Callable[[list[tuple[int, list[tuple[Candidate, int]]]]], list[list[float]]],
@@ -141,6 +127,7 @@ def run_together(
     only the order the simulations run in changes. `started(i)` is called before search i
     takes a step (what it says then, it says as search i). The results, in the searches'
     order."""
+    # (`evaluate` is called outside the searches' StopIteration handler: its own is no result)
     results: list[Any] = [None] * len(searches)
     pending: dict[int, list[tuple[Candidate, int]]] = {}
 
@@ -162,14 +149,14 @@ def run_together(
     return results
 
 
-def evaluate_on_seeds(evaluate: Evaluate, scores: Scores, cands: Sequence[Candidate],
-                      seeds: Sequence[int]) -> None:
-    """Evaluate each candidate on the seeds it has not run yet (seed order kept)."""
-    run_steps(seeds_steps(scores, cands, seeds), evaluate)
+def run_alone(steps: Steps, evaluate: Evaluate) -> Any:
+    """One search given as steps, each step's pairs through `evaluate`: its result."""
+    return run_together([steps], lambda batch: [evaluate(batch[0][1])])[0]
 
 
 def seeds_steps(scores: Scores, cands: Sequence[Candidate], seeds: Sequence[int]) -> Steps:
-    """`evaluate_on_seeds` as steps (one, or none where nothing is left to run)."""
+    """Each candidate on the seeds it has not run yet (seed order kept), as steps: one, or
+    none where nothing is left to run."""
     todo = [(c, s) for c in cands for s in seeds[len(scores.get(c, [])):]]
     if not todo:
         return
@@ -185,7 +172,7 @@ def successive_halving(cands: Sequence[Candidate], seeds: Sequence[int], evaluat
 
     Lower is better. With one seed, or no more candidates than `eta`, every candidate runs on
     every seed (nothing to halve)."""
-    return run_steps(halving_steps(cands, seeds, eta, refine_points, refine_seed, fixed),
+    return run_alone(halving_steps(cands, seeds, eta, refine_points, refine_seed, fixed),
                      evaluate)
 
 

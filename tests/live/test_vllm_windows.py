@@ -151,7 +151,7 @@ def test_kendall_tau_counts_pairs_in_the_same_order():
     assert w.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
     assert w.kendall_tau([1, 1, 3], [1, 2, 3]) == pytest.approx(2 / 3)  # a tie counts 0
     # over the pairs more than 4% apart: the swapped pair 1% apart is left out
-    assert w.kendall_tau([1, 2, 3], [2.0, 1.98, 3.0], apart=0.04) == 1.0
+    assert w.pair_tau([1, 2, 3], [2.0, 1.98, 3.0], w.APART_PCT) == (1.0, 2)
     assert w.kendall_tau([1, 2, 3], [2.0, 1.98, 3.0]) == pytest.approx(1 / 3)
 
 
