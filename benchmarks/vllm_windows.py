@@ -12,12 +12,14 @@ still simulated on its own workload.
 
     python benchmarks/vllm_windows.py runs/window-0/calibrated/validate.csv \\
         runs/window-1/calibrated/validate.csv ...
-    python benchmarks/vllm_windows.py          # the eight calibrated windows shipped
+    python benchmarks/vllm_windows.py          # the nine calibrated windows shipped
     python benchmarks/vllm_windows.py --plain  # ... simulated with the plain profile
 
 `--ranking` prints instead, per rate, vLLM's mean E2E of each configuration over the windows
 that served all of them, and with `--predicted` (a CSV of policy, rate, e2e_mean_s: what
-`spectune tune` predicted) the Kendall tau of the prediction's order against vLLM's.
+`spectune tune` predicted) the Kendall tau of the prediction's order against vLLM's. With
+`--anchor CONFIG` it compares instead every configuration with the anchor in each window that
+served both, so that configurations served in different windows rank against each other.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +44,11 @@ LABELS = {"ttft_mean_s": "TTFT mean", "tpot_mean_s": "TPOT mean", "e2e_mean_s": 
           "e2e_p99_s": "E2E p99", "emitted_per_step": "tokens/step"}
 COLUMNS = ("policy", "rate", "metric", "simulated", "measured")
 #: the windows measured on the EPYC VM (docs/vllm.md): seeds 0-3 (loop 2's seven
-#: configurations) and seeds 4-7 (the two tables beside k = 0, 1, 2)
+#: configurations), seeds 4-7 (the two tables beside k = 0, 1, 2) and seed 8 (the exported
+#: table beside k = 0, 2, 3, 4, 6)
 SHIPPED = Path(__file__).resolve().parent / "results" / "vllm-epyc"
 SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5",
-                   "tables-s6", "tables-s7")
+                   "tables-s6", "tables-s7", "loop-s8")
 
 
 class WindowsError(ValueError):
@@ -173,6 +177,48 @@ def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], floa
     return "\n".join(lines)
 
 
+def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], float],
+             anchor: str) -> str:
+    """Per rate, over every window that served `anchor`: each configuration's mean E2E over
+    the anchor's in the same window, the geometric mean over the windows that served both.
+    A window's questions, arrivals and hour move every configuration it serves alike, and
+    the ratio takes them out, so configurations never served together compare (through the
+    anchor), and every window counts, not only those that served all. What the ratio keeps
+    is each run's own server (one per configuration), whose speed the windows average."""
+    e2e = pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
+                     for i, w in enumerate(windows)], ignore_index=True)
+    lines = []
+    for rate, at in e2e.groupby("rate", sort=True):
+        table = at.pivot(index="policy", columns="window", values="measured")
+        if anchor not in table.index:
+            lines.append(f"rate {rate:g}: no window served the anchor {anchor}")
+            continue
+        configs = list(dict.fromkeys(at.policy))
+        ratios = table / table.loc[anchor]  # NaN where a window lacks one of the two
+        served = ratios.notna().sum(axis=1)
+        geo = np.exp(np.log(ratios).mean(axis=1))
+        best = geo.min()
+        lines.append(f"rate {rate:g} req/s: {int(served[anchor])} windows served {anchor}")
+        lines.append(f"  {'configuration':<52} {'windows':>7} {'vs anchor':>10} {'vs best':>8} "
+                     f"{'predicted':>10}")
+        ranked = [name for name in configs if served[name] > 0 and name in geo.index]
+        for name in ranked:
+            guess = predicted.get((name, float(rate)))
+            lines.append(f"  {name:<52} {int(served[name]):>7} {(geo[name] - 1) * 100:>+9.1f}% "
+                         f"{(geo[name] / best - 1) * 100:>+7.1f}% "
+                         + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
+        guesses = [predicted.get((name, float(rate))) for name in ranked]
+        if all(g is not None for g in guesses) and len(ranked) > 1:
+            measured = [float(geo[name]) for name in ranked]
+            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
+                         f"({pair_tau(guesses, measured, APART_PCT)[0]:.2f} over the pairs more "
+                         f"than {APART_PCT:g}% apart)")
+        elif predicted:
+            lines.append("  no Kendall tau: no prediction for " + ", ".join(
+                name for name, guess in zip(ranked, guesses) if guess is None))
+    return "\n".join(lines)
+
+
 def read_predicted(path: Path) -> dict[tuple[str, float], float]:
     """A CSV of policy, rate, e2e_mean_s (lines starting with # are comments)."""
     try:
@@ -196,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="*",
                     help="validate.csv of each window (spectune validate --engine vllm --out; "
-                         "default: the eight windows measured on the EPYC VM, calibrated)")
+                         "default: the nine windows measured on the EPYC VM, calibrated)")
     ap.add_argument("--plain", action="store_true",
                     help="without tables: the shipped windows simulated with the plain profile")
     ap.add_argument("--ranking", action="store_true",
@@ -204,9 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                          "served all of them, instead of the targets")
     ap.add_argument("--predicted", type=Path,
                     help="with --ranking: a CSV of policy, rate, e2e_mean_s predicted by a tune")
+    ap.add_argument("--anchor", metavar="CONFIGURATION",
+                    help="with --ranking: over every window that served this configuration, "
+                         "each one's mean E2E over the anchor's in the same window (geometric "
+                         "mean over windows), instead of the windows that served all")
     args = ap.parse_args(argv)
-    if args.predicted and not args.ranking:
-        ap.error("--predicted is read with --ranking")
+    if (args.predicted or args.anchor) and not args.ranking:
+        ap.error("--predicted and --anchor are read with --ranking")
     if args.plain and args.tables:
         ap.error("--plain picks the shipped windows' plain simulations: give tables or --plain")
     if args.ranking and not args.tables:
@@ -222,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         windows = [read_window(path) for path in tables]
         if args.ranking:
             predicted = read_predicted(args.predicted) if args.predicted else {}
-            print(ranking(windows, predicted))
+            print(anchored(windows, predicted, args.anchor) if args.anchor
+                  else ranking(windows, predicted))
         else:
             print(markdown(pool(windows)))
     except WindowsError as exc:

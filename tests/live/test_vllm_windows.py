@@ -108,20 +108,18 @@ def test_what_is_not_a_validate_table_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_the_shipped_windows_meet_every_target_pooled(capsys):
-    """The eight calibrated windows measured on vLLM (docs/vllm.md, "Over several windows"):
+    """The nine calibrated windows measured on vLLM (docs/vllm.md, "Over several windows"):
     every configuration and rate within all five targets over its windows."""
     w = _script()
-    tables = [RESULTS / f"matched{s}-calibrated.csv" for s in ("", "-s1", "-s2", "-s3")]
-    tables += [RESULTS / f"tables-s{s}-calibrated.csv" for s in (4, 5, 6, 7)]
-    assert w.main([str(t) for t in tables]) == 0
+    assert w.main([str(t) for t in _nine_windows()]) == 0
     out = capsys.readouterr().out
     assert ("configurations and rates within all five targets over their windows: 24 of 24; "
-            "single runs: 119 of 135") in out
+            "single runs: 131 of 153") in out
     assert w.main([]) == 0  # the same windows, by default
     assert capsys.readouterr().out == out
     assert w.main(["--plain"]) == 0
     plain = capsys.readouterr().out
-    assert "23 of 24; single runs: 94 of 135" in plain
+    assert "24 of 24; single runs: 101 of 153" in plain
     # the files docs/vllm.md points to are this output, below their comment line
     for kind, printed in (("calibrated", out), ("plain", plain)):
         shipped = (RESULTS / f"windows-{kind}.md").read_text().split("\n", 2)[2]
@@ -142,6 +140,53 @@ def test_the_ranking_of_the_tables_windows_against_the_tunes_prediction(capsys):
     assert out.count("3 windows served all 5") == 3  # the sixth served three, at two rates
     shipped = (RESULTS / "tables-s4-s7-ranking.txt").read_text().split("\n", 2)[2]
     assert shipped == out
+
+
+def _nine_windows() -> list[Path]:
+    names = ["matched", "matched-s1", "matched-s2", "matched-s3"]
+    names += [f"tables-s{s}" for s in (4, 5, 6, 7)] + ["loop-s8"]
+    return [RESULTS / f"{name}-calibrated.csv" for name in names]
+
+
+def test_the_anchored_ranking_of_the_nine_windows(capsys):
+    """Every configuration against k = 2 in each window that served both (docs/vllm.md, "The
+    loop over all nine windows"): eight configurations per rate, k = 3, 4 and 6 from five
+    windows; the file the docs point to is this output."""
+    w = _script()
+    args = ["--ranking", "--anchor", "fixed:k=2", "--predicted",
+            str(RESULTS / "loop-predicted.csv"), *map(str, _nine_windows())]
+    assert w.main(args) == 0
+    out = capsys.readouterr().out
+    taus = [line.split(":")[1].split()[0] for line in out.splitlines() if "Kendall" in line]
+    assert taus == ["0.86", "0.86", "0.86"]
+    assert "fixed:k=3" in out and out.count("8 windows served fixed:k=2") == 1
+    shipped = (RESULTS / "windows-anchored-ranking.txt").read_text().split("\n", 2)[2]
+    assert shipped == out
+
+
+def test_the_anchor_takes_out_what_moves_a_whole_window():
+    """Two windows, one twice as slow: a configuration 10% behind the anchor in each is 10%
+    behind over both, and one served only in the slow window compares through the anchor
+    (its mean E2E alone would put it 90% behind)."""
+    w = _script()
+    fast = pd.concat([_window({"e2e_mean_s": 0.0}, "fixed:k=2", measured=1.0),
+                      _window({"e2e_mean_s": 0.0}, "fixed:k=4", measured=1.1)])
+    slow = pd.concat([_window({"e2e_mean_s": 0.0}, "fixed:k=2", measured=2.0),
+                      _window({"e2e_mean_s": 0.0}, "fixed:k=4", measured=2.2),
+                      _window({"e2e_mean_s": 0.0}, "fixed:k=6", measured=1.9)])
+    out = w.anchored([fast, slow], {}, "fixed:k=2")
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+    assert rows["fixed:k=4"][:3] == ["2", "+10.0%", "+15.8%"]
+    assert rows["fixed:k=6"][:3] == ["1", "-5.0%", "+0.0%"]
+    assert "2 windows served fixed:k=2" in out
+    assert "no window served the anchor" in w.anchored([fast], {}, "fixed:k=3")
+
+
+def test_the_anchor_is_read_only_with_the_ranking(capsys):
+    w = _script()
+    with pytest.raises(SystemExit):
+        w.main(["--anchor", "fixed:k=2", str(RESULTS / "loop-s8-calibrated.csv")])
+    assert "--predicted and --anchor are read with --ranking" in capsys.readouterr().err
 
 
 def test_kendall_tau_counts_pairs_in_the_same_order():
@@ -171,7 +216,7 @@ def test_predictions_are_read_only_with_the_ranking(tmp_path, capsys):
     w = _script()
     with pytest.raises(SystemExit):
         w.main(["--predicted", str(RESULTS / "tables-predicted.csv")])
-    assert "--predicted is read with --ranking" in capsys.readouterr().err
+    assert "--predicted and --anchor are read with --ranking" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     tables = [str(RESULTS / "tables-s4-calibrated.csv")]
