@@ -12,7 +12,7 @@ still simulated on its own workload.
 
     python benchmarks/vllm_windows.py runs/window-0/calibrated/validate.csv \\
         runs/window-1/calibrated/validate.csv ...
-    python benchmarks/vllm_windows.py          # the nine calibrated windows shipped
+    python benchmarks/vllm_windows.py          # the ten calibrated windows shipped
     python benchmarks/vllm_windows.py --plain  # ... simulated with the plain profile
 
 `--ranking` prints instead, per rate, vLLM's mean E2E of each configuration over the windows
@@ -44,11 +44,11 @@ LABELS = {"ttft_mean_s": "TTFT mean", "tpot_mean_s": "TPOT mean", "e2e_mean_s": 
           "e2e_p99_s": "E2E p99", "emitted_per_step": "tokens/step"}
 COLUMNS = ("policy", "rate", "metric", "simulated", "measured")
 #: the windows measured on the EPYC VM (docs/vllm.md): seeds 0-3 (loop 2's seven
-#: configurations), seeds 4-7 (the two tables beside k = 0, 1, 2) and seed 8 (the exported
-#: table beside k = 0, 2, 3, 4, 6)
+#: configurations), seeds 4-7 (the two tables beside k = 0, 1, 2) seed 8 (the exported table
+#: beside k = 0, 2, 3, 4, 6) and seed 9 (the two tables beside k = 1, 2, 3)
 SHIPPED = Path(__file__).resolve().parent / "results" / "vllm-epyc"
 SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5",
-                   "tables-s6", "tables-s7", "loop-s8")
+                   "tables-s6", "tables-s7", "loop-s8", "loop-s9")
 
 
 class WindowsError(ValueError):
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tables", type=Path, nargs="*",
                     help="validate.csv of each window (spectune validate --engine vllm --out; "
-                         "default: the nine windows measured on the EPYC VM, calibrated)")
+                         "default: the ten windows measured on the EPYC VM, calibrated)")
     ap.add_argument("--plain", action="store_true",
                     help="without tables: the shipped windows simulated with the plain profile")
     ap.add_argument("--ranking", action="store_true",

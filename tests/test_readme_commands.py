@@ -79,7 +79,7 @@ REDUCE: dict[str, tuple[str, ...]] = {
                                              "--policies", "fixed:k=4", "--jobs", "2"),
     "spectune report": (),
     "python benchmarks/tp_published.py": (),  # 36 published rows and a grid fit: 0.2 s
-    "python benchmarks/vllm_windows.py": (),  # reads nine committed tables: 1 s
+    "python benchmarks/vllm_windows.py": (),  # reads ten committed tables: 1 s
     "spectune simulate": (),  # 2-4 s each, even at 2000 requests
     "spectune policies": (),
     "spectune catalog": (),
