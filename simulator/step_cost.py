@@ -343,14 +343,23 @@ class StepCostModel:
         """Policy-facing: `step_s` of each row of `ks_rows`, alternatives for the same requests
         (what a planner weighs), priced in one numpy pass where that gives the same floats as
         one by one (a model-free chain drafter on a latency model whose arrays match its
-        scalars), else one by one."""
+        scalars; or a draft model's chain on such a model, its passes added in the order one
+        step adds them), else one by one."""
         if not ks_rows:
             return []
-        if not self.prices_alternatives_at_once:
+        lat = self.latency
+        # a draft model's passes at once cost about what four rows one by one do (measured:
+        # docs/speed.md), and give the same floats either way
+        chain_model = (len(ks_rows) >= DRAFT_ROWS_AT_ONCE and self.draft_tree is None
+                       and lat.has_draft_model and lat.arrays_match_scalars and lat.batch_pricing)
+        if not (self.prices_alternatives_at_once or chain_model):
             return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
         ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
         cached = np.asarray(context_tokens, dtype=np.int64) - 1
-        return self._verify_steps_s(ks, np.broadcast_to(cached[:, None], ks.shape)).tolist()
+        cached = np.broadcast_to(cached[:, None], ks.shape)
+        if chain_model:  # the fast path's varied steps: each column's floats as `step_s`'s
+            return np.atleast_1d(self.iteration_s(ks, cached, in_step_order=True)).tolist()
+        return self._verify_steps_s(ks, cached).tolist()
 
     def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
         """An iteration that prefills whole prompts and nothing else."""
@@ -363,6 +372,9 @@ class StepCostModel:
             total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)
 
+
+#: from this many alternatives on, `steps_s` prices a draft model's chain at once
+DRAFT_ROWS_AT_ONCE = 4
 
 #: (k + 1)(k + 2) / 2 for k = 0..1023: a verify pass's own causal pairs, looked up
 _OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2

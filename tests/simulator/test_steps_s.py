@@ -36,15 +36,58 @@ def test_a_model_free_roofline_prices_every_row_to_the_bit(seed):
     assert all(type(t) is float for t in got)
 
 
-def test_a_draft_model_or_a_profile_is_priced_one_row_at_a_time(monkeypatch):
+@pytest.mark.parametrize("seed", range(6))
+def test_a_draft_model_chain_on_the_roofline_prices_every_row_to_the_bit(seed):
+    """Its draft passes added per column in the order one step adds them (rows that draft
+    nothing, and rows whose deepest chain is shallower than others', included)."""
+    rng = np.random.default_rng(100 + seed)
+    for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                    get_gpu("h100")),
+                    RooflineLatency(get_model("llama-3.1-70b"), get_model("llama-3.2-1b"),
+                                    get_gpu("a100"), tp=4)):
+        cost = StepCostModel(latency)
+        batch = int(rng.integers(1, 65))
+        contexts = rng.integers(2, 9000, batch).tolist()
+        rows = _alternatives(rng, batch, int(rng.integers(1, 30)))
+        rows += [[0] * batch, [1] + [0] * (batch - 1)]
+        got = cost.steps_s(rows, contexts)
+        assert got == [cost.step_s(ks, contexts) for ks in rows]
+        assert all(type(t) is float for t in got)
+
+
+def test_a_draft_model_prices_few_rows_one_by_one_and_more_at_once(monkeypatch):
+    """Both ways give the same floats; at once costs about four rows one by one."""
+    from simulator.step_cost import DRAFT_ROWS_AT_ONCE
+
+    rng = np.random.default_rng(11)
+    contexts = rng.integers(2, 2000, 9).tolist()
+    cost = StepCostModel(RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                                         get_gpu("h100")))
+    calls, real = [], cost.step_s
+    monkeypatch.setattr(cost, "step_s", lambda ks, c, f=None: calls.append(ks) or real(ks, c))
+    few = _alternatives(rng, 9, DRAFT_ROWS_AT_ONCE - 1)
+    assert cost.steps_s(few, contexts) == [real(ks, contexts) for ks in few]
+    assert calls == few
+    calls.clear()
+    more = _alternatives(rng, 9, DRAFT_ROWS_AT_ONCE)
+    assert cost.steps_s(more, contexts) == [real(ks, contexts) for ks in more]
+    assert calls == []
+
+
+def _tree_latency():
+    from simulator.draft_tree import TreeShape
+
+    latency = RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"), get_gpu("h100"))
+    latency.draft_tree = TreeShape(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
+    return latency
+
+
+def test_a_tree_or_a_profile_is_priced_one_row_at_a_time(monkeypatch):
     rng = np.random.default_rng(7)
     contexts = rng.integers(2, 2000, 12).tolist()
-    rows = _alternatives(rng, 12, 5)
-    for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
-                                    get_gpu("h100")), ProfiledLatency(make_table())):
+    rows = _alternatives(rng, 12, 5, k_max=3)
+    for latency in (_tree_latency(), ProfiledLatency(make_table())):
         cost = StepCostModel(latency)
-        assert not (latency.arrays_match_scalars and latency.batch_pricing
-                    and not latency.has_draft_model)
         calls, real = [], cost.step_s
 
         def counted(ks, c, f=None, calls=calls, real=real):
