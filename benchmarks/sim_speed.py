@@ -59,7 +59,7 @@ from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
 def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
             policy: str = "fixed", fast_path: bool = True, draft: str | None = None,
             scheduler: SchedulerConfig | None = None, replicas: int = 1,
-            profile: str | None = None) -> dict:
+            profile: str | None = None, policy_params: dict | None = None) -> dict:
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths="azure-conv",
                           acceptance=acceptance, seed=0, draft=draft, profile=profile)
     params = {"k": k} if policy == "fixed" else {}
@@ -68,7 +68,8 @@ def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
     inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, scheduler)
     t1 = time.perf_counter()
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                      make_policy(policy, params), inputs.kv_capacity_tokens, scheduler,
+                      make_policy(policy, params if policy == "fixed" else policy_params or {}),
+                      inputs.kv_capacity_tokens, scheduler,
                       ClusterConfig(replicas, "least-loaded"), fast_path=fast_path)
     t2 = time.perf_counter()
     summary = summarize(result.requests, result.steps)
@@ -150,6 +151,31 @@ def every_policy_table(n: int, repeats: int) -> None:
         print(f"{policy:>15} {acceptance:>14} {'fast' if r['fast_path'] else 'step':>5} "
               f"{engine_s:>9.2f} {r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
               f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
+
+
+#: the planners' table: the policies that price a step's alternatives through the cost model,
+#: with its parameters; run with a draft model, whose passes `StepCostModel.steps_s` prices at
+#: once from four alternatives on
+PLANNERS = (("auto", {}), ("goodput", {}), ("goodput", {"per_request": "true"}),
+            ("batch_adaptive", {}), ("oracle", {}))
+
+
+def planners_table(n: int, repeats: int) -> None:
+    """The planners' us per simulated iteration with a draft model (Llama-68M, the default)."""
+    print(f"\n{n:,} requests per run, the planners with the Llama-68M draft model, "
+          f"beta:7,3~20, 8 req/s (times: median of {repeats}, rows interleaved)")
+    _header(f"{'policy':>26} {'engine_s':>9} {'iterations':>11} {'us/iter':>8} {'batch':>6}")
+    runs: dict[int, list[dict]] = {i: [] for i in range(len(PLANNERS))}
+    for _ in range(repeats):
+        for i, (policy, params) in enumerate(PLANNERS):
+            runs[i].append(measure(n, 4, "beta:7,3~20", 8.0, policy, policy_params=params))
+    for i, (policy, params) in enumerate(PLANNERS):
+        results = runs[i]
+        engine_s = float(np.median([x["engine_s"] for x in results]))
+        name = policy + "".join(f"/{key}={value}" for key, value in params.items())
+        print(f"{name:>26} {engine_s:>9.2f} {results[0]['iterations']:>11,} "
+              f"{engine_s / results[0]['iterations'] * 1e6:>8.1f} "
+              f"{results[0]['mean_batch']:>6.2f}", flush=True)
 
 
 #: the fifth table's rows: (path, acceptance, draft, policy, scheduler, replicas); the rate
@@ -293,6 +319,9 @@ def main() -> None:
                         help="requests of the targets' recorded rows (the 100k row: 10x)")
     parser.add_argument("--every-policy", type=int, default=0, metavar="N",
                         help="also every policy's us per iteration, N requests a run (0: skip)")
+    parser.add_argument("--planners", type=int, default=0, metavar="N",
+                        help="also the planners' us per iteration with a draft model, N "
+                             "requests a run (0: skip)")
     parser.add_argument("--profiles", type=int, default=0, metavar="N",
                         help="also the us per iteration on the shipped profiles, fast path "
                              "beside one iteration at a time, N requests a run (0: skip)")
@@ -315,6 +344,8 @@ def main() -> None:
         recorded_table(args.recorded, args.repeats)
     if args.every_policy:
         every_policy_table(args.every_policy, args.repeats)
+    if args.planners:
+        planners_table(args.planners, args.repeats)
     if args.paths:
         paths_table(args.paths, args.repeats)
     if args.profiles:
