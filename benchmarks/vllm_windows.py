@@ -14,6 +14,7 @@ still simulated on its own workload.
         runs/window-1/calibrated/validate.csv ...
     python benchmarks/vllm_windows.py          # the ten calibrated windows shipped
     python benchmarks/vllm_windows.py --plain  # ... simulated with the plain profile
+    python benchmarks/vllm_windows.py --ranking --anchor fixed:k=2  # the loop over them
 
 `--ranking` prints instead, per rate, vLLM's mean E2E of each configuration over the windows
 that served all of them, and with `--predicted` (a CSV of policy, rate, e2e_mean_s: what
@@ -49,6 +50,10 @@ COLUMNS = ("policy", "rate", "metric", "simulated", "measured")
 SHIPPED = Path(__file__).resolve().parent / "results" / "vllm-epyc"
 SHIPPED_WINDOWS = ("matched", "matched-s1", "matched-s2", "matched-s3", "tables-s4", "tables-s5",
                    "tables-s6", "tables-s7", "loop-s8", "loop-s9")
+
+
+#: what `spectune tune` predicted for every configuration the shipped windows served
+SHIPPED_PREDICTED = SHIPPED / "loop-predicted.csv"
 
 
 class WindowsError(ValueError):
@@ -259,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--predicted and --anchor are read with --ranking")
     if args.plain and args.tables:
         ap.error("--plain picks the shipped windows' plain simulations: give tables or --plain")
-    if args.ranking and not args.tables:
+    if args.ranking and not args.tables and not args.anchor:
         ap.error("--ranking compares windows that served the same configurations: give their "
                  "validate.csv (the shipped tables' windows: benchmarks/results/vllm-epyc/"
-                 "tables-s4-calibrated.csv to tables-s7-calibrated.csv)")
+                 "tables-s4-calibrated.csv to tables-s7-calibrated.csv), or rank the shipped "
+                 "windows through a configuration they all served (--anchor fixed:k=2)")
+    if args.anchor and not args.tables and args.predicted is None:
+        args.predicted = SHIPPED_PREDICTED  # the shipped windows, against the tune's prediction
     kind = "plain" if args.plain else "calibrated"
     tables = args.tables or [SHIPPED / f"{name}-{kind}.csv" for name in SHIPPED_WINDOWS]
     repeated = sorted({str(t) for t in tables if tables.count(t) > 1})

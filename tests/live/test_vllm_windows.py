@@ -162,6 +162,9 @@ def test_the_anchored_ranking_of_the_ten_windows(capsys):
     assert "fixed:k=3" in out and out.count("9 windows served fixed:k=2") == 1
     shipped = (RESULTS / "windows-anchored-ranking.txt").read_text().split("\n", 2)[2]
     assert shipped == out
+    # the same by default: the shipped windows against the shipped prediction (README)
+    assert w.main(["--ranking", "--anchor", "fixed:k=2"]) == 0
+    assert capsys.readouterr().out == out
 
 
 def test_the_anchor_takes_out_what_moves_a_whole_window():
