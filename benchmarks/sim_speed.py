@@ -27,6 +27,8 @@ Sixth table (`--profiles N`): us per simulated iteration on the shipped profiles
 SmolLM2 engine's with its early-exit draft, vLLM-CPU's with the n-gram lookup and its
 scheduler) at a light load and at three times it, the fast path beside one iteration at a
 time, and how far apart their mean E2E is.
+Seventh table (`--planners N`): us per simulated iteration of the policies that price a step's
+alternatives through the cost model, with the Llama-68M draft model (beta:7,3~20, 8 req/s).
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -157,7 +159,7 @@ def every_policy_table(n: int, repeats: int) -> None:
 #: with its parameters; run with a draft model, whose passes `StepCostModel.steps_s` prices at
 #: once from four alternatives on
 PLANNERS = (("auto", {}), ("goodput", {}), ("goodput", {"per_request": "true"}),
-            ("batch_adaptive", {}), ("oracle", {}))
+            ("batch_adaptive", {}), ("oracle", {"knows": "probabilities"}))
 
 
 def planners_table(n: int, repeats: int) -> None:

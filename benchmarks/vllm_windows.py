@@ -189,9 +189,17 @@ def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], flo
     A window's questions, arrivals and hour move every configuration it serves alike, and
     the ratio takes them out, so configurations never served together compare (through the
     anchor), and every window counts, not only those that served all. What the ratio keeps
-    is each run's own server (one per configuration), whose speed the windows average."""
+    is each run's own server (one per configuration, the anchor's too in every ratio of its
+    window), whose speed the windows average. Listed in order of first appearance."""
     e2e = pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
                      for i, w in enumerate(windows)], ignore_index=True)
+    if anchor not in set(e2e.policy):
+        raise WindowsError(f"no window served the anchor {anchor}; they served: "
+                           + ", ".join(dict.fromkeys(e2e.policy)))
+    if not (e2e.measured > 0).all():
+        bad = e2e[~(e2e.measured > 0)].iloc[0]
+        raise WindowsError(f"{bad.policy} at {bad.rate:g} req/s: a measured mean E2E of "
+                           f"{bad.measured}, where a ratio needs a positive one")
     lines = []
     for rate, at in e2e.groupby("rate", sort=True):
         table = at.pivot(index="policy", columns="window", values="measured")
@@ -206,14 +214,20 @@ def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], flo
         lines.append(f"rate {rate:g} req/s: {int(served[anchor])} windows served {anchor}")
         lines.append(f"  {'configuration':<52} {'windows':>7} {'vs anchor':>10} {'vs best':>8} "
                      f"{'predicted':>10}")
-        ranked = [name for name in configs if served[name] > 0 and name in geo.index]
+        ranked = [name for name in configs if served[name] > 0]
         for name in ranked:
             guess = predicted.get((name, float(rate)))
             lines.append(f"  {name:<52} {int(served[name]):>7} {(geo[name] - 1) * 100:>+9.1f}% "
                          f"{(geo[name] / best - 1) * 100:>+7.1f}% "
                          + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
+        apart = [name for name in configs if served[name] == 0]
+        if apart:
+            lines.append(f"  never served in a window with {anchor}, so not compared: "
+                         + ", ".join(apart))
         guesses = [predicted.get((name, float(rate))) for name in ranked]
-        if all(g is not None for g in guesses) and len(ranked) > 1:
+        if len(ranked) < 2:
+            lines.append("  no Kendall tau: one configuration compared")
+        elif all(g is not None for g in guesses):
             measured = [float(geo[name]) for name in ranked]
             lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
                          f"({pair_tau(guesses, measured, APART_PCT)[0]:.2f} over the pairs more "

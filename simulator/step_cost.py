@@ -185,7 +185,9 @@ class StepCostModel:
     def prices_alternatives_at_once(self) -> bool:
         """Whether a planner's alternatives are priced in one call from their verify pass's
         sums (`chain_sums_s`, `steps_s`), to the floats of one by one: a model-free chain on a
-        latency model whose arrays give its scalars' numbers and that prices in batches."""
+        latency model whose arrays give its scalars' numbers and that prices in batches. (A
+        draft model's chain on such a model is priced at once by `steps_s` too, from its
+        passes rather than the sums alone.)"""
         lat = self.latency
         return self.prices_chain_sums and lat.arrays_match_scalars and lat.batch_pricing
 
@@ -350,8 +352,9 @@ class StepCostModel:
         lat = self.latency
         # a draft model's passes at once cost about what four rows one by one do (measured:
         # docs/speed.md), and give the same floats either way
-        chain_model = (len(ks_rows) >= DRAFT_ROWS_AT_ONCE and self.draft_tree is None
-                       and lat.has_draft_model and lat.arrays_match_scalars and lat.batch_pricing)
+        chain_model = (len(ks_rows) >= DRAFT_ROWS_AT_ONCE and len(context_tokens) > 0
+                       and self.draft_tree is None and lat.has_draft_model
+                       and lat.arrays_match_scalars and lat.batch_pricing)
         if not (self.prices_alternatives_at_once or chain_model):
             return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
         ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives

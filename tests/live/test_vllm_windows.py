@@ -182,7 +182,33 @@ def test_the_anchor_takes_out_what_moves_a_whole_window():
     assert rows["fixed:k=4"][:3] == ["2", "+10.0%", "+15.8%"]
     assert rows["fixed:k=6"][:3] == ["1", "-5.0%", "+0.0%"]
     assert "2 windows served fixed:k=2" in out
-    assert "no window served the anchor" in w.anchored([fast], {}, "fixed:k=3")
+    # at a rate where no window served the anchor, it says so
+    other = _window({"e2e_mean_s": 0.0}, "fixed:k=4", rate=3.0, measured=2.0)
+    assert "rate 3: no window served the anchor fixed:k=2" in w.anchored(
+        [fast, other], {}, "fixed:k=2")
+
+
+def test_an_anchor_no_window_served_or_a_configuration_never_beside_it(capsys):
+    """An anchor no window served is an error naming what they served; a configuration never
+    served beside the anchor is listed as not compared, not dropped in silence."""
+    w = _script()
+    one = pd.concat([_window({"e2e_mean_s": 0.0}, "fixed:k=2", measured=1.0),
+                     _window({"e2e_mean_s": 0.0}, "fixed:k=4", measured=1.1)])
+    alone = _window({"e2e_mean_s": 0.0}, "fixed:k=6", measured=0.9)
+    with pytest.raises(w.WindowsError, match="no window served the anchor fixed:k=20; they "
+                                             "served: fixed:k=2, fixed:k=4"):
+        w.anchored([one], {}, "fixed:k=20")
+    out = w.anchored([one, alone], {}, "fixed:k=2")
+    assert "never served in a window with fixed:k=2, so not compared: fixed:k=6" in out
+    only = w.anchored([_window({"e2e_mean_s": 0.0}, "fixed:k=2"), alone],
+                      {("fixed:k=2", 1.5): 2.0}, "fixed:k=2")
+    assert "no Kendall tau: one configuration compared" in only
+    zero = _window({"e2e_mean_s": 0.0}, "fixed:k=4", measured=0.0)
+    with pytest.raises(w.WindowsError, match="a ratio needs a positive one"):
+        w.anchored([one, zero], {}, "fixed:k=2")
+    # on the command line: one line, exit 2
+    assert w.main(["--ranking", "--anchor", "fixed:k=20"]) == 2
+    assert "no window served the anchor fixed:k=20" in capsys.readouterr().err
 
 
 def test_the_anchor_is_read_only_with_the_ranking(capsys):

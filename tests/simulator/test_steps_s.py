@@ -41,11 +41,16 @@ def test_a_draft_model_chain_on_the_roofline_prices_every_row_to_the_bit(seed):
     """Its draft passes added per column in the order one step adds them (rows that draft
     nothing, and rows whose deepest chain is shallower than others', included)."""
     rng = np.random.default_rng(100 + seed)
-    for latency in (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
-                                    get_gpu("h100")),
-                    RooflineLatency(get_model("llama-3.1-70b"), get_model("llama-3.2-1b"),
-                                    get_gpu("a100"), tp=4)):
-        cost = StepCostModel(latency)
+    idle = RooflineLatency(get_model("llama-3.1-70b"), get_model("llama-3.2-1b"),
+                           get_gpu("h100"), tp=8, draft_tp=2)
+    idle.idle_proposer_s = 0.0012  # a step that drafts nothing pays its proposer's time
+    for latency, speculating in (
+            (RooflineLatency(get_model("llama-3.1-8b"), get_model("llama-68m"),
+                             get_gpu("h100")), False),
+            (RooflineLatency(get_model("llama-3.1-70b"), get_model("llama-3.2-1b"),
+                             get_gpu("a100"), tp=4), False),
+            (idle, True)):
+        cost = StepCostModel(latency, speculating=speculating)
         batch = int(rng.integers(1, 65))
         contexts = rng.integers(2, 9000, batch).tolist()
         rows = _alternatives(rng, batch, int(rng.integers(1, 30)))
@@ -72,6 +77,8 @@ def test_a_draft_model_prices_few_rows_one_by_one_and_more_at_once(monkeypatch):
     more = _alternatives(rng, 9, DRAFT_ROWS_AT_ONCE)
     assert cost.steps_s(more, contexts) == [real(ks, contexts) for ks in more]
     assert calls == []
+    # an empty batch: one by one, as step_s prices it
+    assert cost.steps_s([[]] * DRAFT_ROWS_AT_ONCE, []) == [real([], [])] * DRAFT_ROWS_AT_ONCE
 
 
 def _tree_latency():
