@@ -146,8 +146,7 @@ def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], floa
     configuration's measured mean E2E (the windows' mean) against the best, the mean of its
     ratio to each window's best (each window weighing alike, whatever its load), and the
     prediction where given, with Kendall tau of the prediction against both orders."""
-    e2e = pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
-                     for i, w in enumerate(windows)], ignore_index=True)
+    e2e = _e2e_by_window(windows)
     lines = []
     for rate, at in e2e.groupby("rate", sort=True):
         configs = list(dict.fromkeys(at.policy))
@@ -168,17 +167,10 @@ def ranking(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], floa
             behind = (mean[name] / mean.min() - 1) * 100
             lines.append(f"  {name:<52} {mean[name]:>8.3f}s {behind:>+7.1f}%"
                          f" {(ratio[name] - 1) * 100:>+10.1f}% "
-                         + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
+                         + _predicted_cell(guess))
         guesses = [predicted.get((name, float(rate))) for name in configs]
-        if all(g is not None for g in guesses):
-            measured = list(mean)
-            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
-                         f"against the mean E2E ({pair_tau(guesses, measured, APART_PCT)[0]:.2f} "
-                         f"over the pairs more than {APART_PCT:g}% apart), "
-                         f"{kendall_tau(guesses, list(ratio)):.2f} against the mean ratio")
-        elif predicted:
-            lines.append("  no Kendall tau: no prediction for " + ", ".join(
-                name for name, guess in zip(configs, guesses) if guess is None))
+        lines += _tau_lines(configs, guesses, list(mean), bool(predicted),
+                            " against the mean E2E", ("against the mean ratio", list(ratio)))
     return "\n".join(lines)
 
 
@@ -191,8 +183,7 @@ def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], flo
     anchor), and every window counts, not only those that served all. What the ratio keeps
     is each run's own server (one per configuration, the anchor's too in every ratio of its
     window), whose speed the windows average. Listed in order of first appearance."""
-    e2e = pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
-                     for i, w in enumerate(windows)], ignore_index=True)
+    e2e = _e2e_by_window(windows)
     if anchor not in set(e2e.policy):
         raise WindowsError(f"no window served the anchor {anchor}; they served: "
                            + ", ".join(dict.fromkeys(e2e.policy)))
@@ -219,7 +210,7 @@ def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], flo
             guess = predicted.get((name, float(rate)))
             lines.append(f"  {name:<52} {int(served[name]):>7} {(geo[name] - 1) * 100:>+9.1f}% "
                          f"{(geo[name] / best - 1) * 100:>+7.1f}% "
-                         + (f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"))
+                         + _predicted_cell(guess))
         apart = [name for name in configs if served[name] == 0]
         if apart:
             lines.append(f"  never served in a window with {anchor}, so not compared: "
@@ -227,15 +218,37 @@ def anchored(windows: list[pd.DataFrame], predicted: dict[tuple[str, float], flo
         guesses = [predicted.get((name, float(rate))) for name in ranked]
         if len(ranked) < 2:
             lines.append("  no Kendall tau: one configuration compared")
-        elif all(g is not None for g in guesses):
-            measured = [float(geo[name]) for name in ranked]
-            lines.append(f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f} "
-                         f"({pair_tau(guesses, measured, APART_PCT)[0]:.2f} over the pairs more "
-                         f"than {APART_PCT:g}% apart)")
-        elif predicted:
-            lines.append("  no Kendall tau: no prediction for " + ", ".join(
-                name for name, guess in zip(ranked, guesses) if guess is None))
+        else:
+            lines += _tau_lines(ranked, guesses, [float(geo[name]) for name in ranked],
+                                bool(predicted))
     return "\n".join(lines)
+
+
+def _e2e_by_window(windows: list[pd.DataFrame]) -> pd.DataFrame:
+    """The windows' mean E2E rows, each tagged with its window's place."""
+    return pd.concat([w[w.metric == "e2e_mean_s"].assign(window=i)
+                      for i, w in enumerate(windows)], ignore_index=True)
+
+
+def _tau_lines(names: list[str], guesses: list, measured: list[float], given: bool,
+               against: str = "", also: tuple[str, list[float]] | None = None) -> list[str]:
+    """The prediction's Kendall tau against `measured` (and over the pairs measured more than
+    APART_PCT apart; `also`: a second order, labelled, to score it against), or which
+    configurations it lacks; nothing where no prediction was `given`."""
+    if all(g is not None for g in guesses):
+        second = f", {kendall_tau(guesses, also[1]):.2f} {also[0]}" if also else ""
+        return [f"  Kendall tau of the prediction: {kendall_tau(guesses, measured):.2f}{against} "
+                f"({pair_tau(guesses, measured, APART_PCT)[0]:.2f} over the pairs more than "
+                f"{APART_PCT:g}% apart){second}"]
+    if given:
+        return ["  no Kendall tau: no prediction for " + ", ".join(
+            name for name, guess in zip(names, guesses) if guess is None)]
+    return []
+
+
+def _predicted_cell(guess: float | None) -> str:
+    """A configuration's predicted mean E2E in the tables' last column ("-": none)."""
+    return f"{guess:>9.3f}s" if guess is not None else f"{'-':>10}"
 
 
 def read_predicted(path: Path) -> dict[tuple[str, float], float]:
