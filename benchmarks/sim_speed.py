@@ -29,6 +29,13 @@ scheduler) at a light load and at three times it, the fast path beside one itera
 time, and how far apart their mean E2E is.
 Seventh table (`--planners N`): us per simulated iteration of the policies that price a step's
 alternatives through the cost model, with the Llama-68M draft model (beta:7,3~20, 8 req/s).
+Eighth table (`--compiled N`): the fifth table's paths with the per-request loops in numpy and
+compiled (simulator/compiled.py), side by side, and their ratio.
+`--loops` says which per-request loops the in-process tables run (simulator/kernels.py):
+`numba` by default, loaded once before the tables (the time it took is printed), so the
+tables give the simulator's cost per iteration whatever a run's length; `auto` as a user's
+runs choose (compiled from 20,000 requests, or once loaded); `numpy`. The targets' CLI rows
+run as a user's command does (`auto`).
 Run on a quiet machine: `python benchmarks/sim_speed.py [--sizes 1000 10000 100000]`.
 """
 
@@ -52,7 +59,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from policies import make_policy, policy_names  # noqa: E402
-from simulator import ClusterConfig, SchedulerConfig, summarize  # noqa: E402
+from simulator import ClusterConfig, SchedulerConfig, kernels, summarize  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.errors import ConfigError  # noqa: E402
 from spectune.simulate import SimulationSpec, build_inputs  # noqa: E402
@@ -225,6 +232,37 @@ def paths_table(n: int, repeats: int) -> None:
         print(line.rstrip(), flush=True)
 
 
+def compiled_table(n: int, repeats: int) -> None:
+    """Each path's us per simulated iteration with the per-request loops in numpy and compiled,
+    interleaved in this process (the compiled ones loaded before: their load is per process)."""
+    print(f"\n{n:,} requests per replica, the paths above with the per-request loops in numpy "
+          f"and compiled (times: median of {repeats}, rows interleaved)")
+    cells = [f"{'numpy':>7} {'numba':>7} {'ratio':>6}" for _ in PATH_RATES]
+    _header(f"{'run':>20} {'policy':>10} " + "  ".join(cells)
+            + f"   (us/iter at {' and '.join(f'{r:g}' for r in PATH_RATES)} req/s)")
+    chosen = os.environ.get("SPECTUNE_KERNELS")
+    runs: dict[tuple, list[float]] = {}
+    try:
+        for _ in range(repeats):
+            for row in PATHS:
+                _, acceptance, draft, policy, scheduler, replicas = row
+                for rate in PATH_RATES:
+                    for loops in ("numpy", "numba"):
+                        os.environ["SPECTUNE_KERNELS"] = loops
+                        r = measure(n * replicas, 4, acceptance, rate * replicas, policy,
+                                    draft=draft, scheduler=scheduler, replicas=replicas)
+                        runs.setdefault((row, rate, loops), []).append(
+                            r["engine_s"] / r["iterations"] * 1e6)
+    finally:
+        os.environ["SPECTUNE_KERNELS"] = chosen or "auto"
+    for row in PATHS:
+        line = f"{row[0]:>20} {row[3]:>10} "
+        for rate in PATH_RATES:
+            plain, fast = (float(np.median(runs[row, rate, loops])) for loops in ("numpy", "numba"))
+            line += f" {plain:>7.1f} {fast:>7.1f} {fast / plain:>6.2f} "
+        print(line.rstrip(), flush=True)
+
+
 #: the sixth table's rows: (shipped profile, acceptance, policy, scheduler, rate): the CPU
 #: engines' passes take milliseconds, so light loads (batch 4-8), and three times those
 #: rates (batch 73-108: where segments last a few steps)
@@ -276,9 +314,11 @@ RECORDED_ARGS = ["--workload", "poisson", "--rate", "8", "--lengths", "azure-con
 
 
 def _command_s(args: list[str]) -> float:
-    """Wall seconds of one `spectune` command in a fresh interpreter, output discarded."""
+    """Wall seconds of one `spectune` command in a fresh interpreter, output discarded (its
+    per-request loops chosen as a user's command chooses them: no SPECTUNE_KERNELS)."""
+    env = {key: value for key, value in os.environ.items() if key != "SPECTUNE_KERNELS"}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "spectune", *args], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "spectune", *args], cwd=ROOT, check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -330,9 +370,23 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=0, metavar="N",
                         help="also the us per iteration of each path (scheduler, replicas, "
                              "drafter) at two loads, N requests per replica (0: skip)")
+    parser.add_argument("--compiled", type=int, default=0, metavar="N",
+                        help="also each path's us per iteration with the per-request loops in "
+                             "numpy beside compiled, N requests per replica (0: skip)")
+    parser.add_argument("--loops", choices=kernels.CHOICES, default="numba",
+                        help="the per-request loops of the in-process tables (default: "
+                             "compiled, loaded once before them)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, python "
           f"{platform.python_version()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    os.environ["SPECTUNE_KERNELS"] = args.loops
+    started = time.perf_counter()
+    loaded = kernels.prepare(0) is not None
+    said = (f"compiled, loaded in {time.perf_counter() - started:.2f} s (once per process)"
+            if loaded else "numpy")
+    if args.loops == "auto":
+        said += f" (auto: compiled from {kernels.AUTO_REQUESTS:,} requests a run)"
+    print(f"per-request loops: {said}")
     _header(f"{'requests':>9} {'k':>2} {'build_s':>8} {'engine_s':>9} {'records_s':>9} "
             f"{'total_s':>8} {'req/s':>9} {'iter/s':>10} {'iterations':>11} {'batch':>6}")
     for n in args.sizes:
@@ -352,6 +406,8 @@ def main() -> None:
         paths_table(args.paths, args.repeats)
     if args.profiles:
         profiles_table(args.profiles, args.repeats)
+    if args.compiled:
+        compiled_table(args.compiled, args.repeats)
     if args.targets:
         targets_table(args.target_requests)
 

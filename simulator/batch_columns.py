@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.kernels import compiled
 from simulator.request import RequestState
 from simulator.step_cost import own_pairs
 
@@ -32,6 +33,7 @@ from simulator.step_cost import own_pairs
 #: give each step's emitted tokens), drafts, the verify pass's causal pairs, and requests
 #: whose step saw a first rejection
 COLUMNS = ("cached", "drafted", "pairs", "rejected")
+_NONE = np.zeros(0, dtype=np.int64)  # the compiled loop's "none": k every step, no feeds
 
 
 class BatchColumns:
@@ -116,9 +118,19 @@ class BatchColumns:
         if not m:  # a finished walk: its last entry only, its KV after its last step
             self._sums[0, at] += sign * (int(gen[0]) + request.prompt_tokens - 1)
             return
+        capped = request.chain_ks is not None
+        if self._by_drafts and not capped and not 0 <= k < self._by_drafts:
+            raise ValueError(f"a walk at k={k} outside the kept sums' 0..{self._by_drafts - 1}")
+        loops = compiled()
+        if loops is not None:  # the loop below, compiled (simulator/compiled.py)
+            feeds = request.chain_feeds
+            loops.add_shares(self._sums, at, gen, request.prompt_tokens - 1,
+                             request.chain_ks[start:] if capped else _NONE, k, sign,
+                             len(COLUMNS), self._by_drafts, self._draft,
+                             feeds[start:] if self._draft and k else _NONE)
+            return
         end, sums = at + m, self._sums
         c = gen + (request.prompt_tokens - 1)  # its KV before each step: prompt - 1 + g
-        capped = request.chain_ks is not None
         d = request.chain_ks[start:] if capped else k  # drafts: k every step uncapped
         # a (d + 1)-token verify pass over c cached: (d + 1) c + (d + 1)(d + 2) / 2 pairs; a
         # first rejection: fewer emitted than d + 1
@@ -133,8 +145,6 @@ class BatchColumns:
                 column -= share
         if self._by_drafts:  # by drafts: each step's (d, step) entry, one per step
             first, rows = len(COLUMNS), self._by_drafts
-            if not capped and not 0 <= k < rows:  # (capped drafts are at most their k)
-                raise ValueError(f"a walk at k={k} outside the kept sums' 0..{rows - 1}")
             width = sums.shape[1]
             if capped:  # entries (d, step) are distinct: a fancy-indexed add adds each once
                 cells = d * width + (self._steps[:m] + (first * width + at))

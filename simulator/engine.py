@@ -12,6 +12,7 @@ import pandas as pd
 import simpy
 
 from policies import Policy, StepCost
+from simulator import kernels
 from simulator.acceptance import replay_for
 from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.draft_tree import TreeShape
@@ -142,6 +143,7 @@ def simulate(
     cluster = cluster or ClusterConfig()
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
+    kernels.prepare(len(workload))  # the per-request loops: compiled where it pays (once)
     started = time.perf_counter()
     env = simpy.Environment()
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)

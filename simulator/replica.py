@@ -33,10 +33,13 @@ from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
 from simulator.errors import ConfigError
+from simulator.kernels import compiled
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
+
+_NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' "k every step"
 
 
 class Replica:
@@ -1079,6 +1082,10 @@ class Replica:
         after a step that drafts, its chain's feed; after one that does not, the feed before
         it plus what it committed (one row of `_varied_feeds`, in 1-D)."""
         gen, drafts = request.chain, request.chain_ks
+        loops = compiled()
+        if loops is not None:  # `next_feed` step by step, compiled (simulator/compiled.py)
+            return loops.feeds(gen, _NO_DRAFTS if drafts is None else drafts, request.chain_k,
+                               request.draft_feed, loops.RULES[self.catch_up])
         feeds = np.empty(len(gen), dtype=np.int64)
         feeds[0] = request.draft_feed
         if drafts is None:

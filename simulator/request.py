@@ -6,6 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.errors import ConfigError
+from simulator.kernels import compiled
+
+_NO_CAP = np.zeros(0, dtype=np.int64)  # the compiled walk's "no cap"
 
 
 class RequestState:
@@ -104,6 +107,17 @@ def walk_chain(request: RequestState, k: int) -> None:
     if chain_is_current(request, k):
         return
     g0, n = request.generated, request.output_tokens
+    loops = compiled()
+    if loops is not None:  # the same loop, compiled (simulator/compiled.py)
+        cap, cap_g0 = request.cap, g0
+        if cap is None:
+            cap = _NO_CAP
+        elif not isinstance(cap, np.ndarray):  # a list (steps read it): its part from g0
+            cap, cap_g0 = np.asarray(cap[g0:n], dtype=np.int64), 0
+        chain, drafts = loops.walk(request.run, cap, cap_g0, g0, n, k)
+        request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
+        request.chain_ks = None if request.cap is None else drafts
+        return
     caps = None if request.cap is None else np.asarray(request.cap[g0:n], dtype=np.int64)
     if k == 0:
         walked = np.arange(n - g0 + 1, dtype=np.int64)

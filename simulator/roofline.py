@@ -197,6 +197,17 @@ class RooflineLatency(LatencyModel):
             t = np.where((np.asarray(num_seqs) > 0) & (np.asarray(query_tokens) > 0), t, 0.0)
         return t
 
+    def pass_coefficients(self, role: Role) -> tuple[float, ...] | None:
+        """`forward_s`'s numbers for `role`, for a loop that prices its passes the same way
+        (simulator/compiled.py): memory s, memory s per token, compute s per query token and
+        per pair, fixed s, and the all-reduces' s per pass and per query token (0 on one GPU);
+        None for a draft that is no model."""
+        coef = self._coefficients(role)
+        if coef is None:
+            return None
+        comm = self._comm_target if role == "target" else self._comm_draft
+        return (*coef, *(comm if comm is not None else (0.0, 0.0)))
+
     def _coefficients(self, role: Role) -> tuple[float, float, float, float, float] | None:
         """(memory s, memory s per token, compute s per query token, per pair, fixed s)."""
         if role == "target":

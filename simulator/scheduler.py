@@ -247,22 +247,29 @@ class Scheduler:
         """Retire the requests that reached their length: their records, their KV, the
         policy's state of them. Returns them, for the executor's own clean-up. `candidates`:
         where the caller knows them, the only running requests that can have reached it."""
-        if not any(request.generated >= request.output_tokens
-                   for request in (self.running if candidates is None else candidates)):
-            return []
-        keep, done = [], []
+        running = self.running
+        if candidates is None:
+            if not any(request.generated >= request.output_tokens for request in running):
+                return []
+            keep, done = [], []
+            for request in running:
+                (keep if request.generated < request.output_tokens else done).append(request)
+        else:  # found by position among the candidates (C-level), not by a pass over the batch
+            at = sorted({running.index(request) for request in candidates
+                         if request.generated >= request.output_tokens})
+            if not at:
+                return []
+            keep, done = running.copy(), [running[i] for i in at]
+            for i in reversed(at):
+                del keep[i]
         log = self.log
-        for request in self.running:
-            if request.generated < request.output_tokens:
-                keep.append(request)
-                continue
+        for request in done:
             log.finish_s[request.index] = now
             log.steps[request.index] = request.steps
             log.drafted[request.index] = request.drafted
             log.accepted[request.index] = request.accepted
             self.kv_used -= request.reserve
             self.policy.finish(request.request_id)
-            done.append(request)
         self.running = keep
         self.changes += 1
         return done

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from simulator.draft_tree import TreeShape
+from simulator.kernels import compiled
 from simulator.latency import LatencyModel
+from simulator.roofline import RooflineLatency
 
 
 class StepCostModel:
@@ -196,6 +198,13 @@ class StepCostModel:
         requests, drafts, cached tokens and causal pairs (elementwise over arrays, one entry
         per step): the same floats as `chain_segment_s` of the matrices they sum."""
         lat = self.latency
+        loops = compiled()
+        if (loops is not None and type(lat) is RooflineLatency and not self.idle_s
+                and isinstance(seqs, int) and seqs > 0 and _steps_of(drafted, cached, pairs)):
+            # the same operations, compiled
+            m0, m1, f_q, f_pair, fixed, c0, c1 = lat.pass_coefficients("target")
+            return loops.verify_times(seqs, drafted, cached, pairs, m0, m1, f_q, f_pair, fixed,
+                                      bool(c0 or c1), c0, c1, lat.step_overhead_s(seqs))
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         total = total + lat.step_overhead_s(seqs, drafted)
         return total + self._idle_proposer_s(seqs, drafted) if self.idle_s else total
@@ -315,6 +324,13 @@ class StepCostModel:
         chain (changed in place), and pass 1's catch-up tokens and pairs per step
         (simulator/batch_columns.py). The same integers as `iteration_s`'s matrices give,
         so the same floats."""
+        loops = compiled()
+        if loops is not None and self.draft_tree is None and type(self.latency) is RooflineLatency:
+            m0, m1, f_q, f_pair, fixed, c0, c1 = self.latency.pass_coefficients("draft")
+            times = loops.chain_pass_times(seqs, cached, feed_tokens, feed_pairs, m0, m1, f_q,
+                                           f_pair, fixed, bool(c0 or c1), c0, c1,
+                                           in_step_order)  # the same operations, compiled
+            return times[0] if in_step_order else times.sum(axis=0)
         return self._passes_s(seqs, cached, (feed_tokens, -feed_tokens, feed_pairs),
                               in_step_order, True)
 
@@ -381,6 +397,13 @@ DRAFT_ROWS_AT_ONCE = 4
 
 #: (k + 1)(k + 2) / 2 for k = 0..1023: a verify pass's own causal pairs, looked up
 _OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2
+
+
+def _steps_of(*columns) -> bool:
+    """Whether these are one-dimensional integer arrays of one length (a step's per entry)."""
+    first = columns[0]
+    return all(isinstance(c, np.ndarray) and c.ndim == 1 and c.dtype == np.int64
+               and len(c) == len(first) for c in columns)
 
 
 def own_pairs(ks):

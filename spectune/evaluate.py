@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator import ConfigError, SchedulerConfig
+from simulator import ConfigError, SchedulerConfig, kernels
 from spectune import contents
 from spectune.search import Candidate
 from spectune.simulate import (
@@ -317,6 +317,9 @@ class Runner:
             for j in repeats.get(i, ()):
                 out[j] = metrics
 
+        if todo and self.executor != "ray":  # the compiled loops, where this batch repays
+            # loading them: loaded here, before the workers fork, they inherit them
+            kernels.prepare(sum(tasks[i].scenario.requests or 0 for i in todo))
         if todo and self.executor == "ray":
             if self._ray is None:
                 from spectune.ray_pool import RayPool

@@ -1,0 +1,188 @@
+"""The fast path's per-request loops, compiled (numba): a walk, its draft feeds, its shares of
+the kept sums.
+
+Why compiled: each running request's walk is built once and its shares added to (and taken out
+of) the batch's kept sums once, but in numpy that is some 30 small array operations per request,
+about 50 us, and under load a request lives only a few segments, so this is most of what an
+iteration costs (docs/speed.md, "Compiled per-request loops"). As plain loops over a request's
+steps they cost about a tenth. Everything here is integer arithmetic, so the loops give the numpy
+code's integers exactly; `simulator/kernels.py` chooses between the two, and the tests compare
+them on random walks.
+
+Imported only through `simulator.kernels.compiled()`: importing numba costs a CLI command that
+simulates nothing about 0.2 s, and the simulator runs without numba (the numpy code).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: catch-up rules as the loops take them (simulator/draft_feed.py's names)
+RULES = {"bonus": 0, "committed": 1, "one": 2}
+
+
+@njit(cache=True)
+def walk(run, cap, cap_g0: int, g0: int, n: int, k: int):
+    """`walk_chain`'s loop: from g0, each step at g drafts d = min(k, cap[g - g0 + cap_g0])
+    (no cap where `cap` is empty), accepts min(d, run[g]) and emits one more, cut at n. Returns
+    the tokens generated before each step and after the last, and each step's d."""
+    m = n - g0
+    if g0 < 0 or m < 0 or run.shape[0] < n or (cap.shape[0] and cap.shape[0] < cap_g0 + m):
+        raise IndexError("walk: positions past the request's acceptance run or caps")
+    chain = np.empty(m + 1, np.int64)
+    drafts = np.empty(m, np.int64)
+    capped = cap.shape[0] > 0
+    chain[0] = g0
+    p = 0
+    i = 0
+    while p < m:
+        d = k
+        if capped and cap[cap_g0 + p] < d:
+            d = cap[cap_g0 + p]
+        accepted = run[g0 + p]
+        if accepted > d:
+            accepted = d
+        drafts[i] = d
+        p += accepted + 1
+        if p > m:
+            p = m
+        i += 1
+        chain[i] = g0 + p
+    return chain[: i + 1], drafts[:i]
+
+
+@njit(cache=True)
+def feeds(chain, drafts, k: int, feed: int, rule: int):
+    """`next_feed` along a walk: a draft model's first-pass feed before each step and after the
+    last, from `feed` before the first (`drafts` each step's d; empty: k every step)."""
+    m = chain.shape[0] - 1
+    out = np.empty(m + 1, np.int64)
+    out[0] = feed
+    varied = drafts.shape[0] > 0
+    for i in range(m):
+        d = drafts[i] if varied else k
+        emitted = chain[i + 1] - chain[i]
+        if rule == 2:  # one token, whatever happened
+            feed = 1
+        elif d == 0:  # no chain: the committed tokens pile up for the next
+            feed += emitted
+        elif rule == 1:  # committed: re-feeds what the step committed
+            feed = emitted
+        else:  # bonus: the bonus token, and the last draft too where all were accepted
+            feed = 2 if emitted > d else 1
+        out[i + 1] = feed
+    return out
+
+
+@njit(cache=True)
+def add_shares(sums, at: int, gen, base: int, drafts, k: int, sign: int, first: int,
+               rows: int, draft: bool, walk_feeds):
+    """A walk's shares of the kept sums (`BatchColumns._apply`), times `sign`, from column
+    `at`: per step its cached tokens (base + g), drafts d (`drafts`, or k where empty), verify
+    pairs (d + 1) c + (d + 1)(d + 2) / 2, first rejection, and where kept (`rows` > 0) its
+    (d, step) count, and with a draft model (`draft`) its cached tokens by d and, where it drafts,
+    the catch-up's extra tokens and pairs from `walk_feeds`; the cached tokens after its last."""
+    m = gen.shape[0] - 1
+    varied = drafts.shape[0] > 0
+    extra_row = sums.shape[0] - 2
+    if (at < 0 or at + m >= sums.shape[1] or (varied and drafts.shape[0] < m)
+            or (rows and first + (2 * rows + 2 if draft else rows) > sums.shape[0])):
+        raise IndexError("add_shares: a walk longer than the kept sums, drafts or feeds")
+    for i in range(m):
+        col = at + i
+        c = gen[i] + base
+        d = drafts[i] if varied else k
+        sums[0, col] += sign * c
+        sums[1, col] += sign * d
+        sums[2, col] += sign * ((d + 1) * c + (d + 1) * (d + 2) // 2)
+        if gen[i + 1] - gen[i] <= d:
+            sums[3, col] += sign
+        if rows:
+            if d < 0 or d >= rows:
+                raise IndexError("add_shares: a step's drafts outside the kept sums' rows")
+            sums[first + d, col] += sign
+            if draft:
+                sums[first + rows + d, col] += sign * c
+                if d > 0:  # (a walk at k = 0 drafts nothing: no chain, no catch-up)
+                    if i >= walk_feeds.shape[0]:
+                        raise IndexError("add_shares: a step that drafts without its feed")
+                    extra = walk_feeds[i] - 1
+                    sums[extra_row, col] += sign * extra
+                    sums[extra_row + 1, col] += sign * (extra * (c + 1) - extra * (extra + 1) // 2)
+    sums[0, at + m] += sign * (gen[m] + base)
+
+
+def warm() -> None:
+    """Call each loop once on the types the simulator gives them, so their one-time load (from
+    numba's cache, or compiling where it has none) is paid here and not inside a run."""
+    none = np.zeros(0, dtype=np.int64)
+    chain, drafts = walk(np.zeros(4, dtype=np.int64), none, 0, 0, 4, 2)
+    walk(np.zeros(4, dtype=np.int64), np.ones(4, dtype=np.int64), 0, 0, 4, 2)
+    walk_feeds = feeds(chain, drafts, 2, 1, RULES["bonus"])
+    feeds(chain, none, 2, 1, RULES["bonus"])
+    add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, drafts, 2, 1, 4, 3, True,
+               walk_feeds)
+    add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, none, 2, 1, 4, 3, True,
+               walk_feeds)
+
+
+@njit(cache=True)
+def chain_pass_times(seqs, cached, feed_tokens, feed_pairs, m0: float, m1: float, f_q: float,
+                     f_pair: float, fixed: float, comm: bool, c0: float, c1: float,
+                     in_step_order: bool):
+    """A draft model's chain passes j = 1..P of many steps on the roofline
+    (`StepCostModel._passes_s` with `RooflineLatency.forward_s`, the same float operations in
+    the same order): pass j feeds one token to each of its `seqs[j - 1]` requests, over their
+    `cached[j - 1]` tokens before the chain plus j - 1 (pairs: those plus j per request); pass 1
+    also feeds the catch-up's extra tokens and pairs, over as many fewer cached. A pass with no
+    request or no token costs 0. Returns each pass's seconds (P x steps), or `in_step_order`
+    each step's sum from the last pass to the first (1 x steps), as a step adds them."""
+    passes, steps = cached.shape
+    out = np.zeros((1 if in_step_order else passes, steps))
+    for s in range(steps):
+        total = 0.0
+        for i in range(passes):
+            j = passes - i if in_step_order else i + 1
+            n = seqs[j - 1, s]
+            pairs = cached[j - 1, s] + n * j
+            held = cached[j - 1, s] + n * (j - 1)
+            tokens = n
+            if j == 1:
+                tokens += feed_tokens[s]
+                held -= feed_tokens[s]
+                pairs += feed_pairs[s]
+            t = 0.0
+            if n > 0 and tokens > 0:
+                memory = m0 + m1 * (held + tokens)
+                compute = f_q * tokens + f_pair * pairs
+                pass_fixed = fixed + c0 + c1 * tokens if comm else fixed
+                t = (memory if memory >= compute else compute) + pass_fixed
+            if not in_step_order:
+                out[j - 1, s] = t
+            elif i == 0:
+                total = t
+            else:
+                total += t
+        if in_step_order:
+            out[0, s] = total
+    return out
+
+
+@njit(cache=True)
+def verify_times(seqs: int, drafted, cached, pairs, m0: float, m1: float, f_q: float,
+                 f_pair: float, fixed: float, comm: bool, c0: float, c1: float,
+                 overhead: float):
+    """A model-free chain's steps on the roofline (`StepCostModel.chain_steps_s` with
+    `RooflineLatency.forward_s`, the same float operations in the same order): each step's
+    verify pass feeds its `seqs` requests' drafts and one more token each, over `cached`
+    tokens with `pairs` causal pairs; plus the host's `overhead` per step."""
+    steps = drafted.shape[0]
+    out = np.empty(steps)
+    for s in range(steps):
+        tokens = drafted[s] + seqs
+        memory = m0 + m1 * (cached[s] + tokens)
+        compute = f_q * tokens + f_pair * pairs[s]
+        pass_fixed = fixed + c0 + c1 * tokens if comm else fixed
+        out[s] = (memory if memory >= compute else compute) + pass_fixed + overhead
+    return out
