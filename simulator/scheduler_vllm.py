@@ -341,14 +341,23 @@ class VllmV1Scheduler:
     def finish_done(self, now: float, candidates: Sequence | None = None) -> list:
         """Retire finished requests: records, blocks (free for the next step), policy state
         (`candidates`: where the caller knows them, the only ones that can have finished)."""
-        if candidates is not None and not any(self.finished(request) for request in candidates):
-            return []
-        finished = self.finished
-        done = [request for request in self.running if finished(request)]
-        if not done:
-            return []
-        gone = {id(request) for request in done}
-        self.running = [request for request in self.running if id(request) not in gone]
+        finished, running = self.finished, self.running
+        if candidates is None or self.max_model_len is not None:  # (a length limit: any)
+            if candidates is not None and not any(finished(request) for request in candidates):
+                return []
+            done = [request for request in running if finished(request)]
+            if not done:
+                return []
+            gone = {id(request) for request in done}
+            self.running = [request for request in running if id(request) not in gone]
+        else:  # found by position among the candidates (C-level), not by a pass over the batch
+            at = sorted({running.index(request) for request in candidates if finished(request)})
+            if not at:
+                return []
+            keep, done = running.copy(), [running[i] for i in at]
+            for i in reversed(at):
+                del keep[i]
+            self.running = keep
         log = self.log
         for request in done:
             log.finish_s[request.index] = now
