@@ -198,10 +198,11 @@ class StepCostModel:
         requests, drafts, cached tokens and causal pairs (elementwise over arrays, one entry
         per step): the same floats as `chain_segment_s` of the matrices they sum."""
         lat = self.latency
-        loops = compiled()
-        if (loops is not None and type(lat) is RooflineLatency and not self.idle_s
-                and isinstance(seqs, int) and seqs > 0 and _steps_of(drafted, cached, pairs)):
+        if (isinstance(drafted, np.ndarray) and compiled() is not None  # (scalars: as below)
+                and type(lat) is RooflineLatency and not self.idle_s and isinstance(seqs, int)
+                and seqs > 0 and _steps_of(drafted, cached, pairs)):
             # the same operations, compiled
+            loops = compiled()
             m0, m1, f_q, f_pair, fixed, c0, c1 = lat.pass_coefficients("target")
             return loops.verify_times(seqs, drafted, cached, pairs, m0, m1, f_q, f_pair, fixed,
                                       bool(c0 or c1), c0, c1, lat.step_overhead_s(seqs))

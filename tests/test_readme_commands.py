@@ -106,6 +106,10 @@ REDUCE: dict[str, tuple[str, ...]] = {
     # every path at two loads, 3 runs of 2,000 requests per replica each (~4 min): one of 100
     "python benchmarks/sim_speed.py --paths": ("--sizes", "1000", "--recorded", "0",
                                                "--paths", "100", "--repeats", "1"),
+    # every path with the per-request loops in numpy and compiled, 3 runs of 2,000 requests
+    # per replica each (~7 min): one of 100
+    "python benchmarks/sim_speed.py --compiled": ("--sizes", "1000", "--recorded", "0",
+                                                  "--compiled", "100", "--repeats", "1"),
     # the shipped profiles, fast and stepped, 3 runs of 1,000 requests each (~2 min): one of 60
     "python benchmarks/sim_speed.py --profiles": ("--sizes", "1000", "--recorded", "0",
                                                   "--profiles", "60", "--repeats", "1"),
