@@ -125,6 +125,11 @@ def warm() -> None:
                walk_feeds)
     add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, none, 2, 1, 4, 3, True,
                walk_feeds)
+    sums = np.ones((4, 6), dtype=np.int64)  # the kept sums' rows, and their cumsums reversed
+    passes = sums[::-1].cumsum(axis=0)[::-1]
+    chain_pass_times(passes, passes, sums[0], sums[1], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0,
+                     0.0, True)
+    verify_times(2, sums[0], sums[1], sums[2], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0, 0.0)
 
 
 @njit(cache=True)

@@ -1,8 +1,9 @@
 """The compiled loops (simulator/compiled.py) against the numpy code they stand for: the same
 walks, draft feeds and kept sums to the integer, on random requests, and the same records from
-whole runs (a draft model's passes priced on the roofline to the bit, tensor parallel too); where numba is missing, or `SPECTUNE_KERNELS=numpy`, runs take the
-numpy code; a bad `SPECTUNE_KERNELS` is refused in one line; the loops refuse indices past
-their arrays instead of writing there."""
+whole runs (a draft model's passes priced on the roofline to the bit, tensor parallel too);
+`auto` loads them for long runs only; where numba is missing, or `SPECTUNE_KERNELS=numpy`,
+runs take the numpy code; a bad `SPECTUNE_KERNELS` is refused in one line; the loops refuse
+indices past their arrays instead of writing there."""
 
 from __future__ import annotations
 
