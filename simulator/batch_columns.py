@@ -33,7 +33,7 @@ from simulator.step_cost import own_pairs
 #: give each step's emitted tokens), drafts, the verify pass's causal pairs, and requests
 #: whose step saw a first rejection
 COLUMNS = ("cached", "drafted", "pairs", "rejected")
-_NONE = np.zeros(0, dtype=np.int64)  # the compiled loop's "none": k every step, no feeds
+_NONE = np.zeros(0, dtype=np.int64)  # the compiled loop's drafts (k every step) or feeds: none
 
 
 class BatchColumns:
@@ -125,7 +125,7 @@ class BatchColumns:
         if loops is not None:  # the loop below, compiled (simulator/compiled.py)
             feeds = request.chain_feeds
             loops.add_shares(self._sums, at, gen, request.prompt_tokens - 1,
-                             request.chain_ks[start:] if capped else _NONE, k, sign,
+                             request.chain_ks[start:] if capped else _NONE, capped, k, sign,
                              len(COLUMNS), self._by_drafts, self._draft,
                              feeds[start:] if self._draft and k else _NONE)
             return

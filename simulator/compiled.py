@@ -23,16 +23,15 @@ RULES = {"bonus": 0, "committed": 1, "one": 2}
 
 
 @njit(cache=True)
-def walk(run, cap, cap_g0: int, g0: int, n: int, k: int):
+def walk(run, cap, capped: bool, cap_g0: int, g0: int, n: int, k: int):
     """`walk_chain`'s loop: from g0, each step at g drafts d = min(k, cap[g - g0 + cap_g0])
-    (no cap where `cap` is empty), accepts min(d, run[g]) and emits one more, cut at n. Returns
-    the tokens generated before each step and after the last, and each step's d."""
+    (`capped`; else k), accepts min(d, run[g]) and emits one more, cut at n. Returns the tokens
+    generated before each step and after the last, and each step's d."""
     m = n - g0
-    if g0 < 0 or m < 0 or run.shape[0] < n or (cap.shape[0] and cap.shape[0] < cap_g0 + m):
+    if g0 < 0 or m < 0 or k < 0 or run.shape[0] < n or (capped and cap.shape[0] < cap_g0 + m):
         raise IndexError("walk: positions past the request's acceptance run or caps")
     chain = np.empty(m + 1, np.int64)
     drafts = np.empty(m, np.int64)
-    capped = cap.shape[0] > 0
     chain[0] = g0
     p = 0
     i = 0
@@ -41,6 +40,8 @@ def walk(run, cap, cap_g0: int, g0: int, n: int, k: int):
         if capped and cap[cap_g0 + p] < d:
             d = cap[cap_g0 + p]
         accepted = run[g0 + p]
+        if d < 0 or accepted < 0:  # a walk must move forward (and stay inside its arrays)
+            raise ValueError("walk: a negative cap or acceptance run")
         if accepted > d:
             accepted = d
         drafts[i] = d
@@ -53,15 +54,18 @@ def walk(run, cap, cap_g0: int, g0: int, n: int, k: int):
 
 
 @njit(cache=True)
-def feeds(chain, drafts, k: int, feed: int, rule: int):
+def feeds(chain, drafts, varied: bool, k: int, feed: int, rule: int):
     """`next_feed` along a walk: a draft model's first-pass feed before each step and after the
-    last, from `feed` before the first (`drafts` each step's d; empty: k every step)."""
+    last, from `feed` before the first (`drafts`: each step's d where `varied`, else k)."""
     m = chain.shape[0] - 1
+    if varied and drafts.shape[0] < m:
+        raise IndexError("feeds: a walk longer than its drafts")
     out = np.empty(m + 1, np.int64)
     out[0] = feed
-    varied = drafts.shape[0] > 0
     for i in range(m):
         d = drafts[i] if varied else k
+        if d < 0:
+            raise ValueError("feeds: a step with negative drafts")
         emitted = chain[i + 1] - chain[i]
         if rule == 2:  # one token, whatever happened
             feed = 1
@@ -76,18 +80,18 @@ def feeds(chain, drafts, k: int, feed: int, rule: int):
 
 
 @njit(cache=True)
-def add_shares(sums, at: int, gen, base: int, drafts, k: int, sign: int, first: int,
-               rows: int, draft: bool, walk_feeds):
+def add_shares(sums, at: int, gen, base: int, drafts, varied: bool, k: int, sign: int,
+               first: int, rows: int, draft: bool, walk_feeds):
     """A walk's shares of the kept sums (`BatchColumns._apply`), times `sign`, from column
-    `at`: per step its cached tokens (base + g), drafts d (`drafts`, or k where empty), verify
+    `at`: per step its cached tokens (base + g), drafts d (`drafts` where `varied`, else k), verify
     pairs (d + 1) c + (d + 1)(d + 2) / 2, first rejection, and where kept (`rows` > 0) its
     (d, step) count, and with a draft model (`draft`) its cached tokens by d and, where it drafts,
     the catch-up's extra tokens and pairs from `walk_feeds`; the cached tokens after its last."""
     m = gen.shape[0] - 1
-    varied = drafts.shape[0] > 0
     extra_row = sums.shape[0] - 2
-    if (at < 0 or at + m >= sums.shape[1] or (varied and drafts.shape[0] < m)
-            or (rows and first + (2 * rows + 2 if draft else rows) > sums.shape[0])):
+    if (at < 0 or at + m >= sums.shape[1] or (varied and drafts.shape[0] < m) or first < 4
+            or sums.shape[0] < 4 or (rows and first + (2 * rows + 2 if draft else rows)
+                                     > sums.shape[0])):
         raise IndexError("add_shares: a walk longer than the kept sums, drafts or feeds")
     for i in range(m):
         col = at + i
@@ -117,14 +121,13 @@ def warm() -> None:
     """Call each loop once on the types the simulator gives them, so their one-time load (from
     numba's cache, or compiling where it has none) is paid here and not inside a run."""
     none = np.zeros(0, dtype=np.int64)
-    chain, drafts = walk(np.zeros(4, dtype=np.int64), none, 0, 0, 4, 2)
-    walk(np.zeros(4, dtype=np.int64), np.ones(4, dtype=np.int64), 0, 0, 4, 2)
-    walk_feeds = feeds(chain, drafts, 2, 1, RULES["bonus"])
-    feeds(chain, none, 2, 1, RULES["bonus"])
-    add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, drafts, 2, 1, 4, 3, True,
-               walk_feeds)
-    add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, none, 2, 1, 4, 3, True,
-               walk_feeds)
+    chain, drafts = walk(np.zeros(4, dtype=np.int64), none, False, 0, 0, 4, 2)
+    walk(np.zeros(4, dtype=np.int64), np.ones(4, dtype=np.int64), True, 0, 0, 4, 2)
+    walk_feeds = feeds(chain, drafts, True, 2, 1, RULES["bonus"])
+    feeds(chain, none, False, 2, 1, RULES["bonus"])
+    for varied in (True, False):
+        add_shares(np.zeros((16, 8), dtype=np.int64), 0, chain, 0, drafts, varied, 2, 1, 4, 3,
+                   True, walk_feeds)
     sums = np.ones((4, 6), dtype=np.int64)  # the kept sums' rows, and their cumsums reversed
     passes = sums[::-1].cumsum(axis=0)[::-1]
     chain_pass_times(passes, passes, sums[0], sums[1], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0,
@@ -144,6 +147,9 @@ def chain_pass_times(seqs, cached, feed_tokens, feed_pairs, m0: float, m1: float
     request or no token costs 0. Returns each pass's seconds (P x steps), or `in_step_order`
     each step's sum from the last pass to the first (1 x steps), as a step adds them."""
     passes, steps = cached.shape
+    if (seqs.shape[0] != passes or seqs.shape[1] != steps or feed_tokens.shape[0] != steps
+            or feed_pairs.shape[0] != steps):
+        raise IndexError("chain_pass_times: passes of other shapes than their cached tokens")
     out = np.zeros((1 if in_step_order else passes, steps))
     for s in range(steps):
         total = 0.0
@@ -183,6 +189,8 @@ def verify_times(seqs: int, drafted, cached, pairs, m0: float, m1: float, f_q: f
     verify pass feeds its `seqs` requests' drafts and one more token each, over `cached`
     tokens with `pairs` causal pairs; plus the host's `overhead` per step."""
     steps = drafted.shape[0]
+    if cached.shape[0] != steps or pairs.shape[0] != steps:
+        raise IndexError("verify_times: steps of other lengths")
     out = np.empty(steps)
     for s in range(steps):
         tokens = drafted[s] + seqs

@@ -4,8 +4,9 @@ Both give the same integers (tests/simulator/test_compiled.py), so a run's recor
 on which ran; the choice is speed alone. The compiled loops save 20-40 us per request, but a
 process pays about 0.3 s once to load them (numba's import and its first call, from the on-disk
 cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they are loaded already
-or where it has enough requests to pay for loading them (`AUTO_REQUESTS`); a sweep loads them
-once before its workers start (spectune/evaluate.py), and its workers inherit them.
+or where it has enough requests to pay for loading them (`AUTO_REQUESTS`); a sweep whose first
+batch has that many loads them once before its workers fork (spectune/evaluate.py), and its
+workers inherit them (a Ray sweep's workers choose run by run).
 `SPECTUNE_KERNELS=numba` loads them for every run, `numpy` never. Without numba (a bare GPU
 host, a Python numba does not support yet) every run takes the numpy code. Measurements:
 docs/speed.md, "Compiled per-request loops".
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from types import ModuleType
 
 #: SPECTUNE_KERNELS
@@ -50,23 +52,43 @@ def prepare(requests: int) -> ModuleType | None:
     if mode == "numpy":
         _active = None
     elif mode == "numba" or _loaded is not None or requests >= AUTO_REQUESTS:
-        _active = _load()
+        _active = _load(forced=mode == "numba")
     else:
         _active = None
     return _active
 
 
-def _load() -> ModuleType | None:
+_failed: list[str] = []  # why the compiled loops could not load here, once found
+
+
+def _load(forced: bool) -> ModuleType | None:
     """simulator.compiled with its loops' first calls made (numba's one-time cost), or None
-    where numba does not import. Freezes the garbage collector's current objects (below)."""
+    where numba does not import, or (said once) where numba cannot compile or load them here;
+    `forced` (SPECTUNE_KERNELS=numba) makes that an error. Freezes the garbage collector's
+    current objects (below)."""
     global _loaded
     if _loaded is None:
         try:
             import numba  # noqa: F401
         except ImportError:
             return None
-        from simulator import compiled as module
-        module.warm()
+        if _failed and not forced:
+            return None
+        try:
+            from simulator import compiled as module
+            module.warm()
+        except Exception as error:  # numba installed but unusable here (its compiler, its
+            # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
+            why = f"{type(error).__name__}: {error}".splitlines()[0]
+            if forced:
+                from simulator.errors import ConfigError
+                raise ConfigError(f"SPECTUNE_KERNELS=numba: the compiled loops could not load "
+                                  f"({why}); run with SPECTUNE_KERNELS=numpy") from None
+            if not _failed:
+                _failed.append(why)
+                warnings.warn(f"the compiled loops could not load ({why}); running their "
+                              "numpy code (the same results, slower)", stacklevel=2)
+            return None
         # numba leaves some 140,000 objects behind, and every full collection of the
         # garbage collector would walk them for the rest of the process: about 4% of a
         # run's time (measured on the oracle's step path). Collected once, then kept out of

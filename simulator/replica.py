@@ -39,7 +39,7 @@ from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
 
-_NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' "k every step"
+_NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' drafts where k every step
 
 
 class Replica:
@@ -1084,8 +1084,9 @@ class Replica:
         gen, drafts = request.chain, request.chain_ks
         loops = compiled()
         if loops is not None:  # `next_feed` step by step, compiled (simulator/compiled.py)
-            return loops.feeds(gen, _NO_DRAFTS if drafts is None else drafts, request.chain_k,
-                               request.draft_feed, loops.RULES[self.catch_up])
+            return loops.feeds(gen, _NO_DRAFTS if drafts is None else drafts,
+                               drafts is not None, request.chain_k, request.draft_feed,
+                               loops.RULES[self.catch_up])
         feeds = np.empty(len(gen), dtype=np.int64)
         feeds[0] = request.draft_feed
         if drafts is None:

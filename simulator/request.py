@@ -8,7 +8,7 @@ import numpy as np
 from simulator.errors import ConfigError
 from simulator.kernels import compiled
 
-_NO_CAP = np.zeros(0, dtype=np.int64)  # the compiled walk's "no cap"
+_NO_CAP = np.zeros(0, dtype=np.int64)  # the compiled walk's cap where it has none
 
 
 class RequestState:
@@ -114,7 +114,7 @@ def walk_chain(request: RequestState, k: int) -> None:
             cap = _NO_CAP
         elif not isinstance(cap, np.ndarray):  # a list (steps read it): its part from g0
             cap, cap_g0 = np.asarray(cap[g0:n], dtype=np.int64), 0
-        chain, drafts = loops.walk(request.run, cap, cap_g0, g0, n, k)
+        chain, drafts = loops.walk(request.run, cap, request.cap is not None, cap_g0, g0, n, k)
         request.chain, request.chain_k, request.chain_at, request.chain_g = chain, k, 0, g0
         request.chain_ks = None if request.cap is None else drafts
         return

@@ -255,8 +255,8 @@ class Scheduler:
             for request in running:
                 (keep if request.generated < request.output_tokens else done).append(request)
         else:  # found by position among the candidates (C-level), not by a pass over the batch
-            at = sorted({running.index(request) for request in candidates
-                         if request.generated >= request.output_tokens})
+            at = finished_positions(running, [r for r in candidates if _reached_length(r)],
+                                    _reached_length)
             if not at:
                 return []
             keep, done = running.copy(), [running[i] for i in at]
@@ -273,3 +273,17 @@ class Scheduler:
         self.running = keep
         self.changes += 1
         return done
+
+
+def _reached_length(request) -> bool:
+    return request.generated >= request.output_tokens
+
+
+def finished_positions(running: list, found: list, finished: Callable) -> list[int]:
+    """Where the `found` finished candidates sit in `running`, in order, found by position
+    (C-level) rather than by a pass over the batch; where one is not running (a caller outside
+    `finish_done`'s contract), every finished running request's, as a pass finds them."""
+    try:
+        return sorted({running.index(request) for request in found})
+    except ValueError:
+        return [i for i, request in enumerate(running) if finished(request)]

@@ -322,9 +322,10 @@ class StepCostModel:
                        feed_pairs: np.ndarray, in_step_order: bool):
         """A chain's draft passes j = 1..P over many steps from their sums: `seqs` (P x
         steps) the requests drafting at least j, `cached` their cached tokens before the
-        chain (changed in place), and pass 1's catch-up tokens and pairs per step
-        (simulator/batch_columns.py). The same integers as `iteration_s`'s matrices give,
-        so the same floats."""
+        chain (a fresh array: the numpy code changes it in place), and pass 1's catch-up
+        tokens and pairs per step (simulator/batch_columns.py). The same integers as
+        `iteration_s`'s matrices give, so the same floats; on the roofline, with the compiled
+        loops, the same operations compiled (simulator/compiled.py)."""
         loops = compiled()
         if loops is not None and self.draft_tree is None and type(self.latency) is RooflineLatency:
             m0, m1, f_q, f_pair, fixed, c0, c1 = self.latency.pass_coefficients("draft")

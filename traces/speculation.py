@@ -35,6 +35,16 @@ FORMAT_VERSION = 1
 _RUN_DTYPES = (np.int16, np.int32)
 
 
+
+def _check_proposable(where: str, values: np.ndarray) -> None:
+    """`proposable` counts the drafts a drafter could propose at each position: finite and not
+    negative (a step drafts min(k, proposable) tokens; a negative or NaN count has no walk)."""
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"{where}: proposable[{i}] is {values[i]!r}; it counts the drafts a "
+                         "drafter could propose there: give a finite number >= 0")
+
 @dataclass(frozen=True, eq=False)
 class RequestSpeculation:
     """Speculation record of one request with N output tokens.
@@ -83,6 +93,8 @@ class RequestSpeculation:
                 )
             if signal.dtype.kind not in "fiu":
                 raise TraceError(f"{where}: {name} must hold numbers (got dtype {signal.dtype})")
+            if name == "proposable":
+                _check_proposable(where, signal)
             _freeze(self, name, signal.astype(np.float32, copy=False))
         if not isinstance(self.key, str):
             raise TraceError(f"{where}: key must be a string (got {type(self.key).__name__})")
@@ -311,6 +323,8 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], name: str) -> SpeculationTrac
             if values.shape != run.shape or values.dtype.kind not in "fiu":
                 raise TraceError(f"{name}: {signal!r} has shape {values.shape} / dtype "
                                  f"{values.dtype}; expected {run.size} numbers")
+            if signal == "proposable":
+                _check_proposable(name, values)
             signals[signal] = values.astype(np.float32, copy=False).view()
     run.setflags(write=False)
     for values in signals.values():

@@ -8,6 +8,7 @@ indices past their arrays instead of writing there."""
 from __future__ import annotations
 
 import sys
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -113,12 +114,19 @@ def test_kept_sums_are_the_numpy_sums_through_adds_and_removes(loops, capped, dr
     assert sums[True][1].any()
 
 
-@pytest.mark.parametrize("acceptance,more", [
-    ("smollm2-ngram", {}),  # capped drafts: the draft passes summed in step order
-    ("beta:7,3~20", {}),  # a fixed k: summed down the passes
-    ("beta:7,3~20", {"target": "Llama-3.1-70B", "tp": 8, "draft_tp": "2"}),  # all-reduces
+@pytest.mark.parametrize("acceptance,more,policy,scheduler", [
+    # capped drafts: the draft passes summed in step order
+    ("smollm2-ngram", {}, "fixed", {}),
+    ("beta:7,3~20", {}, "fixed", {}),  # a fixed k: summed down the passes
+    ("beta:7,3~20", {"target": "Llama-3.1-70B", "tp": 8, "draft_tp": "2"}, "fixed", {}),
+    ("smollm2-ngram", {"draft": "none"}, "fixed", {}),  # model-free: the verify steps
+    ("smollm2-ngram", {"draft": "none"}, "fixed", {"scheduler": "vllm-v1"}),  # blocks kept
+    ("beta:7,3~20", {"draft": "none"}, "fixed",
+     {"chunked_prefill": True, "max_batched_tokens": 512}),
+    ("beta:7,3~20", {}, "heuristic", {}),  # walked by the policy, a draft model's feeds
+    ("smollm2-ngram", {"draft": "none"}, "goodput", {}),  # holds: walks replaced, removed
 ])
-def test_a_run_gives_the_same_records_with_either(loops, acceptance, more):
+def test_a_run_gives_the_same_records_with_either(loops, acceptance, more, policy, scheduler):
     from policies import make_policy
     from simulator import ClusterConfig, SchedulerConfig
     from simulator.engine import simulate
@@ -128,11 +136,12 @@ def test_a_run_gives_the_same_records_with_either(loops, acceptance, more):
     for compiled in (True, False):
         loops(compiled)
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=300, lengths="azure-conv",
-                              acceptance=acceptance, seed=4, draft="Llama-68M", **more)
-        scheduler = SchedulerConfig()
-        inputs = build_inputs(spec, {"k": "4"}, scheduler)
+                              acceptance=acceptance, seed=4, **{"draft": "Llama-68M", **more})
+        config = SchedulerConfig(**scheduler)
+        params = {"k": 4} if policy == "fixed" else {}
+        inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, config)
         result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                          make_policy("fixed", {"k": 4}), inputs.kv_capacity_tokens, scheduler,
+                          make_policy(policy, params), inputs.kv_capacity_tokens, config,
                           ClusterConfig(1, "least-loaded"))
         assert (kernels.compiled() is not None) == compiled
         frames[compiled] = (result.requests, result.steps)
@@ -167,12 +176,72 @@ def test_a_bad_choice_is_refused_in_one_line(monkeypatch):
 
 def test_the_loops_refuse_indices_past_their_arrays(loops):
     module = loops(True)
-    none = np.zeros(0, dtype=np.int64)
+    none, ints = np.zeros(0, dtype=np.int64), np.zeros(5, dtype=np.int64)
     with pytest.raises(IndexError, match="past the request's acceptance run"):
-        module.walk(np.zeros(3, dtype=np.int64), none, 0, 0, 5, 2)
+        module.walk(np.zeros(3, dtype=np.int64), none, False, 0, 0, 5, 2)
+    with pytest.raises(IndexError, match="past the request's acceptance run or caps"):
+        module.walk(ints, none, True, 0, 0, 5, 2)  # capped, by an empty cap
+    with pytest.raises(ValueError, match="negative cap"):  # it would not move forward
+        module.walk(ints, np.array([5, -3, 5, 5, 5]), True, 0, 0, 5, 2)
+    with pytest.raises(IndexError, match="longer than its drafts"):
+        module.feeds(np.arange(5), np.ones(2, dtype=np.int64), True, 2, 1, 0)
+    with pytest.raises(ValueError, match="negative drafts"):
+        module.feeds(np.arange(3), np.array([1, -1]), True, 2, 1, 0)
     with pytest.raises(IndexError, match="longer than the kept sums"):
-        module.add_shares(np.zeros((6, 4), dtype=np.int64), 0, np.arange(6), 0, none, 1, 1,
-                          4, 0, False, none)
+        module.add_shares(np.zeros((6, 4), dtype=np.int64), 0, np.arange(6), 0, none, False,
+                          1, 1, 4, 0, False, none)
     with pytest.raises(IndexError, match="outside the kept sums' rows"):
         module.add_shares(np.zeros((7, 8), dtype=np.int64), 0, np.arange(4), 0,
-                          np.array([0, 5, 1]), 5, 1, 4, 3, False, none)
+                          np.array([0, 5, 1]), True, 5, 1, 4, 3, False, none)
+    with pytest.raises(IndexError, match="other shapes"):
+        module.chain_pass_times(np.ones((2, 3), dtype=np.int64), np.ones((2, 4), dtype=np.int64),
+                                ints[:4], ints[:4], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0,
+                                True)
+    with pytest.raises(IndexError, match="other lengths"):
+        module.verify_times(2, ints, ints[:4], ints, 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0,
+                            0.0)
+
+
+def test_a_trace_with_a_negative_or_nan_proposal_count_is_refused():
+    from traces import TraceError
+    from traces.speculation import RequestSpeculation
+
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(TraceError, match=r"proposable\[1\] is .*give a finite number >= 0"):
+            RequestSpeculation(run=np.array([1, 2, 0]), proposable=np.array([2.0, bad, 1.0]),
+                         key="r0")
+
+
+def test_loops_that_cannot_load_fall_back_to_numpy_once_said(monkeypatch):
+    from simulator import compiled as module
+
+    def broken():
+        raise RuntimeError("no LLVM target for this CPU")
+    monkeypatch.setattr(module, "warm", broken)
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.setattr(kernels, "_active", None)
+    monkeypatch.setattr(kernels, "_failed", [])
+    monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
+    with pytest.warns(UserWarning, match="could not load .*no LLVM target.*numpy code"):
+        assert kernels.prepare(10**6) is None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert kernels.prepare(10**6) is None
+    assert not said  # said once a process
+    monkeypatch.setenv("SPECTUNE_KERNELS", "numba")
+    with pytest.raises(ConfigError, match=r"SPECTUNE_KERNELS=numba: the compiled loops could "
+                                          r"not load .*SPECTUNE_KERNELS=numpy"):
+        kernels.prepare(1)
+
+
+def test_finished_candidates_outside_the_batch_fall_back_to_a_scan():
+    from simulator.scheduler import finished_positions
+
+    class Request:  # compared by identity, as RequestState is
+        def __init__(self, done: bool) -> None:
+            self.done = done
+    running = [Request(d) for d in (False, True, False, True)]
+    stranger = Request(True)
+    assert finished_positions(running, [running[3], running[1], running[3]],
+                              lambda r: r.done) == [1, 3]
+    assert finished_positions(running, [stranger], lambda r: r.done) == [1, 3]
