@@ -1,16 +1,18 @@
 """The fast path's per-request loops, compiled (numba): a walk, its draft feeds, its shares of
-the kept sums.
+the kept sums; and on the roofline, a chain's draft passes and verify steps from those sums.
 
 Why compiled: each running request's walk is built once and its shares added to (and taken out
 of) the batch's kept sums once, but in numpy that is some 30 small array operations per request,
-about 50 us, and under load a request lives only a few segments, so this is most of what an
-iteration costs (docs/speed.md, "Compiled per-request loops"). As plain loops over a request's
-steps they cost about a tenth. Everything here is integer arithmetic, so the loops give the numpy
-code's integers exactly; `simulator/kernels.py` chooses between the two, and the tests compare
-them on random walks.
+about 50 us, and a draft model's passes some 20 more per segment; under load a request lives
+only a few segments, so this was most of what an iteration cost (docs/speed.md, "Compiled
+per-request loops"). As plain loops they cost about a tenth. The walks and sums are integers,
+exact in any order; the prices are floats, computed with the numpy code's operations in its
+order (numba contracts no multiply-add unless asked), so the loops give the numpy code's numbers
+to the bit. `simulator/kernels.py` chooses between the two per run, and
+tests/simulator/test_compiled.py compares them.
 
-Imported only through `simulator.kernels.compiled()`: importing numba costs a CLI command that
-simulates nothing about 0.2 s, and the simulator runs without numba (the numpy code).
+Imported only by `simulator.kernels` when a run takes the loops: numba's import and first call
+cost a process about 0.3 s, and the simulator runs without numba (the numpy code).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Which per-request loops the fast path runs: compiled (numba), or the numpy code.
 
-Both give the same integers (tests/simulator/test_compiled.py), so a run's records do not depend
-on which ran; the choice is speed alone. The compiled loops save 20-40 us per request, but a
-process pays about 0.3 s once to load them (numba's import and its first call, from the on-disk
-cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they are loaded already
-or where it has enough requests to pay for loading them (`AUTO_REQUESTS`); a sweep whose first
-batch has that many loads them once before its workers fork (spectune/evaluate.py), and its
-workers inherit them (a Ray sweep's workers choose run by run).
+Both give the same integers and floats (tests/simulator/test_compiled.py), so a run's records do
+not depend on which ran; the choice is speed alone. The compiled loops save 20-40 us per
+request, but a process pays about 0.3 s once to load them (numba's import and its first call,
+from the on-disk cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they
+are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`); a
+sweep whose first batch has that many loads them once before its workers fork
+(spectune/evaluate.py), and its workers inherit them (a Ray sweep's workers choose run by run).
 `SPECTUNE_KERNELS=numba` loads them for every run, `numpy` never. Without numba (a bare GPU
 host, a Python numba does not support yet) every run takes the numpy code. Measurements:
 docs/speed.md, "Compiled per-request loops".
