@@ -255,13 +255,9 @@ class Scheduler:
             for request in running:
                 (keep if request.generated < request.output_tokens else done).append(request)
         else:  # found by position among the candidates (C-level), not by a pass over the batch
-            at = finished_positions(running, [r for r in candidates if _reached_length(r)],
-                                    _reached_length)
-            if not at:
+            keep, done = split_finished(running, candidates, _reached_length)
+            if not done:
                 return []
-            keep, done = running.copy(), [running[i] for i in at]
-            for i in reversed(at):
-                del keep[i]
         log = self.log
         for request in done:
             log.finish_s[request.index] = now
@@ -279,11 +275,18 @@ def _reached_length(request) -> bool:
     return request.generated >= request.output_tokens
 
 
-def finished_positions(running: list, found: list, finished: Callable) -> list[int]:
-    """Where the `found` finished candidates sit in `running`, in order, found by position
-    (C-level) rather than by a pass over the batch; where one is not running (a caller outside
-    `finish_done`'s contract), every finished running request's, as a pass finds them."""
+def split_finished(running: list, candidates: Sequence, finished: Callable
+                   ) -> tuple[list, list]:
+    """`running` without its `finished` requests, and those in order, where only `candidates`
+    can have finished: found by position (C-level) rather than by a pass over the batch; where
+    a finished candidate is not running (a caller outside `finish_done`'s contract), every
+    finished running request, as a pass finds them."""
+    found = [request for request in candidates if finished(request)]
     try:
-        return sorted({running.index(request) for request in found})
+        at = sorted({running.index(request) for request in found})
     except ValueError:
-        return [i for i, request in enumerate(running) if finished(request)]
+        at = [i for i, request in enumerate(running) if finished(request)]
+    keep = running.copy()
+    for i in reversed(at):
+        del keep[i]
+    return keep, [running[i] for i in at]

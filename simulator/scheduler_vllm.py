@@ -26,7 +26,7 @@ import numpy as np
 from policies import Policy, StepContext, StepCost
 from simulator.draft_feed import FIRST_FEED
 from simulator.errors import ConfigError
-from simulator.scheduler import SchedulerSettings, finished_positions, register_scheduler
+from simulator.scheduler import SchedulerSettings, register_scheduler, split_finished
 
 if TYPE_CHECKING:  # pandas: only the engines that write logs load it
     from simulator.logs import RequestLog
@@ -351,12 +351,9 @@ class VllmV1Scheduler:
             gone = {id(request) for request in done}
             self.running = [request for request in running if id(request) not in gone]
         else:  # found by position among the candidates (C-level), not by a pass over the batch
-            at = finished_positions(running, [r for r in candidates if finished(r)], finished)
-            if not at:
+            keep, done = split_finished(running, candidates, finished)
+            if not done:
                 return []
-            keep, done = running.copy(), [running[i] for i in at]
-            for i in reversed(at):
-                del keep[i]
             self.running = keep
         log = self.log
         for request in done:

@@ -38,6 +38,10 @@ class StepCostModel:
         #: a step with decodes and no drafts, on an engine that speculates, pays the latency
         #: model's idle proposer time (its proposer ran and found nothing: vLLM's n-gram)
         self.idle_s = float(getattr(latency, "idle_proposer_s", 0.0)) if speculating else 0.0
+        #: on the roofline, the numbers its passes are priced from, per role, as the compiled
+        #: loops take them (simulator/compiled.py); None on another latency model
+        self._roofline = ({role: _loop_numbers(latency, role) for role in ("target", "draft")}
+                          if type(latency) is RooflineLatency else None)
 
     def iteration_s(
         self,
@@ -198,14 +202,11 @@ class StepCostModel:
         requests, drafts, cached tokens and causal pairs (elementwise over arrays, one entry
         per step): the same floats as `chain_segment_s` of the matrices they sum."""
         lat = self.latency
-        if (isinstance(drafted, np.ndarray) and compiled() is not None  # (scalars: as below)
-                and type(lat) is RooflineLatency and not self.idle_s and isinstance(seqs, int)
-                and seqs > 0 and _steps_of(drafted, cached, pairs)):
-            # the same operations, compiled
-            loops = compiled()
-            m0, m1, f_q, f_pair, fixed, c0, c1 = lat.pass_coefficients("target")
-            return loops.verify_times(seqs, drafted, cached, pairs, m0, m1, f_q, f_pair, fixed,
-                                      bool(c0 or c1), c0, c1, lat.step_overhead_s(seqs))
+        if (isinstance(drafted, np.ndarray) and self._roofline is not None  # (scalars: below)
+                and not self.idle_s and isinstance(seqs, int) and seqs > 0
+                and _steps_of(drafted, cached, pairs) and compiled() is not None):
+            return compiled().verify_times(seqs, drafted, cached, pairs,  # the same, compiled
+                                           *self._roofline["target"], lat.step_overhead_s(seqs))
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         total = total + lat.step_overhead_s(seqs, drafted)
         return total + self._idle_proposer_s(seqs, drafted) if self.idle_s else total
@@ -327,12 +328,10 @@ class StepCostModel:
         `iteration_s`'s matrices give, so the same floats; on the roofline, with the compiled
         loops, the same operations compiled (simulator/compiled.py)."""
         loops = compiled()
-        if loops is not None and self.draft_tree is None and type(self.latency) is RooflineLatency:
-            m0, m1, f_q, f_pair, fixed, c0, c1 = self.latency.pass_coefficients("draft")
-            times = loops.chain_pass_times(seqs, cached, feed_tokens, feed_pairs, m0, m1, f_q,
-                                           f_pair, fixed, bool(c0 or c1), c0, c1,
-                                           in_step_order)  # the same operations, compiled
-            return times[0] if in_step_order else times.sum(axis=0)
+        if loops is not None and self.draft_tree is None and self._roofline is not None:
+            times = loops.chain_pass_times(seqs, cached, feed_tokens, feed_pairs,
+                                           *self._roofline["draft"], in_step_order)
+            return times[0] if in_step_order else times.sum(axis=0)  # the same, compiled
         return self._passes_s(seqs, cached, (feed_tokens, -feed_tokens, feed_pairs),
                               in_step_order, True)
 
@@ -399,6 +398,17 @@ DRAFT_ROWS_AT_ONCE = 4
 
 #: (k + 1)(k + 2) / 2 for k = 0..1023: a verify pass's own causal pairs, looked up
 _OWN_PAIRS = (np.arange(1, 1025, dtype=np.int64) * np.arange(2, 1026, dtype=np.int64)) // 2
+
+
+def _loop_numbers(latency: RooflineLatency, role: str) -> tuple | None:
+    """A role's pass numbers as the compiled loops take them: memory s, per token, compute per
+    query token, per pair, fixed, whether there are all-reduces, their s per pass and per
+    token (`RooflineLatency.pass_coefficients`); None for a draft that is no model."""
+    numbers = latency.pass_coefficients(role)
+    if numbers is None:
+        return None
+    m0, m1, f_q, f_pair, fixed, c0, c1 = numbers
+    return m0, m1, f_q, f_pair, fixed, bool(c0 or c1), c0, c1
 
 
 def _steps_of(*columns) -> bool:

@@ -235,13 +235,16 @@ def test_loops_that_cannot_load_fall_back_to_numpy_once_said(monkeypatch):
 
 
 def test_finished_candidates_outside_the_batch_fall_back_to_a_scan():
-    from simulator.scheduler import finished_positions
+    from simulator.scheduler import split_finished
 
     class Request:  # compared by identity, as RequestState is
         def __init__(self, done: bool) -> None:
             self.done = done
     running = [Request(d) for d in (False, True, False, True)]
     stranger = Request(True)
-    assert finished_positions(running, [running[3], running[1], running[3]],
-                              lambda r: r.done) == [1, 3]
-    assert finished_positions(running, [stranger], lambda r: r.done) == [1, 3]
+    def positions(candidates):
+        keep, done = split_finished(running, candidates, lambda r: r.done)
+        assert keep == [r for r in running if r not in done]
+        return [running.index(r) for r in done]
+    assert positions([running[3], running[1], running[3]]) == [1, 3]
+    assert positions([stranger]) == [1, 3]
