@@ -32,7 +32,7 @@ from policies.vocabulary import (
     speedup,
 )
 
-_FRAMEWORK = {"base", "registry", "vocabulary"}
+_FRAMEWORK = {"base", "compiled", "kernels", "registry", "vocabulary"}
 for _module in _pkgutil.iter_modules(__path__):
     if _module.name not in _FRAMEWORK and not _module.name.startswith("_"):
         _importlib.import_module(f"policies.{_module.name}")

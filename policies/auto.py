@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +30,7 @@ from policies.base import (
     SumsPricer,
     price_steps,
 )
+from policies.kernels import compiled
 from policies.registry import register
 
 #: a request's state before a step: new (nothing verified yet), cold (its last chain's first draft
@@ -186,10 +188,7 @@ class Auto(Policy):
         if b == 0 or depth == 0:
             return [0] * b
         rows_list, scales, outside = self._rows_scales(ids, mean_lift)
-        rows = np.array(rows_list)
         a_pop = self._accepted / self._seen
-        alpha = self._acceptance_in(a_pop, rows, scales, depth)
-        survival = alpha.cumprod(axis=1)  # the chance the j-th draft is accepted
         contexts, reach = [], []
         for r in requests:
             contexts.append(r.context_tokens)
@@ -198,6 +197,13 @@ class Auto(Policy):
             can = getattr(r, "draftable", None)
             left = r.output_tokens - r.generated - 1
             reach.append(min(depth, left) if can is None else min(depth, left, can))
+        loops = compiled()
+        if loops is not None:  # the same, compiled (policies/compiled.py)
+            return self._choose_compiled(loops, ctx, rows_list, scales, outside, a_pop,
+                                         depth, contexts, reach)
+        rows = np.array(rows_list)
+        alpha = self._acceptance_in(a_pop, rows, scales, depth)
+        survival = alpha.cumprod(axis=1)  # the chance the j-th draft is accepted
         # ... and what finding a streak adds to a first draft (column 0 stays the largest)
         if outside:
             survival[:, 0] *= 1.0 + self._discovery(ctx, rows, a_pop, scales, survival, contexts)
@@ -205,7 +211,7 @@ class Auto(Policy):
         self._plan_alpha = alpha
         worth = survival.ravel()
         order = (-worth).argsort(kind="stable")[: int(np.count_nonzero(worth))]
-        totals, times = self._price(ctx, contexts, worth[order], order // depth, order % depth)
+        totals, times = self._price(ctx, contexts, worth[order], order, depth)
         tokens = b + np.concatenate(([0.0], worth[order].cumsum()))[totals]
         rates = tokens / times
         rates[0] *= self.k0_bonus  # totals[0] is always 0 drafts
@@ -216,28 +222,54 @@ class Auto(Policy):
         # plan past the threshold by `stop_slack`: the draft stop cuts each chain back
         return _add(survival >= self._threshold * self.stop_slack, axis=1).tolist()
 
-    def _price(self, ctx: StepContext, contexts: list[int], worth: np.ndarray, rows: np.ndarray,
-               cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Draft totals D to weigh (the D most likely drafts each) and each one's step time:
-        every D where the cost model prices a step from its verify pass's sums, else the totals
-        of THRESHOLDS and TOTALS_TRIED. No KV check: the engine holds each request's look-ahead
-        up to its k_max (a policy's own check refused drafts the reservation already covers)."""
+    def _choose_compiled(self, loops, ctx: StepContext, rows: list[int], scales: np.ndarray,
+                         outside: bool, a_pop: np.ndarray, depth: int, contexts: list[int],
+                         reach: list[int]) -> list[int]:
+        """`choose` from its rows, scales and reach on, in the compiled loops."""
+        price = self._draft_price(ctx, contexts) if outside else 0.0
+        alpha, survival, order, ranked = loops.plan(
+            a_pop, _BIN_TABLE, np.array(rows, dtype=np.int64), scales, depth,
+            np.array(reach, dtype=np.int64), price, outside, 1 - NEW, FRESH - NEW, ALPHA_MAX)
+        self._plan_alpha = alpha
+        totals, times = self._price(ctx, contexts, ranked, order, depth, loops)
+        drafts, threshold, ks = loops.pick(ranked, totals, times, len(contexts), self.k0_bonus,
+                                           survival, self.stop_slack)
+        if drafts:
+            self._threshold = float(threshold)
+        return ks.tolist()
+
+    def _price(self, ctx: StepContext, contexts: list[int], worth: np.ndarray, order: np.ndarray,
+               depth: int, loops=None) -> tuple[np.ndarray, np.ndarray]:
+        """Draft totals D to weigh (the D most likely drafts each: `order` into the requests x
+        `depth` worths, `worth` theirs) and each one's step time: every D where the cost
+        model prices a step from its verify pass's sums, else the totals of THRESHOLDS and
+        TOTALS_TRIED. No KV check: the engine holds each request's look-ahead up to its k_max
+        (a policy's own check refused drafts the reservation already covers)."""
         b = len(contexts)
         chain_sums = self._sums_pricer(ctx.cost)
         if chain_sums is not None:
-            cached = np.array(contexts, dtype=np.int64) - 1  # each request's KV before the verify
-            cached_sum = sum(contexts) - b
+            cached_sum = sum(contexts) - b  # the requests' KV before the verify
             totals = np.arange(len(worth) + 1)
-            # the j-th draft of request r (j from 1) adds c_r + j + 1 causal pairs to the verify
-            pairs = cached_sum + b + np.concatenate(([0], (cached[rows] + cols + 2).cumsum()))
+            if loops is not None:
+                pairs = loops.verify_pairs(order, depth, np.array(contexts, dtype=np.int64),
+                                           cached_sum + b)
+            else:
+                rows, cols = order // depth, order % depth
+                cached = np.array(contexts, dtype=np.int64) - 1  # each request's
+                # the j-th draft of request r (j from 1) adds c_r + j + 1 causal pairs
+                pairs = cached_sum + b + np.concatenate(([0], (cached[rows] + cols + 2).cumsum()))
             times = np.array(chain_sums(b, totals, cached_sum, pairs), dtype=np.float64)
         else:
             n = len(worth)
             totals = np.unique(np.concatenate((
-                [0, n], np.searchsorted(-worth, -np.array(THRESHOLDS), side="right"),
-                np.geomspace(1, max(n, 1), TOTALS_TRIED).round().astype(np.int64))))
+                [0, n], np.searchsorted(-worth, _BELOW_THRESHOLDS, side="right"),
+                _geometric_totals(n))))
             totals = totals[totals <= n]
-            ks_rows = [np.bincount(rows[:d], minlength=b).tolist() for d in totals.tolist()]
+            if loops is not None:
+                ks_rows = loops.draft_counts(order, depth, totals, b).tolist()
+            else:
+                rows = order // depth
+                ks_rows = [np.bincount(rows[:d], minlength=b).tolist() for d in totals.tolist()]
             times = np.array(price_steps(ctx.cost, ks_rows, contexts), dtype=np.float64)
         return totals, times
 
@@ -248,6 +280,12 @@ class Auto(Policy):
         width = draft_top1.shape[1] if draft_top1.ndim == 2 else 0
         if width <= 1 or [r.request_id for r in requests] != self._plan_ids:
             return list(ks)  # a chain of one draft has nothing to stop
+        loops = compiled()
+        if loops is not None and width <= self._plan_alpha.shape[1]:  # compiled
+            return loops.stop_lengths(self._plan_alpha, self._plan_confidence,
+                                      np.asarray(draft_top1, dtype=np.float64),
+                                      np.array(ks, dtype=np.int64), self._threshold,
+                                      ALPHA_MAX).tolist()
         plan = self._plan_alpha[:, :width]
         # the chance the chain is right through each draft, confidence known
         through = np.minimum(plan * self._plan_confidence[_top1_bins(draft_top1)],
@@ -330,6 +368,17 @@ class Auto(Policy):
         self._expected.pop(request_id, None)
 
 
+_BELOW_THRESHOLDS = -np.array(THRESHOLDS)
+
+
+@lru_cache(maxsize=1024)
+def _geometric_totals(n: int) -> np.ndarray:
+    """TOTALS_TRIED draft totals spaced geometrically from 1 to n (at least 1), rounded."""
+    totals = np.geomspace(1, max(n, 1), TOTALS_TRIED).round().astype(np.int64)
+    totals.flags.writeable = False  # shared by every step with n drafts worth something
+    return totals
+
+
 def _bin(state: int, depth: int) -> int:
     """The acceptance bin of a chain's draft at `depth` (from 0) for a request in `state`."""
     if depth == 0:
@@ -351,7 +400,8 @@ def _top1_bin(value: float) -> int:
     """A top-1 probability's tenth (NaN: the lowest, an unreadable signal is no confidence)."""
     if not value >= 0.0:
         return 0
-    return TOP1_BINS - 1 if value >= 1.0 else int(value * TOP1_BINS)
+    # (just under 1, value * TOP1_BINS can round up to TOP1_BINS)
+    return TOP1_BINS - 1 if value >= 1.0 else min(int(value * TOP1_BINS), TOP1_BINS - 1)
 
 
 def _top1_bins(values: np.ndarray) -> np.ndarray:

@@ -119,6 +119,37 @@ def add_shares(sums, at: int, gen, base: int, drafts, varied: bool, k: int, sign
     sums[0, at + m] += sign * (gen[m] + base)
 
 
+@njit(cache=True)
+def alternative_sums(ks, cached):
+    """A planner's alternatives for one batch (`StepCostModel.steps_s`; `ks`: alternatives x
+    requests, `cached`: each request's KV before the verify) as the sums they are priced from:
+    per alternative its drafts and its verify pass's causal pairs, (k + 1) c + (k + 1)(k + 2)
+    / 2 a request; per draft pass j = 1..P (P the most drafts of any), the requests drafting
+    at least j and their cached tokens (P x alternatives). Integers: exact in any order."""
+    alternatives, requests = ks.shape
+    if cached.shape[0] != requests:
+        raise IndexError("alternative_sums: ks and cached of other requests")
+    passes = 0
+    for a in range(alternatives):
+        for r in range(requests):
+            if ks[a, r] < 0:
+                raise ValueError("alternative_sums: a negative k")
+            passes = max(passes, ks[a, r])
+    drafted = np.zeros(alternatives, dtype=np.int64)
+    pairs = np.zeros(alternatives, dtype=np.int64)
+    seqs = np.zeros((passes, alternatives), dtype=np.int64)
+    held = np.zeros((passes, alternatives), dtype=np.int64)
+    for a in range(alternatives):
+        for r in range(requests):
+            k, c = ks[a, r], cached[r]
+            drafted[a] += k
+            pairs[a] += (k + 1) * c + (k + 1) * (k + 2) // 2
+            for j in range(k):
+                seqs[j, a] += 1
+                held[j, a] += c
+    return drafted, pairs, seqs, held
+
+
 def warm() -> None:
     """Call each loop once on the types the simulator gives them, so their one-time load (from
     numba's cache, or compiling where it has none) is paid here and not inside a run."""
@@ -135,6 +166,7 @@ def warm() -> None:
     chain_pass_times(passes, passes, sums[0], sums[1], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0,
                      0.0, True)
     verify_times(2, sums[0], sums[1], sums[2], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0, 0.0)
+    alternative_sums(sums, sums[0])
 
 
 @njit(cache=True)

@@ -19,6 +19,8 @@ import os
 import warnings
 from types import ModuleType
 
+from policies import kernels as policy_kernels
+
 #: SPECTUNE_KERNELS
 CHOICES = ("auto", "numba", "numpy")
 #: `auto`: a run of at least this many requests loads the compiled loops (about 0.3 s, which
@@ -26,6 +28,7 @@ CHOICES = ("auto", "numba", "numpy")
 AUTO_REQUESTS = 20_000
 
 _loaded: ModuleType | None = None  # simulator.compiled, once imported
+_policy_loops: ModuleType | None = None  # policies.compiled, loaded with it
 _active: ModuleType | None = None  # what this process's runs take now
 
 
@@ -55,6 +58,7 @@ def prepare(requests: int) -> ModuleType | None:
         _active = _load(forced=mode == "numba")
     else:
         _active = None
+    policy_kernels.use(_policy_loops if _active is not None else None)  # auto's, with them
     return _active
 
 
@@ -66,7 +70,7 @@ def _load(forced: bool) -> ModuleType | None:
     where numba does not import, or (said once) where numba cannot compile or load them here;
     `forced` (SPECTUNE_KERNELS=numba) makes that an error. Freezes the garbage collector's
     current objects (below)."""
-    global _loaded
+    global _loaded, _policy_loops
     if _loaded is None:
         try:
             import numba  # noqa: F401
@@ -75,8 +79,10 @@ def _load(forced: bool) -> ModuleType | None:
         if _failed and not forced:
             return None
         try:
+            from policies import compiled as policy_loops
             from simulator import compiled as module
             module.warm()
+            policy_loops.warm()
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]
@@ -96,5 +102,5 @@ def _load(forced: bool) -> ModuleType | None:
         # share them untouched)
         gc.collect()
         gc.freeze()
-        _loaded = module
+        _loaded, _policy_loops = module, policy_loops
     return _loaded

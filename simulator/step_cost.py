@@ -228,10 +228,17 @@ class StepCostModel:
         (`batch_pricing` False: a profile, whose planners weigh what they weigh one by one)."""
         if not self.prices_alternatives_at_once:
             return None
-        if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
-            # a step or two: Python floats cost less than arrays, and are the same floats
-            return [float(self.chain_steps_s(requests, int(d), cached, int(p)))
-                    for d, p in zip(drafted, pairs)]
+        if isinstance(requests, int) and isinstance(cached, int):
+            if len(drafted) <= 2:
+                # a step or two: Python floats cost less than arrays, and are the same floats
+                return [float(self.chain_steps_s(requests, int(d), cached, int(p)))
+                        for d, p in zip(drafted, pairs)]
+            if self._roofline is not None and compiled() is not None:  # chain_steps_s's
+                # compiled loop, on arrays (a planner's every alternative, every step)
+                return self.chain_steps_s(
+                    requests, np.asarray(drafted, dtype=np.int64),
+                    np.full(len(drafted), cached, dtype=np.int64),
+                    np.asarray(pairs, dtype=np.int64)).tolist()
         if not isinstance(requests, int):
             requests = np.asarray(requests, dtype=np.int64)
         if not isinstance(cached, int):
@@ -368,18 +375,35 @@ class StepCostModel:
             return []
         lat = self.latency
         # a draft model's passes at once cost about what four rows one by one do (measured:
-        # docs/speed.md), and give the same floats either way
-        chain_model = (len(ks_rows) >= DRAFT_ROWS_AT_ONCE and len(context_tokens) > 0
+        # docs/speed.md), and give the same floats either way; compiled, less than one row
+        compiled_chain = self._roofline is not None and compiled() is not None
+        chain_model = ((len(ks_rows) >= DRAFT_ROWS_AT_ONCE or compiled_chain)
+                       and len(context_tokens) > 0
                        and self.draft_tree is None and lat.has_draft_model
                        and lat.arrays_match_scalars and lat.batch_pricing)
         if not (self.prices_alternatives_at_once or chain_model):
             return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
-        ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
         cached = np.asarray(context_tokens, dtype=np.int64) - 1
+        if chain_model and compiled_chain:
+            return self._alternatives_s(np.array(ks_rows, dtype=np.int64), cached)
+        ks = np.array(ks_rows, dtype=np.int64).T  # requests x alternatives
         cached = np.broadcast_to(cached[:, None], ks.shape)
         if chain_model:  # the fast path's varied steps: each column's floats as `step_s`'s
             return np.atleast_1d(self.iteration_s(ks, cached, in_step_order=True)).tolist()
         return self._verify_steps_s(ks, cached).tolist()
+
+    def _alternatives_s(self, ks: np.ndarray, cached: np.ndarray) -> list[float]:
+        """`steps_s` of a draft model's chain on the roofline, with the compiled loops: each
+        alternative (a row of `ks`) priced from its sums as the fast path prices a step from
+        the kept sums (`_Stretch._from_columns`: its verify pass, then its passes added from
+        the last), so the same floats as `iteration_s` of its matrix in step order."""
+        drafted, pairs, seqs, held = compiled().alternative_sums(ks, cached)
+        n = len(drafted)
+        total = self.chain_steps_s(len(cached), drafted, np.full(n, int(cached.sum())), pairs)
+        if len(seqs):  # (no alternative drafts: no pass, as `_varied_chain_s` adds none)
+            none = np.zeros(n, dtype=np.int64)  # no catch-up: each chain feeds one token
+            total = total + self.chain_passes_s(seqs, held, none, none, in_step_order=True)
+        return total.tolist()
 
     def prefill_s(self, prompt_tokens: Sequence[int]) -> float:
         """An iteration that prefills whole prompts and nothing else."""

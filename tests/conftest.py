@@ -22,3 +22,21 @@ def vllm_venv() -> Path:
                            text=True, timeout=300)
     assert again.returncode == 0 and "up to date" in again.stdout  # idempotent
     return ROOT / ".venv-vllm"
+
+
+@pytest.fixture
+def loops(monkeypatch):
+    """Switch between the compiled loops and the numpy code within a test: `loops(True)`
+    compiled (the simulator's and the policies'), `loops(False)` numpy (the process's choice
+    restored after: later tests take what they would have)."""
+    from policies import kernels as policy_kernels
+    from simulator import kernels
+
+    monkeypatch.setattr(kernels, "_loaded", kernels._loaded)
+    monkeypatch.setattr(kernels, "_active", kernels._active)
+    monkeypatch.setattr(policy_kernels, "_active", policy_kernels._active)
+
+    def use(compiled: bool):
+        monkeypatch.setenv("SPECTUNE_KERNELS", "numba" if compiled else "numpy")
+        return kernels.prepare(0)
+    return use

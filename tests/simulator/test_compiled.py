@@ -24,17 +24,11 @@ from simulator.request import RequestState, walk_chain
 pytest.importorskip("numba")
 
 
-@pytest.fixture
-def loops(monkeypatch):
-    """Switch between the two within a test: `loops(True)` compiled, `loops(False)` numpy
-    (the process's choice restored after: later tests take what they would have)."""
-    monkeypatch.setattr(kernels, "_loaded", kernels._loaded)
-    monkeypatch.setattr(kernels, "_active", kernels._active)
-
-    def use(compiled: bool):
-        monkeypatch.setenv("SPECTUNE_KERNELS", "numba" if compiled else "numpy")
-        return kernels.prepare(0)
-    return use
+@pytest.fixture(autouse=True)
+def _policy_loops_restored(monkeypatch):
+    """Each test leaves the policies' loops as it found them (`prepare` hands them over)."""
+    from policies import kernels as policy_kernels
+    monkeypatch.setattr(policy_kernels, "_active", policy_kernels._active)
 
 
 def _request(rng, capped: bool, listed: bool = False) -> RequestState:
@@ -153,8 +147,11 @@ def test_auto_loads_them_for_long_runs_only(monkeypatch):
     monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
     monkeypatch.setattr(kernels, "_loaded", None)
     monkeypatch.setattr(kernels, "_active", None)
+    from policies import kernels as policy_kernels
     assert kernels.prepare(kernels.AUTO_REQUESTS - 1) is None
+    assert policy_kernels.compiled() is None
     assert kernels.prepare(kernels.AUTO_REQUESTS) is not None
+    assert policy_kernels.compiled() is not None  # auto's, with the simulator's
     assert kernels.prepare(1) is not None  # loaded once, every run takes them
 
 
@@ -165,6 +162,8 @@ def test_without_numba_runs_take_the_numpy_code(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     assert kernels.prepare(10**9) is None
     assert kernels.compiled() is None
+    from policies import kernels as policy_kernels
+    assert policy_kernels.compiled() is None  # auto too
 
 
 def test_a_bad_choice_is_refused_in_one_line(monkeypatch):

@@ -1,0 +1,219 @@
+"""`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), its
+pick (the draft total with the most tokens per second, then each request's k), its draft stop
+and its online fit of the outcomes.
+
+Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
+a time, and in numpy each step was some 40 small array operations and a Python loop over every
+verified position: about 100 us a step at batch 8, most of what a step cost, and the largest
+share of the default `spectune tune` (docs/speed.md, "Compiled per-request loops"). As plain
+loops they cost a fraction. Each loop does the numpy code's float operations in its order, with
+numpy's pairwise summation where the numpy code sums a row (`_row_sum`), so `auto` decides the
+same ks to the bit; tests/policies/test_auto_compiled.py compares them.
+
+Loaded only with the simulator's compiled loops (`simulator.kernels`, which hands this module
+to `policies.kernels`); without them `auto` runs its numpy code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: numpy's pairwise summation sums a block of up to this many with eight accumulators
+_BLOCK = 128
+
+
+@njit(cache=True)
+def _row_sum(a, row: int, n: int) -> float:
+    """np.add.reduce(a[row, :n], axis=1)'s row of a C-contiguous float matrix, to the bit: numpy
+    adds to 0.0 the row's pairwise sum: fewer than 8 in order, up to _BLOCK with eight
+    accumulators combined pairwise, the rest after them in order."""
+    if n < 8:
+        total = -0.0
+        for j in range(n):
+            total += a[row, j]
+        return 0.0 + total
+    if n > _BLOCK:
+        raise ValueError("_row_sum: rows longer than 128 are summed recursively by numpy")
+    r0, r1, r2, r3 = a[row, 0], a[row, 1], a[row, 2], a[row, 3]
+    r4, r5, r6, r7 = a[row, 4], a[row, 5], a[row, 6], a[row, 7]
+    j = 8
+    while j < n - n % 8:
+        r0 += a[row, j]
+        r1 += a[row, j + 1]
+        r2 += a[row, j + 2]
+        r3 += a[row, j + 3]
+        r4 += a[row, j + 4]
+        r5 += a[row, j + 5]
+        r6 += a[row, j + 6]
+        r7 += a[row, j + 7]
+        j += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while j < n:
+        total += a[row, j]
+        j += 1
+    return 0.0 + total
+
+
+@njit(cache=True)
+def _capped(x: float, cap: float) -> float:
+    """np.minimum(x, cap) (NaN stays NaN)."""
+    return cap if x > cap else x
+
+
+@njit(cache=True)
+def _floored(x: float) -> float:
+    """np.maximum(x, 0.0) (NaN stays NaN, -0.0 stays -0.0)."""
+    return x if x >= 0.0 or x != x else 0.0
+
+
+@njit(cache=True)
+def plan(a_pop, bin_table, rows, scales, depth: int, reach, price: float, discover: bool,
+         streak_row: int, outside_below: int, alpha_max: float):
+    """`Auto.choose`'s worths: each request's acceptance per depth (`alpha`, requests x
+    depth: its bin's, times its scale, capped), the chance each draft is accepted (`survival`:
+    alpha's running product; `discover`: the first draft of a request in a row up to
+    `outside_below` also worth the streak it may find, `_discovery` at this draft `price`;
+    zero from each request's `reach` on), and the nonzero worths ranked, largest first, ties
+    in order (`order`, into survival.ravel(), and their worths)."""
+    b = rows.shape[0]
+    if scales.shape[0] != b or reach.shape[0] != b or depth > bin_table.shape[1]:
+        raise IndexError("plan: rows, scales and reach of other lengths, or depth too large")
+    alpha = np.empty((b, depth))
+    survival = np.empty((b, depth))
+    for r in range(b):
+        for j in range(depth):
+            a = _capped(a_pop[bin_table[rows[r], j]] * scales[r], alpha_max)
+            alpha[r, j] = a
+            survival[r, j] = a if j == 0 else survival[r, j - 1] * a
+    if discover:  # the worth of a chain as if in a streak of 1, less its worth now
+        hot = np.empty((b, depth))
+        over_hot = np.empty((b, depth))
+        over_now = np.empty((b, depth))
+        for r in range(b):
+            for j in range(depth):
+                a = _capped(a_pop[bin_table[streak_row, j]] * scales[r], alpha_max)
+                hot[r, j] = a if j == 0 else hot[r, j - 1] * a
+                over_hot[r, j] = _floored(hot[r, j] - price)
+                over_now[r, j] = _floored(survival[r, j] - price)
+        for r in range(b):
+            gain = _row_sum(over_hot, r, depth) - _row_sum(over_now, r, depth)
+            survival[r, 0] *= 1.0 + (_floored(gain) if rows[r] <= outside_below else 0.0)
+    count = 0
+    for r in range(b):
+        for j in range(depth):
+            if j >= reach[r]:
+                survival[r, j] = 0.0
+            elif survival[r, j] != 0.0:
+                count += 1
+    worth = survival.ravel()
+    order = np.argsort(-worth, kind="mergesort")[:count]
+    return alpha, survival, order, worth[order]
+
+
+@njit(cache=True)
+def verify_pairs(order, depth: int, contexts, before: int):
+    """`Auto._price`'s causal pairs of each draft total D = 0, 1, ... (the D first drafts of
+    `order`): `before` (the verify pass's pairs without drafts), then the j-th draft (from 1)
+    of request r adds its c_r + j + 1, c_r its KV before the verify (context - 1)."""
+    pairs = np.empty(order.shape[0] + 1, dtype=np.int64)
+    pairs[0] = before
+    for i in range(order.shape[0]):
+        r, j = order[i] // depth, order[i] % depth
+        pairs[i + 1] = pairs[i] + contexts[r] - 1 + j + 2
+    return pairs
+
+
+@njit(cache=True)
+def draft_counts(order, depth: int, totals, b: int):
+    """`Auto._price`'s alternatives where each is priced as its ks: for each draft total D,
+    each request's k when the D first drafts of `order` are drafted (totals x requests)."""
+    counts = np.zeros((totals.shape[0], b), dtype=np.int64)
+    for t in range(totals.shape[0]):
+        if totals[t] < 0 or totals[t] > order.shape[0]:
+            raise IndexError("draft_counts: a draft total outside the ranked drafts")
+        for i in range(totals[t]):
+            counts[t, order[i] // depth] += 1
+    return counts
+
+
+@njit(cache=True)
+def pick(ranked, totals, times, b: int, k0_bonus: float, survival, slack: float):
+    """`Auto.choose`'s pick: each draft total D's tokens per second (b plus the D best worths,
+    over its step time; D = 0's times `k0_bonus`), the first best D, and where it drafts, its
+    threshold (the D-th worth) and each request's k: its drafts worth at least the threshold
+    times `slack`. Returns (D, threshold, ks)."""
+    n = ranked.shape[0]
+    if totals.shape[0] != times.shape[0]:
+        raise IndexError("pick: totals and times of other lengths")
+    cum = np.empty(n + 1)
+    cum[0] = 0.0
+    for i in range(n):
+        cum[i + 1] = ranked[i] if i == 0 else cum[i] + ranked[i]
+    best, best_rate = 0, 0.0
+    for i in range(totals.shape[0]):
+        if totals[i] < 0 or totals[i] > n:
+            raise IndexError("pick: a draft total outside the ranked drafts")
+        rate = (b + cum[totals[i]]) / times[i]
+        if i == 0:
+            rate *= k0_bonus
+        if i == 0 or rate > best_rate or (rate != rate and best_rate == best_rate):
+            best, best_rate = i, rate
+    drafts = totals[best]
+    ks = np.zeros(survival.shape[0], dtype=np.int64)
+    if drafts == 0:
+        return 0, np.inf, ks
+    threshold = ranked[drafts - 1]
+    cut = threshold * slack
+    for r in range(survival.shape[0]):
+        for j in range(survival.shape[1]):
+            if survival[r, j] >= cut:
+                ks[r] += 1
+    return drafts, threshold, ks
+
+
+@njit(cache=True)
+def _top1_bin(value: float, bins: int) -> int:
+    """`auto._top1_bins` of one value (NaN and below 0: the lowest bin; 1 and above: the top)."""
+    v = value * bins
+    if not v >= 0.0:
+        return 0
+    return bins - 1 if v >= bins - 1 else int(v)
+
+
+@njit(cache=True)
+def stop_lengths(plan_alpha, confidence, top1, ks, threshold: float, alpha_max: float):
+    """`Auto.stop_chains`: each chain's length, where it stops drafting (after the first draft
+    whose chance of being right through it, its confidence known, times the next draft's
+    planned acceptance falls below `threshold`), at most its k."""
+    b, width = top1.shape[0], top1.shape[1]
+    if plan_alpha.shape[0] != b or ks.shape[0] != b or width > plan_alpha.shape[1]:
+        raise IndexError("stop_lengths: plan, signals and ks of other shapes")
+    bins = confidence.shape[0]
+    out = np.empty(b, dtype=np.int64)
+    for r in range(b):
+        length = width
+        through = 1.0
+        for j in range(width):
+            a = _capped(plan_alpha[r, j] * confidence[_top1_bin(top1[r, j], bins)], alpha_max)
+            through = a if j == 0 else through * a
+            if j + 1 < width and through * plan_alpha[r, j + 1] < threshold:
+                length = j + 1
+                break
+        out[r] = length if length <= ks[r] else ks[r]
+    return out
+
+
+def warm() -> None:
+    """Call each loop once on the types `auto` gives them (numba's one-time load here, not
+    inside a run)."""
+    table = np.zeros((3, 4), dtype=np.int64)
+    rows = np.zeros(2, dtype=np.int64)
+    scales, a_pop = np.ones(2), np.full(3, 0.5)
+    alpha, survival, order, ranked = plan(a_pop, table, rows, scales, 4, np.full(2, 4), 0.1,
+                                          True, 1, 0, 0.98)
+    verify_pairs(order, 4, np.full(2, 8, dtype=np.int64), 10)
+    totals = np.arange(len(ranked) + 1)
+    draft_counts(order, 4, totals, 2)
+    pick(ranked, totals, np.ones(len(totals)), 2, 1.0, survival, 0.5)
+    stop_lengths(alpha, np.ones(10), np.full((2, 3), 0.5), np.full(2, 3), 0.1, 0.98)
