@@ -63,6 +63,7 @@ class Auto(Policy):
     signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
     uses_draft_stop: ClassVar[bool] = True
     stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1"})
+    compiled_steps: ClassVar[bool] = True
 
     k_max: int = field(default=10, metadata={
         "help": "largest k considered (also capped by the engine's k_max): the cost curve, not "
@@ -330,34 +331,43 @@ class Auto(Policy):
         seen_by_bin, accepted_by_bin = self._seen.tolist(), self._accepted.tolist()
         top1_observed, top1_expected = self._top1_observed.tolist(), self._top1_expected.tolist()
         streak, observed, expected_of = self._streak, self._observed, self._expected
+        w = self.prior_weight
         for o in outcomes:
-            if o.k == 0:
+            k = o.k
+            if k == 0:
                 continue
-            rid, state = o.request_id, streak.get(o.request_id, NEW)
-            ratio = self._ratio(rid)
-            seen = min(o.accepted + 1, o.k)  # the accepted drafts and the first rejection
+            rid, hits = o.request_id, o.accepted
+            state = streak.get(rid, NEW)
+            ratio = (observed.get(rid, 0.0) + w) / (expected_of.get(rid, 0.0) + w)  # _ratio
+            seen = hits + 1 if hits < k else k  # the accepted drafts and the first rejection
             top1 = o.signals.get("draft_top1")
             top1 = ([] if top1 is None else top1[:seen].tolist() if isinstance(top1, np.ndarray)
                     else [float(v) for v in top1[:seen]])
-            bins = _BIN_ROWS[min(state, MAX_STREAK) - NEW]
+            known = len(top1)
+            bins = _BIN_ROWS[(state if state < MAX_STREAK else MAX_STREAK) - NEW]
             expected = 0.0
             for i in range(seen):
-                b = bins[i]
-                hit = i < o.accepted
-                t = _top1_bin(top1[i]) if i < len(top1) else -1
-                confidence = lift[t] if t >= 0 else 1.0
+                b, hit = bins[i], i < hits
+                if i >= known:  # no confidence read: a factor of 1 (the same floats)
+                    seen_by_bin[b] += ratio
+                    accepted_by_bin[b] += hit
+                    expected += a_pop[b]
+                    continue
+                v = top1[i]  # its tenth (_top1_bin, inline: once per verified position)
+                t = (0 if not v >= 0.0 else TOP1_BINS - 1 if v >= 1.0
+                     else min(int(v * TOP1_BINS), TOP1_BINS - 1))
+                confidence = lift[t]
                 seen_by_bin[b] += ratio * confidence
                 accepted_by_bin[b] += hit
                 expected += a_pop[b] * confidence
-                if t >= 0:
-                    top1_observed[t] += hit
-                    top1_expected[t] += a_pop[b] * ratio
-            observed[rid] = observed.get(rid, 0.0) + o.accepted
+                top1_observed[t] += hit
+                top1_expected[t] += a_pop[b] * ratio
+            observed[rid] = observed.get(rid, 0.0) + hits
             expected_of[rid] = expected_of.get(rid, 0.0) + expected
-            if o.accepted == o.k:
-                streak[rid] = max(state, 0) + o.accepted
+            if hits == k:
+                streak[rid] = max(state, 0) + hits
             else:
-                streak[rid] = FRESH if o.accepted else COLD
+                streak[rid] = FRESH if hits else COLD
         self._seen, self._accepted = np.array(seen_by_bin), np.array(accepted_by_bin)
         self._top1_observed = np.array(top1_observed)
         self._top1_expected = np.array(top1_expected)

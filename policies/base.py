@@ -210,6 +210,8 @@ class Policy:
       simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
       walker_stops         its `walker` applies its draft stop; else a simulator walks it only
                            where it folds the stop into the drafter's cap (`stop_positions`).
+      compiled_steps       its every step runs compiled loops where they are loaded
+                           (policies/compiled.py), so a short run repays loading them.
     """
 
     name: ClassVar[str] = ""
@@ -220,6 +222,7 @@ class Policy:
     stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1", "draft_entropy"})
     simulation_only: ClassVar[bool] = False
     walker_stops: ClassVar[bool] = False
+    compiled_steps: ClassVar[bool] = False
 
     @classmethod
     def replaces(cls, name: str, *methods: str) -> bool:

@@ -1,14 +1,15 @@
-"""`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), its
-pick (the draft total with the most tokens per second, then each request's k), its draft stop
-and its online fit of the outcomes.
+"""`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
+causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
+per second, then each request's k) and its draft stop.
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
-a time, and in numpy each step was some 40 small array operations and a Python loop over every
-verified position: about 100 us a step at batch 8, most of what a step cost, and the largest
-share of the default `spectune tune` (docs/speed.md, "Compiled per-request loops"). As plain
-loops they cost a fraction. Each loop does the numpy code's float operations in its order, with
-numpy's pairwise summation where the numpy code sums a row (`_row_sum`), so `auto` decides the
-same ks to the bit; tests/policies/test_auto_compiled.py compares them.
+a time, and in numpy each step was some 40 small array operations: with its pricing, most of
+the 100-230 us a step cost at batch 4-8, and the largest share of the default `spectune tune`
+(docs/speed.md, "Compiled per-request loops"). As plain loops they cost a fraction. Each loop
+does the numpy code's float operations in its order, with numpy's pairwise summation where the
+numpy code sums a row (`_row_sum`), so `auto` decides the same ks to the bit;
+tests/policies/test_auto_compiled.py compares them. (Its fit of the outcomes stays in Python:
+compiled, gathering each outcome's numbers cost what the loop saved.)
 
 Loaded only with the simulator's compiled loops (`simulator.kernels`, which hands this module
 to `policies.kernels`); without them `auto` runs its numpy code.

@@ -1,5 +1,6 @@
 """The fast path's per-request loops, compiled (numba): a walk, its draft feeds, its shares of
-the kept sums; and on the roofline, a chain's draft passes and verify steps from those sums.
+the kept sums; and on the roofline, a chain's draft passes and verify steps from those sums,
+a draft model's step taken one at a time, and a planner's alternatives from their sums.
 
 Why compiled: each running request's walk is built once and its shares added to (and taken out
 of) the batch's kept sums once, but in numpy that is some 30 small array operations per request,
@@ -120,6 +121,66 @@ def add_shares(sums, at: int, gen, base: int, drafts, varied: bool, k: int, sign
 
 
 @njit(cache=True)
+def _pass_s(held, tokens, pairs, m0: float, m1: float, f_q: float, f_pair: float, fixed: float,
+            comm: bool, c0: float, c1: float) -> float:
+    """One pass on the roofline (`RooflineLatency.forward_s`, its operations in its order):
+    `tokens` fed over `held` cached entries, `pairs` causal pairs."""
+    memory = m0 + m1 * (held + tokens)
+    compute = f_q * tokens + f_pair * pairs
+    pass_fixed = fixed + c0 + c1 * tokens if comm else fixed
+    return (memory if memory >= compute else compute) + pass_fixed
+
+
+@njit(cache=True)
+def chain_step_time(ks, cached, feeds, fed: bool, target, draft, overhead: float) -> float:
+    """One decode step of a draft model's chain on the roofline (`StepCostModel.iteration_s`
+    of one step without prompt chunks: its verify pass plus the step's `overhead`, then its
+    draft passes added from the last to the first): request r drafts ks[r] over cached[r]
+    tokens, and (`fed`) its chain's first pass feeds feeds[r] where it drafts (its catch-up).
+    `target` and `draft`: each role's pass numbers (`_pass_s`)."""
+    b = ks.shape[0]
+    if cached.shape[0] != b or (fed and feeds.shape[0] != b):
+        raise IndexError("chain_step_time: ks, cached and feeds of other lengths")
+    passes = drafted = held_total = pairs = feed_tokens = feed_pairs = 0
+    for r in range(b):
+        k, c = ks[r], cached[r]
+        if k < 0:
+            raise ValueError("chain_step_time: a negative k")
+        passes = max(passes, k)
+        drafted += k
+        held_total += c
+        pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
+        if fed and k > 0 and feeds[r] != 1:  # g = f - 1 more tokens over g fewer cached
+            extra = feeds[r] - 1
+            feed_tokens += extra
+            feed_pairs += extra * (c + 1) - extra * feeds[r] // 2
+    t_m0, t_m1, t_q, t_pair, t_fixed, t_comm, t_c0, t_c1 = target
+    total = _pass_s(held_total, drafted + b, pairs, t_m0, t_m1, t_q, t_pair, t_fixed, t_comm,
+                    t_c0, t_c1) + overhead
+    if passes == 0:
+        return total
+    seqs = np.zeros(passes, dtype=np.int64)  # pass j: the requests drafting at least j
+    held = np.zeros(passes, dtype=np.int64)  # ... and their cached tokens before the chain
+    for r in range(b):
+        for j in range(ks[r]):
+            seqs[j] += 1
+            held[j] += cached[r]
+    d_m0, d_m1, d_q, d_pair, d_fixed, d_comm, d_c0, d_c1 = draft
+    chain = 0.0
+    for j in range(passes, 0, -1):
+        n = seqs[j - 1]
+        tokens, fed_held, fed_pairs = n, held[j - 1] + n * (j - 1), held[j - 1] + n * j
+        if j == 1:
+            tokens += feed_tokens
+            fed_held -= feed_tokens
+            fed_pairs += feed_pairs
+        t = (_pass_s(fed_held, tokens, fed_pairs, d_m0, d_m1, d_q, d_pair, d_fixed, d_comm,
+                     d_c0, d_c1) if n > 0 and tokens > 0 else 0.0)
+        chain = t if j == passes else chain + t
+    return total + chain
+
+
+@njit(cache=True)
 def alternative_sums(ks, cached):
     """A planner's alternatives for one batch (`StepCostModel.steps_s`; `ks`: alternatives x
     requests, `cached`: each request's KV before the verify) as the sums they are priced from:
@@ -167,6 +228,9 @@ def warm() -> None:
                      0.0, True)
     verify_times(2, sums[0], sums[1], sums[2], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0, 0.0)
     alternative_sums(sums, sums[0])
+    numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
+    for fed in (True, False):
+        chain_step_time(sums[0], sums[1], sums[2], fed, numbers, numbers, 0.0)
 
 
 @njit(cache=True)
@@ -199,10 +263,7 @@ def chain_pass_times(seqs, cached, feed_tokens, feed_pairs, m0: float, m1: float
                 pairs += feed_pairs[s]
             t = 0.0
             if n > 0 and tokens > 0:
-                memory = m0 + m1 * (held + tokens)
-                compute = f_q * tokens + f_pair * pairs
-                pass_fixed = fixed + c0 + c1 * tokens if comm else fixed
-                t = (memory if memory >= compute else compute) + pass_fixed
+                t = _pass_s(held, tokens, pairs, m0, m1, f_q, f_pair, fixed, comm, c0, c1)
             if not in_step_order:
                 out[j - 1, s] = t
             elif i == 0:
@@ -227,9 +288,6 @@ def verify_times(seqs: int, drafted, cached, pairs, m0: float, m1: float, f_q: f
         raise IndexError("verify_times: steps of other lengths")
     out = np.empty(steps)
     for s in range(steps):
-        tokens = drafted[s] + seqs
-        memory = m0 + m1 * (cached[s] + tokens)
-        compute = f_q * tokens + f_pair * pairs[s]
-        pass_fixed = fixed + c0 + c1 * tokens if comm else fixed
-        out[s] = (memory if memory >= compute else compute) + pass_fixed + overhead
+        out[s] = _pass_s(cached[s], drafted[s] + seqs, pairs[s], m0, m1, f_q, f_pair, fixed, comm,
+                         c0, c1) + overhead
     return out

@@ -143,7 +143,8 @@ def simulate(
     cluster = cluster or ClusterConfig()
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
-    kernels.prepare(len(workload))  # the per-request loops: compiled where it pays (once)
+    # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
+    kernels.prepare(len(workload), len(workload) if type(policy).compiled_steps else 0)
     started = time.perf_counter()
     env = simpy.Environment()
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)

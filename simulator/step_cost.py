@@ -42,6 +42,10 @@ class StepCostModel:
         #: loops take them (simulator/compiled.py); None on another latency model
         self._roofline = ({role: _loop_numbers(latency, role) for role in ("target", "draft")}
                           if type(latency) is RooflineLatency else None)
+        #: ... where a step of a draft model's chain is priced by one compiled loop
+        #: (`_chain_step_s`): no tree, no idle proposer
+        self._chain_step = (self._roofline is not None and self._roofline["draft"] is not None
+                            and self.draft_tree is None and not self.idle_s)
 
     def iteration_s(
         self,
@@ -64,6 +68,10 @@ class StepCostModel:
         in_step_order: with a 2-D `cached`, add each step's draft passes in the order one
                 step adds them (its floats to the bit, as a run stepped one at a time has them)
         """
+        if (self._chain_step and not prefill_seqs and len(ks)
+                and not (isinstance(cached, np.ndarray) and cached.ndim == 2)
+                and compiled() is not None):  # one step of a draft model's chain, compiled
+            return self._chain_step_s(ks, cached, feeds)
         lat, tree = self.latency, self.draft_tree
         # no draft model and a chain: nothing to bucket by k, the verify pass's sums suffice
         # (the same integers: the hot path of model-free drafters, in either form)
@@ -114,6 +122,17 @@ class StepCostModel:
                                                 prefill_tokens, prefill_cached, prefill_pairs,
                                                 first, in_step_order)
         return total
+
+    def _chain_step_s(self, ks, cached, feeds) -> float:
+        """`iteration_s` of one decode step of a draft model's chain on the roofline, in one
+        compiled loop (simulator/compiled.py): the same floats, as its sums are the same
+        integers and its passes are added in the same order."""
+        fed = feeds is not None
+        return compiled().chain_step_time(
+            np.asarray(ks, dtype=np.int64), np.asarray(cached, dtype=np.int64),
+            np.asarray(feeds, dtype=np.int64) if fed else _NO_FEEDS, fed,
+            self._roofline["target"], self._roofline["draft"],
+            self.latency.step_overhead_s(len(ks)))
 
     def _target_s(self, n_decode, positions, positions_fed, cached_total, pairs,
                   prefill_seqs: int = 0, prefill_tokens: int = 0, prefill_cached: int = 0,
@@ -416,6 +435,8 @@ class StepCostModel:
             total += lat.forward_s("draft", seqs, tokens, 0, pairs)
         return float(total)
 
+
+_NO_FEEDS = np.zeros(0, dtype=np.int64)  # `_chain_step_s` without catch-up feeds
 
 #: from this many alternatives on, `steps_s` prices a draft model's chain at once
 DRAFT_ROWS_AT_ONCE = 4

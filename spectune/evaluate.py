@@ -319,7 +319,12 @@ class Runner:
 
         if todo and self.executor != "ray":  # the compiled loops, where this batch repays
             # loading them: loaded here, before the workers fork, they inherit them
-            kernels.prepare(sum(tasks[i].scenario.requests or 0 for i in todo))
+            from policies import policy_class
+
+            requests = [tasks[i].scenario.requests or 0 for i in todo]
+            kernels.prepare(sum(requests), sum(
+                n for i, n in zip(todo, requests)
+                if policy_class(tasks[i].candidate.policy).compiled_steps))
         if todo and self.executor == "ray":
             if self._ray is None:
                 from spectune.ray_pool import RayPool

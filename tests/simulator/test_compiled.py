@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import ConfigError, kernels
+from simulator import ConfigError, SchedulerConfig, kernels
 from simulator.batch_columns import BatchColumns
 from simulator.draft_feed import next_feed
 from simulator.replica import Replica
@@ -143,6 +143,37 @@ def test_a_run_gives_the_same_records_with_either(loops, acceptance, more, polic
     pd.testing.assert_frame_equal(frames[True][1], frames[False][1], check_exact=True)
 
 
+@pytest.mark.parametrize("target,tp,compute_bound", [("Llama-3.1-8B", 1, False),
+                                                     ("Llama-3.1-8B", 1, True),
+                                                     ("Llama-3.1-70B", 4, True)])
+def test_a_draft_model_step_is_priced_as_the_numpy_code_prices_it(loops, monkeypatch, target,
+                                                                  tp, compute_bound):
+    from dataclasses import replace
+
+    import spectune.simulate
+    from simulator.step_cost import StepCostModel
+    from spectune.simulate import SimulationSpec, build_inputs
+
+    if compute_bound:  # memory 10,000 times faster: the passes' causal pairs priced too
+        gpu = spectune.simulate.get_gpu
+        monkeypatch.setattr(spectune.simulate, "get_gpu", lambda name: replace(
+            gpu(name), bandwidth_bytes_per_s=gpu(name).bandwidth_bytes_per_s * 1e4))
+    spec = SimulationSpec(workload="poisson", rate=4.0, requests=5, lengths="azure-conv",
+                          acceptance="iid:0.6", seed=0, draft="Llama-68M", target=target, tp=tp)
+    cost = StepCostModel(build_inputs(spec, {}, SchedulerConfig()).latency)
+    rng = np.random.default_rng(tp + compute_bound)
+    for _ in range(80):
+        b = int(rng.integers(1, 65))
+        ks = rng.integers(0, 11, b).tolist()
+        cached = rng.integers(1, 30_000, b).tolist()
+        feeds = rng.integers(1, 7, b).tolist() if rng.random() < 0.7 else None
+        times = []
+        for compiled in (True, False):
+            loops(compiled)
+            times.append(float(cost.iteration_s(ks, cached, feeds=feeds)).hex())
+        assert times[0] == times[1]
+
+
 def test_auto_loads_them_for_long_runs_only(monkeypatch):
     monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
     monkeypatch.setattr(kernels, "_loaded", None)
@@ -153,6 +184,44 @@ def test_auto_loads_them_for_long_runs_only(monkeypatch):
     assert kernels.prepare(kernels.AUTO_REQUESTS) is not None
     assert policy_kernels.compiled() is not None  # auto's, with the simulator's
     assert kernels.prepare(1) is not None  # loaded once, every run takes them
+
+
+def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
+    from policies import make_policy
+    from simulator import ClusterConfig, SchedulerConfig
+    from simulator.engine import simulate
+    from spectune.simulate import SimulationSpec, build_inputs
+
+    monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.setattr(kernels, "_active", None)
+    n = kernels.AUTO_STEPPED_REQUESTS
+    assert kernels.prepare(n, n - 1) is None
+    assert kernels.prepare(n, n) is not None
+    asked = []  # what a run asks for: its requests, and those stepped by such a policy
+    monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
+    spec = SimulationSpec(workload="poisson", rate=4.0, requests=6, lengths="azure-conv",
+                          acceptance="beta:7,3", seed=0)
+    inputs = build_inputs(spec, {}, SchedulerConfig())
+    for policy in ("auto", "goodput"):
+        simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, {}),
+                 inputs.kv_capacity_tokens, SchedulerConfig(), ClusterConfig(1, "least-loaded"))
+    assert asked == [(6, 6), (6, 0)]
+
+
+def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, tmp_path):
+    from spectune.evaluate import Runner, Task
+    from spectune.search import Candidate
+    from spectune.simulate import SimulationSpec
+
+    asked = []
+    monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
+    spec = SimulationSpec(requests=20, workload="azure-conv")
+    tasks = [Task(spec, SchedulerConfig(), Candidate(policy, ()), rate=4.0, seed=0)
+             for policy in ("auto", "fixed", "batch_adaptive")]
+    with Runner(tmp_path, jobs=1) as runner:
+        runner.run(tasks)
+    assert asked[0] == (60, 20)  # before its runs (each then asks for its own)
 
 
 def test_without_numba_runs_take_the_numpy_code(monkeypatch):
