@@ -204,6 +204,12 @@ PATHS = (
      SchedulerConfig(scheduler="vllm-v1"), 1),
 )
 PATH_RATES = (8.0, 20.0)
+#: the compiled table's rows beside PATHS: a policy decided step by step, whose every step
+#: runs compiled loops of its own (`auto`), model-free and with a draft model
+STEPPED = (
+    ("auto", "smollm2-ngram", "none", "auto", SchedulerConfig(), 1),
+    ("auto + draft", "beta:7,3~20", "Llama-68M", "auto", SchedulerConfig(), 1),
+)
 
 
 def paths_table(n: int, repeats: int) -> None:
@@ -234,7 +240,8 @@ def paths_table(n: int, repeats: int) -> None:
 
 def compiled_table(n: int, repeats: int) -> None:
     """Each path's us per simulated iteration with the per-request loops in numpy and compiled,
-    interleaved in this process (the compiled ones loaded before: their load is per process)."""
+    interleaved in this process (the compiled ones loaded before: their load is per process),
+    and `auto`'s, whose steps run compiled loops of their own (STEPPED)."""
     print(f"\n{n:,} requests per replica, the paths above with the per-request loops in numpy "
           f"and compiled (times: median of {repeats}, rows interleaved)")
     cells = [f"{'numpy':>7} {'numba':>7} {'ratio':>6}" for _ in PATH_RATES]
@@ -244,7 +251,7 @@ def compiled_table(n: int, repeats: int) -> None:
     runs: dict[tuple, list[float]] = {}
     try:
         for _ in range(repeats):
-            for row in PATHS:
+            for row in PATHS + STEPPED:
                 _, acceptance, draft, policy, scheduler, replicas = row
                 for rate in PATH_RATES:
                     for loops in ("numpy", "numba"):
@@ -255,7 +262,7 @@ def compiled_table(n: int, repeats: int) -> None:
                             r["engine_s"] / r["iterations"] * 1e6)
     finally:
         os.environ["SPECTUNE_KERNELS"] = chosen or "auto"
-    for row in PATHS:
+    for row in PATHS + STEPPED:
         line = f"{row[0]:>20} {row[3]:>10} "
         for rate in PATH_RATES:
             plain, fast = (float(np.median(runs[row, rate, loops])) for loops in ("numpy", "numba"))
