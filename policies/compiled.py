@@ -1,6 +1,7 @@
 """`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
-per second, then each request's k) and its draft stop.
+per second, then each request's k) and its draft stop; and `kld_variance`'s KL cleaning and
+variance ratio, which it computes for every request every step.
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
 a time, and in numpy each step was some 40 small array operations: with its pricing, most of
@@ -58,14 +59,14 @@ def _row_sum(a, row: int, n: int) -> float:
 
 @njit(cache=True)
 def _capped(x: float, cap: float) -> float:
-    """np.minimum(x, cap) (NaN stays NaN)."""
-    return cap if x > cap else x
+    """np.minimum(x, cap): NaN stays NaN, and a tie gives the second (-0.0 and 0.0 tie)."""
+    return x if x < cap or x != x else cap
 
 
 @njit(cache=True)
 def _floored(x: float) -> float:
-    """np.maximum(x, 0.0) (NaN stays NaN, -0.0 stays -0.0)."""
-    return x if x >= 0.0 or x != x else 0.0
+    """np.maximum(x, 0.0): NaN stays NaN, and a tie gives the second (so -0.0 gives 0.0)."""
+    return x if x > 0.0 or x != x else 0.0
 
 
 @njit(cache=True)
@@ -205,6 +206,57 @@ def stop_lengths(plan_alpha, confidence, top1, ks, threshold: float, alpha_max: 
     return out
 
 
+@njit(cache=True)
+def _sum(a, n: int) -> float:
+    """np.add.reduce(a[:n]) of a contiguous float vector, to the bit (`_row_sum`'s rule)."""
+    return _row_sum(a.reshape((1, a.shape[0])), 0, n)
+
+
+@njit(cache=True)
+def _weighted_variance(values, start: int, n: int, weights, total: float) -> float:
+    """`kld_variance.weighted_variance` of values[start:start + n] with its `_weights`
+    (weights, their sum): the weighted mean, then the weighted mean square deviation, each a
+    numpy sum over their total."""
+    terms = np.empty(n)
+    for i in range(n):
+        terms[i] = weights[i] * values[start + i]
+    mean = _sum(terms, n) / total
+    for i in range(n):
+        deviation = values[start + i] - mean
+        terms[i] = weights[i] * (deviation * deviation)
+    return _sum(terms, n) / total
+
+
+@njit(cache=True)
+def variance_ratio(history, long_weights, long_total: float, short_weights,
+                   short_total: float, if_flat: float) -> float:
+    """`kld_variance.variance_ratio` of a history of 2 to 128 values: the weighted variance of
+    its newest third (the short weights' length) over that of the whole, or `if_flat` where
+    the whole's is below 1e-6."""
+    n, short = history.shape[0], short_weights.shape[0]
+    if n < 2 or n > _BLOCK or long_weights.shape[0] != n or not 1 <= short <= n:
+        raise IndexError("variance_ratio: a history of 2..128 values and its weights")
+    whole = _weighted_variance(history, 0, n, long_weights, long_total)
+    if whole < 1e-6:
+        return if_flat
+    return _weighted_variance(history, n - short, short, short_weights, short_total) / whole
+
+
+@njit(cache=True)
+def clean_kl(values, ceiling: float):
+    """`kld_variance.clean_kl`: NaN dropped, the rest clipped to [0, ceiling] (np.maximum,
+    then np.minimum)."""
+    out = np.empty(values.shape[0])
+    n = 0
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v != v:
+            continue
+        out[n] = _capped(_floored(v), ceiling)
+        n += 1
+    return out[:n]
+
+
 def warm() -> None:
     """Call each loop once on the types `auto` gives them (numba's one-time load here, not
     inside a run)."""
@@ -218,3 +270,7 @@ def warm() -> None:
     draft_counts(order, 4, totals, 2)
     pick(ranked, totals, np.ones(len(totals)), 2, 1.0, survival, 0.5)
     stop_lengths(alpha, np.ones(10), np.full((2, 3), 0.5), np.full(2, 3), 0.1, 0.98)
+    weights = np.ones(6)
+    weights.flags.writeable = False  # as kld_variance's cached weights are
+    variance_ratio(np.arange(6.0), weights, 6.0, weights[:2], 2.0, 20.0)
+    clean_kl(np.arange(3.0), 18.4)

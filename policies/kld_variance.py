@@ -24,17 +24,25 @@ from typing import ClassVar
 import numpy as np
 
 from policies.base import DraftOutcome, Policy, StepContext
+from policies.kernels import compiled
 from policies.registry import register
 
 KL_CEILING = math.log(1e8)  # the largest KL the authors' 1e-8-clamped computation reports
 RATIO_IF_FLAT = 20.0  # the code's R when the long-window variance is below 1e-6
 _K_LIMIT = 64
+#: the longest history whose variances the compiled loop sums (numpy sums up to 128 values in
+#: one block; a longer one, with activation_tokens above it, takes the numpy code)
+COMPILED_HISTORY = 128
 
 
 def clean_kl(values) -> np.ndarray:
     """Observed KL values as float64: NaN dropped, clipped to [0, KL_CEILING] (+inf -> ceiling;
-    the two ufuncs rather than ndarray.clip's Python wrapper)."""
+    the two ufuncs rather than ndarray.clip's Python wrapper; compiled where the simulator's
+    loops run: policies/compiled.py)."""
     kl = np.asarray(values, dtype=np.float64).ravel()
+    loops = compiled()
+    if loops is not None:
+        return loops.clean_kl(kl, KL_CEILING)
     return np.minimum(np.maximum(kl[~np.isnan(kl)], 0.0), KL_CEILING)
 
 
@@ -65,6 +73,10 @@ def variance_ratio(history: np.ndarray, decay: float) -> float:
     if n < 2:
         return 0.0
     short = max(1, n // 3)
+    loops = compiled()
+    if loops is not None and n <= COMPILED_HISTORY:  # the same floats, compiled
+        return loops.variance_ratio(np.ascontiguousarray(history, dtype=np.float64),
+                                    *_weights(decay, n), *_weights(decay, short), RATIO_IF_FLAT)
     v_long = weighted_variance(history, decay)
     if v_long < 1e-6:
         return RATIO_IF_FLAT

@@ -224,8 +224,9 @@ def warm() -> None:
                    True, walk_feeds)
     sums = np.ones((4, 6), dtype=np.int64)  # the kept sums' rows, and their cumsums reversed
     passes = sums[::-1].cumsum(axis=0)[::-1]
-    chain_pass_times(passes, passes, sums[0], sums[1], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0,
-                     0.0, True)
+    for layout in (passes, sums):  # reversed cumsums (the kept sums'), fresh arrays (steps_s's)
+        chain_pass_times(layout, layout, sums[0], sums[1], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0,
+                         0.0, True)
     verify_times(2, sums[0], sums[1], sums[2], 1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0, 0.0)
     alternative_sums(sums, sums[0])
     numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)

@@ -1,8 +1,9 @@
-"""`auto` with its compiled loops (policies/compiled.py) against its numpy code: numpy's
-pairwise row sums to the bit; the same ks, threshold, plan and draft stops step after step,
-on a model-free chain (alternatives priced from the verify pass's sums) and with a draft model
-(each alternative priced as its ks); a draft model's alternatives priced at once as one by one;
-the same records from whole runs; the loops refuse shapes they were not made for."""
+"""`auto` and `kld_variance` with their compiled loops (policies/compiled.py) against their
+numpy code: numpy's pairwise sums to the bit; auto's ks, threshold, plan and draft stops step
+after step, on a model-free chain (alternatives priced from the verify pass's sums) and with a
+draft model (each alternative priced as its ks); a draft model's alternatives priced at once as
+one by one; kld_variance's cleaned KL and variance ratios; the same records from whole runs;
+the loops refuse shapes they were not made for."""
 
 from __future__ import annotations
 
@@ -149,6 +150,10 @@ def test_a_draft_models_alternatives_at_once_are_their_steps_one_by_one(loops):
                                               ("beta:7,3~20", "Llama-68M"),
                                               ("smollm2-eagle-ngram", "Llama-68M")])
 def test_a_run_of_auto_gives_the_same_records_with_either(loops, acceptance, draft):
+    _same_records(loops, "auto", acceptance, draft)
+
+
+def _same_records(loops, policy: str, acceptance: str, draft: str) -> None:
     from simulator import ClusterConfig, SchedulerConfig
     from simulator.engine import simulate
     from spectune.simulate import SimulationSpec, build_inputs
@@ -160,11 +165,40 @@ def test_a_run_of_auto_gives_the_same_records_with_either(loops, acceptance, dra
                               acceptance=acceptance, seed=2, draft=draft)
         inputs = build_inputs(spec, {}, SchedulerConfig())
         result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                          make_policy("auto", {}), inputs.kv_capacity_tokens, SchedulerConfig(),
+                          make_policy(policy, {}), inputs.kv_capacity_tokens, SchedulerConfig(),
                           ClusterConfig(1, "least-loaded"))
         frames[compiled] = (result.requests, result.steps)
     pd.testing.assert_frame_equal(frames[True][0], frames[False][0], check_exact=True)
     pd.testing.assert_frame_equal(frames[True][1], frames[False][1], check_exact=True)
+
+
+def test_kld_variances_ratios_and_cleaned_kl_are_the_numpy_code(loops):
+    from policies.kld_variance import clean_kl, variance_ratio
+
+    rng = np.random.default_rng(4)
+    for n in [*range(0, 40), 99, 100, 127, 128, 129, 300]:
+        for decay in (0.9, 0.5, 1.0):
+            history = rng.random(n) * 10.0 ** rng.integers(-4, 3)
+            if n and rng.random() < 0.2:
+                history[:] = history[0]  # flat: below 1e-6, the ratio's fallback
+            ratios = []
+            for compiled in (True, False):
+                loops(compiled)
+                ratios.append(float(variance_ratio(history, decay)).hex())
+            assert ratios[0] == ratios[1], (n, decay)
+    raw = np.array([0.5, np.nan, -0.0, -2.0, np.inf, 1e9, 3.0], dtype=np.float32)
+    loops(True)
+    cleaned = clean_kl(raw)
+    loops(False)
+    assert cleaned.view(np.int64).tolist() == clean_kl(raw).view(np.int64).tolist()
+
+
+@pytest.mark.parametrize("policy,acceptance,draft", [("kld_variance", "beta:7,3~20", "none"),
+                                                     ("kld_variance", "beta:3.5,6.5~20",
+                                                      "Llama-68M")])
+def test_a_run_of_kld_variance_gives_the_same_records_with_either(loops, policy, acceptance,
+                                                                   draft):
+    _same_records(loops, policy, acceptance, draft)
 
 
 def test_the_loops_refuse_shapes_they_were_not_made_for(loops):
@@ -190,6 +224,10 @@ def test_the_loops_refuse_shapes_they_were_not_made_for(loops):
         simulator_loops.alternative_sums(np.array([[1, -1]]), ints[:2])
     with pytest.raises(IndexError, match="other requests"):
         simulator_loops.alternative_sums(np.array([[1, 1]]), ints)
+    with pytest.raises(IndexError, match=r"a history of 2\.\.128 values"):
+        module.variance_ratio(np.ones(129), np.ones(129), 129.0, np.ones(43), 43.0, 20.0)
+    with pytest.raises(IndexError, match=r"a history of 2\.\.128 values"):
+        module.variance_ratio(np.ones(6), np.ones(6), 6.0, np.ones(7), 7.0, 20.0)
 
 
 def test_a_confidence_just_under_one_lands_in_the_top_bin():

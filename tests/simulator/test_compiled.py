@@ -174,6 +174,43 @@ def test_a_draft_model_step_is_priced_as_the_numpy_code_prices_it(loops, monkeyp
         assert times[0] == times[1]
 
 
+def test_loading_compiles_every_specialisation_a_run_calls(loops):
+    """A loop called with argument types `warm` did not give compiles in the middle of a
+    run (numba compiles per type signature: a read-only array, another layout): a second or
+    more of a run's time spent there."""
+    from numba.core.registry import CPUDispatcher
+
+    from policies import compiled as policy_loops
+    from policies import make_policy
+    from simulator import ClusterConfig
+    from simulator.engine import simulate
+    from spectune.simulate import SimulationSpec, build_inputs
+
+    simulator_loops = loops(True)
+
+    def signatures():
+        return {name: len(loop.signatures) for module in (simulator_loops, policy_loops)
+                for name, loop in vars(module).items() if isinstance(loop, CPUDispatcher)}
+    warmed = signatures()
+    chunked = {"chunked_prefill": True, "max_batched_tokens": 512}
+    for acceptance, draft, policy, scheduler in [
+            ("smollm2-ngram", "none", "auto", {}), ("beta:7,3~20", "Llama-68M", "auto", {}),
+            ("beta:7,3~20", "none", "kld_variance", {}),
+            ("smollm2-ngram", "Llama-68M", "fixed", {}),
+            ("beta:7,3~20", "Llama-68M", "heuristic", {}),
+            ("beta:7,3~20", "Llama-68M", "oracle", {}),
+            ("smollm2-ngram", "none", "goodput", chunked),
+            ("smollm2-ngram", "none", "fixed", {"scheduler": "vllm-v1"})]:
+        spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
+                              acceptance=acceptance, seed=1, draft=draft)
+        config = SchedulerConfig(**scheduler)
+        params = {"k": 4} if policy == "fixed" else {}
+        inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, config)
+        simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
+                 inputs.kv_capacity_tokens, config, ClusterConfig(1, "least-loaded"))
+    assert signatures() == warmed
+
+
 def test_auto_loads_them_for_long_runs_only(monkeypatch):
     monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
     monkeypatch.setattr(kernels, "_loaded", None)
