@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import groupby
+from operator import itemgetter
 from typing import ClassVar
 
 import numpy as np
 
 from policies.base import Policy, StepContext, SumsPricer, price_steps
+from policies.kernels import compiled
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
@@ -106,20 +110,35 @@ class Oracle(Policy):
             order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
             ranked.append((order // depth, np.concatenate(([0.0], np.cumsum(worth[order])))))
 
+        loops = compiled()
+
         def best_of(tries: list[tuple[int, int]]) -> tuple[int, int]:
-            rows = [np.bincount(ranked[k - 1][0][:d], minlength=b).tolist() for k, d in tries]
+            if loops is None:
+                rows = [np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
+                        for k, d in tries]
+            else:  # each depth's prefix counts in one compiled call (the same integers)
+                rows = []
+                for k, same_k in groupby(tries, key=itemgetter(0)):
+                    rows += loops.draft_counts(ranked[k - 1][0], 1, np.array(
+                        [d for _, d in same_k], dtype=np.int64), b).tolist()
             times = price_steps(ctx.cost, rows, contexts)
             rates = [(b + ranked[k - 1][1][d]) / t for (k, d), t in zip(tries, times)]
             return tries[int(np.argmax(rates))]
 
-        grid = {k: sorted({0, *np.geomspace(1, len(ranked[k - 1][0]) or 1, GRID).round()
-                           .astype(int).tolist()} & set(range(len(ranked[k - 1][0]) + 1)))
-                for k in range(1, bound + 1)}
+        grid = {k: _grid(len(ranked[k - 1][0])) for k in range(1, bound + 1)}
         k, d = best_of([(k, d) for k in grid for d in grid[k]])
         at = grid[k].index(d)
         low, high = grid[k][max(at - 1, 0)], grid[k][min(at + 1, len(grid[k]) - 1)]
         k, d = best_of([(k, x) for x in range(low, high + 1)])
         return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
+
+
+@lru_cache(maxsize=4096)
+def _grid(n: int) -> tuple[int, ...]:
+    """The draft counts `_calibrated` tries first at a depth with n drafts worth something: 0
+    and GRID counts spaced geometrically up to n (the same for every step with n)."""
+    return tuple(sorted({0, *np.geomspace(1, n or 1, GRID).round().astype(int).tolist()}
+                        & set(range(n + 1))))
 
 
 def _best_cap(sums, runs: list[int], contexts: list[int], top: int) -> int:

@@ -154,10 +154,12 @@ def test_a_run_of_auto_gives_the_same_records_with_either(loops, acceptance, dra
 
 
 def _same_records(loops, policy: str, acceptance: str, draft: str) -> None:
+    """A run's records with the compiled loops and with numpy (`policy`: name/key=value)."""
     from simulator import ClusterConfig, SchedulerConfig
     from simulator.engine import simulate
     from spectune.simulate import SimulationSpec, build_inputs
 
+    name, *params = policy.split("/")
     frames = {}
     for compiled in (True, False):
         loops(compiled)
@@ -165,7 +167,8 @@ def _same_records(loops, policy: str, acceptance: str, draft: str) -> None:
                               acceptance=acceptance, seed=2, draft=draft)
         inputs = build_inputs(spec, {}, SchedulerConfig())
         result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                          make_policy(policy, {}), inputs.kv_capacity_tokens, SchedulerConfig(),
+                          make_policy(name, dict(p.split("=") for p in params)),
+                          inputs.kv_capacity_tokens, SchedulerConfig(),
                           ClusterConfig(1, "least-loaded"))
         frames[compiled] = (result.requests, result.steps)
     pd.testing.assert_frame_equal(frames[True][0], frames[False][0], check_exact=True)
@@ -193,11 +196,12 @@ def test_kld_variances_ratios_and_cleaned_kl_are_the_numpy_code(loops):
     assert cleaned.view(np.int64).tolist() == clean_kl(raw).view(np.int64).tolist()
 
 
-@pytest.mark.parametrize("policy,acceptance,draft", [("kld_variance", "beta:7,3~20", "none"),
-                                                     ("kld_variance", "beta:3.5,6.5~20",
-                                                      "Llama-68M")])
-def test_a_run_of_kld_variance_gives_the_same_records_with_either(loops, policy, acceptance,
-                                                                   draft):
+@pytest.mark.parametrize("policy,acceptance,draft", [
+    ("kld_variance", "beta:7,3~20", "none"), ("kld_variance", "beta:3.5,6.5~20", "Llama-68M"),
+    ("oracle/knows=probabilities", "beta:7,3~20", "Llama-68M"),  # its counts, compiled
+    ("oracle/knows=probabilities", "beta:3.5,6.5~20", "none")])
+def test_a_run_of_another_planner_gives_the_same_records_with_either(loops, policy, acceptance,
+                                                                     draft):
     _same_records(loops, policy, acceptance, draft)
 
 
