@@ -19,8 +19,6 @@ import os
 import warnings
 from types import ModuleType
 
-from policies import kernels as policy_kernels
-
 #: SPECTUNE_KERNELS
 CHOICES = ("auto", "numba", "numpy")
 #: `auto`: a run of at least this many requests loads the compiled loops (about 0.3 s, which
@@ -63,7 +61,10 @@ def prepare(requests: int, stepped: int = 0) -> ModuleType | None:
         _active = _load(forced=mode == "numba")
     else:
         _active = None
-    policy_kernels.use(_policy_loops if _active is not None else None)  # auto's, with them
+    # the policies' loops with them (imported here, not above: a script in benchmarks/ that
+    # only prices steps would find benchmarks/policies.py under that name)
+    from policies import kernels as policy_kernels
+    policy_kernels.use(_policy_loops if _active is not None else None)
     return _active
 
 
