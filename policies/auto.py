@@ -28,6 +28,7 @@ from policies.base import (
     RequestView,
     StepContext,
     SumsPricer,
+    prefix_counts,
     price_steps,
 )
 from policies.kernels import compiled
@@ -109,13 +110,6 @@ class Auto(Policy):
         self._sums_pricer = SumsPricer()  # the cost model's chain_sums_s, or None
 
     # -- estimates ---------------------------------------------------------------------------
-
-    def _ratio(self, request_id: int) -> float:
-        """The request's accepted drafts over the population's prediction for them, shrunk
-        to 1 by `prior_weight` pseudo-observations."""
-        w = self.prior_weight
-        return (self._observed.get(request_id, 0.0) + w) / (
-            self._expected.get(request_id, 0.0) + w)
 
     def acceptance(self, requests: Sequence[RequestView], depth: int) -> np.ndarray:
         """(requests x depth) chance that each request accepts its draft at each depth given it
@@ -266,11 +260,7 @@ class Auto(Policy):
                 [0, n], np.searchsorted(-worth, _BELOW_THRESHOLDS, side="right"),
                 _geometric_totals(n))))
             totals = totals[totals <= n]
-            if loops is not None:
-                ks_rows = loops.draft_counts(order, depth, totals, b).tolist()
-            else:
-                rows = order // depth
-                ks_rows = [np.bincount(rows[:d], minlength=b).tolist() for d in totals.tolist()]
+            ks_rows = prefix_counts(order // depth, totals, b)
             times = np.array(price_steps(ctx.cost, ks_rows, contexts), dtype=np.float64)
         return totals, times
 
@@ -282,9 +272,9 @@ class Auto(Policy):
         if width <= 1 or [r.request_id for r in requests] != self._plan_ids:
             return list(ks)  # a chain of one draft has nothing to stop
         loops = compiled()
-        if loops is not None and width <= self._plan_alpha.shape[1]:  # compiled
-            return loops.stop_lengths(self._plan_alpha, self._plan_confidence,
-                                      np.asarray(draft_top1, dtype=np.float64),
+        if (loops is not None and width <= self._plan_alpha.shape[1]
+                and draft_top1.dtype == np.float64):  # compiled (its bins: float64 products)
+            return loops.stop_lengths(self._plan_alpha, self._plan_confidence, draft_top1,
                                       np.array(ks, dtype=np.int64), self._threshold,
                                       ALPHA_MAX).tolist()
         plan = self._plan_alpha[:, :width]
@@ -338,7 +328,7 @@ class Auto(Policy):
                 continue
             rid, hits = o.request_id, o.accepted
             state = streak.get(rid, NEW)
-            ratio = (observed.get(rid, 0.0) + w) / (expected_of.get(rid, 0.0) + w)  # _ratio
+            ratio = (observed.get(rid, 0.0) + w) / (expected_of.get(rid, 0.0) + w)  # its own
             seen = hits + 1 if hits < k else k  # the accepted drafts and the first rejection
             top1 = o.signals.get("draft_top1")
             top1 = ([] if top1 is None else top1[:seen].tolist() if isinstance(top1, np.ndarray)
@@ -353,9 +343,7 @@ class Auto(Policy):
                     accepted_by_bin[b] += hit
                     expected += a_pop[b]
                     continue
-                v = top1[i]  # its tenth (_top1_bin, inline: once per verified position)
-                t = (0 if not v >= 0.0 else TOP1_BINS - 1 if v >= 1.0
-                     else min(int(v * TOP1_BINS), TOP1_BINS - 1))
+                t = _top1_bin(top1[i])
                 confidence = lift[t]
                 seen_by_bin[b] += ratio * confidence
                 accepted_by_bin[b] += hit
@@ -378,7 +366,8 @@ class Auto(Policy):
         self._expected.pop(request_id, None)
 
 
-_BELOW_THRESHOLDS = -np.array(THRESHOLDS)
+_BELOW_THRESHOLDS = -np.array(THRESHOLDS)  # searched for in the ranked worths, negated
+_BELOW_THRESHOLDS.flags.writeable = False
 
 
 @lru_cache(maxsize=1024)

@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from policies.kernels import compiled
+
 
 class PolicyError(ValueError):
     """A user-facing policy problem (unknown name or parameter, bad value); one clear line."""
@@ -64,6 +66,17 @@ def price_steps(cost: StepCost, ks_rows: Sequence[Sequence[int]],
     if many is not None:
         return many(ks_rows, context_tokens)
     return [cost.step_s(ks, context_tokens) for ks in ks_rows]
+
+
+def prefix_counts(rows: np.ndarray, totals: Sequence[int] | np.ndarray, b: int
+                  ) -> list[list[int]]:
+    """A planner's alternatives as ks: for each total D of `totals`, each of the `b` requests'
+    count among the first D entries of `rows` (its drafts ranked best first, by request);
+    compiled where the simulator's loops run (policies/compiled.py), the same integers."""
+    loops = compiled()
+    if loops is not None:
+        return loops.prefix_counts(rows, np.asarray(totals, dtype=np.int64), b).tolist()
+    return [np.bincount(rows[:d], minlength=b).tolist() for d in totals]
 
 
 class SumsPricer:

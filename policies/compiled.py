@@ -1,7 +1,8 @@
 """`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
-per second, then each request's k) and its draft stop; and `kld_variance`'s KL cleaning and
-variance ratio, which it computes for every request every step.
+per second, then each request's k) and its draft stop; `kld_variance`'s KL cleaning and
+variance ratio, which it computes for every request every step; and a planner's alternatives as
+ks (the calibrated oracle's too).
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
 a time, and in numpy each step was some 40 small array operations: with its pricing, most of
@@ -30,6 +31,8 @@ def _row_sum(a, row: int, n: int) -> float:
     """np.add.reduce(a[row, :n], axis=1)'s row of a C-contiguous float matrix, to the bit: numpy
     adds to 0.0 the row's pairwise sum: fewer than 8 in order, up to _BLOCK with eight
     accumulators combined pairwise, the rest after them in order."""
+    if n > a.shape[1] or not 0 <= row < a.shape[0]:
+        raise IndexError("_row_sum: a row or a length past the matrix")
     if n < 8:
         total = -0.0
         for j in range(n):
@@ -81,6 +84,13 @@ def plan(a_pop, bin_table, rows, scales, depth: int, reach, price: float, discov
     b = rows.shape[0]
     if scales.shape[0] != b or reach.shape[0] != b or depth > bin_table.shape[1]:
         raise IndexError("plan: rows, scales and reach of other lengths, or depth too large")
+    for r in range(-1, b):  # (-1: the streak row) each row, and its bins, inside the tables
+        row = streak_row if r < 0 else rows[r]
+        if not 0 <= row < bin_table.shape[0]:
+            raise IndexError("plan: a state outside the bin table")
+        for j in range(depth):
+            if not 0 <= bin_table[row, j] < a_pop.shape[0]:
+                raise IndexError("plan: a bin outside the acceptance per bin")
     alpha = np.empty((b, depth))
     survival = np.empty((b, depth))
     for r in range(b):
@@ -122,32 +132,36 @@ def verify_pairs(order, depth: int, contexts, before: int):
     pairs[0] = before
     for i in range(order.shape[0]):
         r, j = order[i] // depth, order[i] % depth
+        if not 0 <= r < contexts.shape[0]:
+            raise IndexError("verify_pairs: a draft of a request past the contexts")
         pairs[i + 1] = pairs[i] + contexts[r] - 1 + j + 2
     return pairs
 
 
 @njit(cache=True)
-def draft_counts(order, depth: int, totals, b: int):
-    """`Auto._price`'s alternatives where each is priced as its ks: for each draft total D,
-    each request's k when the D first drafts of `order` are drafted (totals x requests)."""
+def prefix_counts(rows, totals, b: int):
+    """A planner's alternatives as ks (`policies.base.prefix_counts`): for each total D, each
+    request's count among the first D entries of `rows` (totals x b)."""
     counts = np.zeros((totals.shape[0], b), dtype=np.int64)
     for t in range(totals.shape[0]):
-        if totals[t] < 0 or totals[t] > order.shape[0]:
-            raise IndexError("draft_counts: a draft total outside the ranked drafts")
+        if not 0 <= totals[t] <= rows.shape[0]:
+            raise IndexError("prefix_counts: a total past the ranked drafts")
         for i in range(totals[t]):
-            counts[t, order[i] // depth] += 1
+            if not 0 <= rows[i] < b:
+                raise IndexError("prefix_counts: a draft of a request past the batch")
+            counts[t, rows[i]] += 1
     return counts
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def pick(ranked, totals, times, b: int, k0_bonus: float, survival, slack: float):
     """`Auto.choose`'s pick: each draft total D's tokens per second (b plus the D best worths,
     over its step time; D = 0's times `k0_bonus`), the first best D, and where it drafts, its
     threshold (the D-th worth) and each request's k: its drafts worth at least the threshold
     times `slack`. Returns (D, threshold, ks)."""
     n = ranked.shape[0]
-    if totals.shape[0] != times.shape[0]:
-        raise IndexError("pick: totals and times of other lengths")
+    if totals.shape[0] != times.shape[0] or totals.shape[0] == 0:
+        raise IndexError("pick: totals and times of other lengths, or none")
     cum = np.empty(n + 1)
     cum[0] = 0.0
     for i in range(n):
@@ -212,7 +226,7 @@ def _sum(a, n: int) -> float:
     return _row_sum(a.reshape((1, a.shape[0])), 0, n)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _weighted_variance(values, start: int, n: int, weights, total: float) -> float:
     """`kld_variance.weighted_variance` of values[start:start + n] with its `_weights`
     (weights, their sum): the weighted mean, then the weighted mean square deviation, each a
@@ -227,7 +241,7 @@ def _weighted_variance(values, start: int, n: int, weights, total: float) -> flo
     return _sum(terms, n) / total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def variance_ratio(history, long_weights, long_total: float, short_weights,
                    short_total: float, if_flat: float) -> float:
     """`kld_variance.variance_ratio` of a history of 2 to 128 values: the weighted variance of
@@ -267,7 +281,7 @@ def warm() -> None:
                                           True, 1, 0, 0.98)
     verify_pairs(order, 4, np.full(2, 8, dtype=np.int64), 10)
     totals = np.arange(len(ranked) + 1)
-    draft_counts(order, 4, totals, 2)
+    prefix_counts(order // 4, totals, 2)
     pick(ranked, totals, np.ones(len(totals)), 2, 1.0, survival, 0.5)
     stop_lengths(alpha, np.ones(10), np.full((2, 3), 0.5), np.full(2, 3), 0.1, 0.98)
     weights = np.ones(6)

@@ -28,8 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Policy, StepContext, SumsPricer, price_steps
-from policies.kernels import compiled
+from policies.base import Policy, StepContext, SumsPricer, prefix_counts, price_steps
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
@@ -110,17 +109,10 @@ class Oracle(Policy):
             order = np.argsort(-worth, kind="stable")[: int(np.count_nonzero(worth))]
             ranked.append((order // depth, np.concatenate(([0.0], np.cumsum(worth[order])))))
 
-        loops = compiled()
-
         def best_of(tries: list[tuple[int, int]]) -> tuple[int, int]:
-            if loops is None:
-                rows = [np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
-                        for k, d in tries]
-            else:  # each depth's prefix counts in one compiled call (the same integers)
-                rows = []
-                for k, same_k in groupby(tries, key=itemgetter(0)):
-                    rows += loops.draft_counts(ranked[k - 1][0], 1, np.array(
-                        [d for _, d in same_k], dtype=np.int64), b).tolist()
+            rows = []  # each depth's tries' ks in one call
+            for k, same_k in groupby(tries, key=itemgetter(0)):
+                rows += prefix_counts(ranked[k - 1][0], [d for _, d in same_k], b)
             times = price_steps(ctx.cost, rows, contexts)
             rates = [(b + ranked[k - 1][1][d]) / t for (k, d), t in zip(tries, times)]
             return tries[int(np.argmax(rates))]

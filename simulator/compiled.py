@@ -141,43 +141,27 @@ def chain_step_time(ks, cached, feeds, fed: bool, target, draft, overhead: float
     b = ks.shape[0]
     if cached.shape[0] != b or (fed and feeds.shape[0] != b):
         raise IndexError("chain_step_time: ks, cached and feeds of other lengths")
-    passes = drafted = held_total = pairs = feed_tokens = feed_pairs = 0
-    for r in range(b):
-        k, c = ks[r], cached[r]
-        if k < 0:
-            raise ValueError("chain_step_time: a negative k")
-        passes = max(passes, k)
-        drafted += k
-        held_total += c
-        pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
-        if fed and k > 0 and feeds[r] != 1:  # g = f - 1 more tokens over g fewer cached
-            extra = feeds[r] - 1
-            feed_tokens += extra
-            feed_pairs += extra * (c + 1) - extra * feeds[r] // 2
+    if b == 0:
+        return 0.0  # (a pass of no request costs nothing)
+    step = np.empty((1, b), dtype=np.int64)
+    step[0, :] = ks
+    drafted, pairs, seqs, held = alternative_sums(step, cached)  # one alternative: this step
+    feed_tokens = np.zeros(1, dtype=np.int64)
+    feed_pairs = np.zeros(1, dtype=np.int64)
+    if fed:  # g = f - 1 more tokens over g fewer cached, where a request drafts
+        for r in range(b):
+            if ks[r] > 0 and feeds[r] != 1:
+                extra = feeds[r] - 1
+                feed_tokens[0] += extra
+                feed_pairs[0] += extra * (cached[r] + 1) - extra * feeds[r] // 2
     t_m0, t_m1, t_q, t_pair, t_fixed, t_comm, t_c0, t_c1 = target
-    total = _pass_s(held_total, drafted + b, pairs, t_m0, t_m1, t_q, t_pair, t_fixed, t_comm,
-                    t_c0, t_c1) + overhead
-    if passes == 0:
+    total = _pass_s(cached.sum(), drafted[0] + b, pairs[0], t_m0, t_m1, t_q, t_pair, t_fixed,
+                    t_comm, t_c0, t_c1) + overhead
+    if seqs.shape[0] == 0:
         return total
-    seqs = np.zeros(passes, dtype=np.int64)  # pass j: the requests drafting at least j
-    held = np.zeros(passes, dtype=np.int64)  # ... and their cached tokens before the chain
-    for r in range(b):
-        for j in range(ks[r]):
-            seqs[j] += 1
-            held[j] += cached[r]
     d_m0, d_m1, d_q, d_pair, d_fixed, d_comm, d_c0, d_c1 = draft
-    chain = 0.0
-    for j in range(passes, 0, -1):
-        n = seqs[j - 1]
-        tokens, fed_held, fed_pairs = n, held[j - 1] + n * (j - 1), held[j - 1] + n * j
-        if j == 1:
-            tokens += feed_tokens
-            fed_held -= feed_tokens
-            fed_pairs += feed_pairs
-        t = (_pass_s(fed_held, tokens, fed_pairs, d_m0, d_m1, d_q, d_pair, d_fixed, d_comm,
-                     d_c0, d_c1) if n > 0 and tokens > 0 else 0.0)
-        chain = t if j == passes else chain + t
-    return total + chain
+    return total + chain_pass_times(seqs, held, feed_tokens, feed_pairs, d_m0, d_m1, d_q,
+                                    d_pair, d_fixed, d_comm, d_c0, d_c1, True)[0, 0]
 
 
 @njit(cache=True)

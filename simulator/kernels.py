@@ -4,7 +4,9 @@ Both give the same integers and floats (tests/simulator/test_compiled.py), so a 
 not depend on which ran; the choice is speed alone. The compiled loops save 20-40 us per
 request, but a process pays about 0.3 s once to load them (numba's import and its first call,
 from the on-disk cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they
-are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`); a
+are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`,
+or `AUTO_STEPPED_REQUESTS` for a policy whose every step runs compiled loops: `auto`'s, in
+policies/compiled.py, handed to `policies.kernels` with these); a
 sweep whose first batch has that many loads them once before its workers fork
 (spectune/evaluate.py), and its workers inherit them (a Ray sweep's workers choose run by run).
 `SPECTUNE_KERNELS=numba` loads them for every run, `numpy` never. Without numba (a bare GPU
@@ -78,11 +80,13 @@ def _load(forced: bool) -> ModuleType | None:
     current objects (below)."""
     global _loaded, _policy_loops
     if _loaded is None:
+        if _failed and not forced:
+            return None
         try:
             import numba  # noqa: F401
-        except ImportError:
-            return None
-        if _failed and not forced:
+        except ImportError:  # (remembered: a run of 300 auto requests would look again)
+            if not _failed:
+                _failed.append("numba is not installed")
             return None
         try:
             from policies import compiled as policy_loops

@@ -128,6 +128,9 @@ class StepCostModel:
         compiled loop (simulator/compiled.py): the same floats, as its sums are the same
         integers and its passes are added in the same order."""
         fed = feeds is not None
+        if len(cached) != len(ks) or (fed and len(feeds) != len(cached)):
+            raise ValueError(f"ks, cached and feeds must have one entry per request, got "
+                             f"{len(ks)}, {len(cached)} and {len(feeds) if fed else 'none'}")
         return compiled().chain_step_time(
             np.asarray(ks, dtype=np.int64), np.asarray(cached, dtype=np.int64),
             np.asarray(feeds, dtype=np.int64) if fed else _NO_FEEDS, fed,
@@ -223,9 +226,14 @@ class StepCostModel:
         lat = self.latency
         if (isinstance(drafted, np.ndarray) and self._roofline is not None  # (scalars: below)
                 and not self.idle_s and isinstance(seqs, int) and seqs > 0
-                and _steps_of(drafted, cached, pairs) and compiled() is not None):
-            return compiled().verify_times(seqs, drafted, cached, pairs,  # the same, compiled
-                                           *self._roofline["target"], lat.step_overhead_s(seqs))
+                and compiled() is not None):
+            if isinstance(cached, int):  # one cached total for every step (a planner's
+                # alternatives for one batch)
+                cached = np.full(len(drafted), cached, dtype=np.int64)
+            if _steps_of(drafted, cached, pairs):  # the same, compiled
+                return compiled().verify_times(seqs, drafted, cached, pairs,
+                                               *self._roofline["target"],
+                                               lat.step_overhead_s(seqs))
         total = lat.forward_s("target", seqs, drafted + seqs, cached, pairs)
         total = total + lat.step_overhead_s(seqs, drafted)
         return total + self._idle_proposer_s(seqs, drafted) if self.idle_s else total
@@ -247,17 +255,10 @@ class StepCostModel:
         (`batch_pricing` False: a profile, whose planners weigh what they weigh one by one)."""
         if not self.prices_alternatives_at_once:
             return None
-        if isinstance(requests, int) and isinstance(cached, int):
-            if len(drafted) <= 2:
-                # a step or two: Python floats cost less than arrays, and are the same floats
-                return [float(self.chain_steps_s(requests, int(d), cached, int(p)))
-                        for d, p in zip(drafted, pairs)]
-            if self._roofline is not None and compiled() is not None:  # chain_steps_s's
-                # compiled loop, on arrays (a planner's every alternative, every step)
-                return self.chain_steps_s(
-                    requests, np.asarray(drafted, dtype=np.int64),
-                    np.full(len(drafted), cached, dtype=np.int64),
-                    np.asarray(pairs, dtype=np.int64)).tolist()
+        if isinstance(requests, int) and isinstance(cached, int) and len(drafted) <= 2:
+            # a step or two: Python floats cost less than arrays, and are the same floats
+            return [float(self.chain_steps_s(requests, int(d), cached, int(p)))
+                    for d, p in zip(drafted, pairs)]
         if not isinstance(requests, int):
             requests = np.asarray(requests, dtype=np.int64)
         if not isinstance(cached, int):

@@ -24,6 +24,15 @@ def vllm_venv() -> Path:
     return ROOT / ".venv-vllm"
 
 
+@pytest.fixture(autouse=True)
+def _policy_loops_restored(monkeypatch):
+    """Every test leaves the policies' loops as it found them (a run's `kernels.prepare` hands
+    them over), so a policy's own tests take its numpy code whatever ran before them."""
+    from policies import kernels as policy_kernels
+
+    monkeypatch.setattr(policy_kernels, "_active", None)
+
+
 @pytest.fixture
 def loops(monkeypatch):
     """Switch between the compiled loops and the numpy code within a test: `loops(True)`

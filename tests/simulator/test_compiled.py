@@ -24,13 +24,6 @@ from simulator.request import RequestState, walk_chain
 pytest.importorskip("numba")
 
 
-@pytest.fixture(autouse=True)
-def _policy_loops_restored(monkeypatch):
-    """Each test leaves the policies' loops as it found them (`prepare` hands them over)."""
-    from policies import kernels as policy_kernels
-    monkeypatch.setattr(policy_kernels, "_active", policy_kernels._active)
-
-
 def _request(rng, capped: bool, listed: bool = False) -> RequestState:
     output = int(rng.integers(1, 90))
     request = RequestState(0, 0, 0.0, int(rng.integers(1, 3000)), output)
@@ -265,9 +258,13 @@ def test_without_numba_runs_take_the_numpy_code(monkeypatch):
     monkeypatch.setenv("SPECTUNE_KERNELS", "numba")
     monkeypatch.setattr(kernels, "_loaded", None)
     monkeypatch.setattr(kernels, "_active", None)
+    monkeypatch.setattr(kernels, "_failed", [])
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
     assert kernels.prepare(10**9) is None
     assert kernels.compiled() is None
+    monkeypatch.setenv("SPECTUNE_KERNELS", "auto")  # and remembered: not looked for again
+    monkeypatch.delitem(sys.modules, "numba")
+    assert kernels.prepare(10**9) is None and kernels._failed == ["numba is not installed"]
     from policies import kernels as policy_kernels
     assert policy_kernels.compiled() is None  # auto too
 
