@@ -19,6 +19,8 @@ to `policies.kernels`); without them `auto` runs its numpy code.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -271,6 +273,45 @@ def clean_kl(values, ceiling: float):
     return out[:n]
 
 
+@njit(cache=True)
+def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, delta: int,
+                   eta: float, low: int, high: int, tolerance: float):
+    """`walk_alone` of a gammatune request (its walker's k and saw, step after step): each step
+    drafts d = min(g, k_max), cut to cap[p] (`capped`), accepts min(d, run[p]) and emits one
+    more, cut at the end of `run`; a step that drafts moves g as `GammaTune._next` does (+delta
+    where all were accepted, else g to the ceiling of the smoothed g_hat, clamped). Returns the
+    walk (tokens emitted before each step and after the last, from 0), each step's drafts, the
+    last g and g_hat, and whether any step drafted and any rejected."""
+    m = run.shape[0]
+    if capped and cap.shape[0] < m:
+        raise IndexError("gammatune_walk: caps shorter than the acceptance run")
+    walk = np.empty(m + 1, dtype=np.int64)
+    drafts = np.empty(m, dtype=np.int64)
+    walk[0] = 0
+    p = steps = 0
+    drafted_any = rejected_any = False
+    while p < m:
+        k = g if g < k_max else k_max  # g_min >= 1: 0 <= k <= k_max
+        if capped and cap[p] < k:
+            k = cap[p]
+        accepted = (run[p] if run[p] < k else k) if k else 0
+        emit = accepted + 1 if accepted < m - p else m - p
+        if k > 0:  # the walker's saw(k, emit - 1, ...), as observe
+            drafted_any = True
+            seen = emit - 1
+            if seen >= k:
+                g = min(max(g + delta, low), high)
+            else:
+                rejected_any = True
+                g_hat = min(max((1.0 - eta) * g_hat + eta * seen, float(low)), float(high))
+                g = min(max(math.ceil(g_hat - tolerance), low), high)
+        p += emit
+        walk[steps + 1] = p
+        drafts[steps] = k
+        steps += 1
+    return walk[: steps + 1], drafts[:steps], g, g_hat, drafted_any, rejected_any
+
+
 def warm() -> None:
     """Call each loop once on the types `auto` gives them (numba's one-time load here, not
     inside a run)."""
@@ -288,3 +329,6 @@ def warm() -> None:
     weights.flags.writeable = False  # as kld_variance's cached weights are
     variance_ratio(np.arange(6.0), weights, 6.0, weights[:2], 2.0, 20.0)
     clean_kl(np.arange(3.0), 18.4)
+    for capped in (True, False):
+        gammatune_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10, 3,
+                       3.0, 2, 0.3, 1, 10, 1e-9)

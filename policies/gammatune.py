@@ -19,10 +19,12 @@ import numpy as np
 
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
 from policies.heuristic import below
+from policies.kernels import compiled
 from policies.registry import register
 
 _K_LIMIT = 64
 _CEIL_TOLERANCE = 1e-9
+_NO_CAP = np.zeros(0, dtype=np.int64)  # `walk_all` of a drafter without caps
 
 
 @register
@@ -112,6 +114,25 @@ class _GammaTuneWalk:
             policy._g[rid] = self._g
             if accepted < drafted:
                 self._g_hat = policy._g_hat[rid] = g_hat
+
+    def walk_all(self, run: np.ndarray, cap: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole walk at once (`RequestWalker.walk_all`), compiled where the simulator's
+        loops run (policies/compiled.py: k and saw step after step, the same integers and
+        floats), else None. Leaves the policy's state as the last saw would."""
+        loops = compiled()
+        if loops is None:
+            return None
+        policy, rid = self._policy, self._request_id
+        walk, drafts, g, g_hat, drafted, rejected = loops.gammatune_walk(
+            run, _NO_CAP if cap is None else cap, cap is not None, self._k_max, self._g,
+            float(self._g_hat), policy.delta, float(policy.eta), policy.g_min, policy.g_max,
+            _CEIL_TOLERANCE)
+        if drafted:
+            self._g = policy._g[rid] = int(g)
+        if rejected:
+            self._g_hat = policy._g_hat[rid] = float(g_hat)
+        return walk, drafts
 
 
 @register

@@ -149,8 +149,19 @@ def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> N
     drafts min(k, cap[g]), accepts min(d, run[g]) and tells the walker, as the step path's
     choose, cap, verification and observe do. The walk runs to the request's end once, so
     its steps' drafts are `chain_ks` and its `chain_k` is WALKED. A k outside 0..k_max is
-    refused, as the scheduler refuses a `choose` that gives one."""
+    refused, as the scheduler refuses a `choose` that gives one. A walker with a `walk_all`
+    (run, cap) may walk the whole request at once (compiled: gammatune's), or return None."""
     g, n = request.generated, request.output_tokens
+    whole = getattr(walker, "walk_all", None)
+    walked = None if whole is None else whole(
+        np.asarray(request.run[g:n], dtype=np.int64),
+        None if request.cap is None else np.asarray(request.cap[g:n], dtype=np.int64))
+    if walked is not None:
+        walk, drafts = walked
+        request.chain = walk + g
+        request.chain_k, request.chain_at, request.chain_g = WALKED, 0, g
+        request.chain_ks = drafts
+        return
     run = request.run[g:n].tolist()  # counted from g, as the positions below
     cap = None if request.cap is None else np.asarray(request.cap[g:n]).tolist()
     ask, tell = walker.k, walker.saw

@@ -1,9 +1,10 @@
-"""`auto` and `kld_variance` with their compiled loops (policies/compiled.py) against their
-numpy code: numpy's pairwise sums to the bit; auto's ks, threshold, plan and draft stops step
-after step, on a model-free chain (alternatives priced from the verify pass's sums) and with a
-draft model (each alternative priced as its ks); a draft model's alternatives priced at once as
-one by one; kld_variance's cleaned KL and variance ratios; the same records from whole runs;
-the loops refuse shapes they were not made for."""
+"""The policies' compiled loops (policies/compiled.py) against their numpy code: numpy's
+pairwise sums to the bit; auto's ks, threshold, plan and draft stops step after step, on a
+model-free chain (alternatives priced from the verify pass's sums) and with a draft model (each
+alternative priced as its ks); a draft model's alternatives priced at once as one by one;
+kld_variance's cleaned KL and variance ratios; gammatune's whole walks as its walker's steps;
+the same records from whole runs (auto, kld_variance, the calibrated oracle, gammatune); the
+loops refuse shapes they were not made for."""
 
 from __future__ import annotations
 
@@ -199,10 +200,37 @@ def test_kld_variances_ratios_and_cleaned_kl_are_the_numpy_code(loops):
 @pytest.mark.parametrize("policy,acceptance,draft", [
     ("kld_variance", "beta:7,3~20", "none"), ("kld_variance", "beta:3.5,6.5~20", "Llama-68M"),
     ("oracle/knows=probabilities", "beta:7,3~20", "Llama-68M"),  # its counts, compiled
-    ("oracle/knows=probabilities", "beta:3.5,6.5~20", "none")])
+    ("oracle/knows=probabilities", "beta:3.5,6.5~20", "none"),
+    ("gammatune_plus", "smollm2-ngram", "none"),  # walked whole, compiled: capped
+    ("gammatune", "beta:7,3~20", "Llama-68M")])
 def test_a_run_of_another_planner_gives_the_same_records_with_either(loops, policy, acceptance,
                                                                      draft):
     _same_records(loops, policy, acceptance, draft)
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_a_gammatune_walk_is_its_walker_step_after_step(loops, capped):
+    from simulator.request import RequestState, walk_alone
+
+    rng = np.random.default_rng(8 + capped)
+    for params in ({}, {"eta": "0.9", "delta": "0", "g_min": "2", "g_max": "7"}):
+        for _ in range(40):
+            output = int(rng.integers(1, 300))
+            run, cap = rng.integers(0, 12, output), rng.integers(0, 9, output)
+            k_max, start = int(rng.integers(0, 11)), int(rng.integers(0, output))
+            g = int(rng.integers(1, 8))
+            walks = []
+            for compiled in (True, False):
+                loops(compiled)
+                policy = make_policy("gammatune", params)
+                policy._g[0], policy._g_hat[0] = g, 2.5  # a request met before
+                request = RequestState(0, 0, 0.0, 50, output)
+                request.run, request.cap = run, cap if capped else None
+                request.generated = start
+                walk_alone(request, policy.walker(0, k_max, {}), k_max, "gammatune")
+                walks.append((request.chain.tolist(), request.chain_ks.tolist(), policy._g,
+                              {rid: float(v).hex() for rid, v in policy._g_hat.items()}))
+            assert walks[0] == walks[1]
 
 
 def test_the_loops_refuse_shapes_they_were_not_made_for(loops):
