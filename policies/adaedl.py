@@ -21,9 +21,11 @@ import numpy as np
 
 from policies.base import DraftOutcome, Policy, RequestView, StepContext
 from policies.heuristic import below, chain_lengths
+from policies.kernels import compiled
 from policies.registry import register
 
 _K_LIMIT = 64
+_NO_CAP = np.zeros(0, dtype=np.int64)  # `walk_all` of a drafter without caps
 
 
 def acceptance_bound(entropy: float, gamma: float) -> float:
@@ -149,3 +151,22 @@ class _AdaEDLWalk:
         if drafted > 0:
             self._lambda = self._policy._observe_one(self._request_id, drafted, accepted,
                                                      self._cap)
+
+    def walk_all(self, start: int, run: np.ndarray, cap: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole walk at once (`RequestWalker.walk_all`), compiled where the simulator's
+        loops run (policies/compiled.py: k and saw step after step, the same integers and
+        floats), else None. Leaves the policy's state as the last saw would."""
+        loops = compiled()
+        if loops is None:
+            return None
+        policy, rid = self._policy, self._request_id
+        walk, drafts, rate, lam, drafted = loops.adaedl_walk(
+            run, _NO_CAP if cap is None else cap, cap is not None, start,
+            np.asarray(self._bound, dtype=np.float64), self._cap, float(self._lambda),
+            float(policy._rate.get(rid, 0.0)), float(policy.beta1), float(policy.beta2),
+            float(policy.epsilon), float(policy.target_acceptance))
+        if drafted:
+            policy._rate[rid] = float(rate)
+            self._lambda = policy._lambda[rid] = float(lam)
+        return walk, drafts

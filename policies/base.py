@@ -141,8 +141,8 @@ class RequestWalker(Protocol):
     """One request's `choose` and `observe`, for a policy whose k for a request depends on that
     request's outcomes alone (`Policy.walker`): an engine that knows the request's future
     (a simulator) asks it step after step for that request only, without a batch. A walker may
-    also offer `walk_all(run, cap)`, the whole walk at once as (walk, drafts) arrays, or None
-    (simulator/request.py, `walk_alone`)."""
+    also offer `walk_all(start, run, cap)`, the whole walk from output position `start` at once
+    as (walk, drafts) arrays, or None (simulator/request.py, `walk_alone`)."""
 
     def k(self, position: int) -> int:
         """What `choose` gives the request at this output position, 0..the engine's k_max,

@@ -312,6 +312,52 @@ def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, del
     return walk[: steps + 1], drafts[:steps], g, g_hat, drafted_any, rejected_any
 
 
+@njit(cache=True)
+def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: float, rate: float,
+                beta1: float, beta2: float, epsilon: float, target: float):
+    """`walk_alone` of an adaedl request from output position `start` (its walker's k and saw,
+    step after step): each step drafts up to the first position from its own whose entropy
+    bound is not at least lambda (`bound`: per output position; `depth` at most), cut to
+    cap[p] (`capped`), accepts min(d, run[p]) and emits one more, cut at the end of `run`; a
+    step that drafts moves the acceptance rate and lambda as `AdaEDL._observe_one` does.
+    Returns the walk, each step's drafts, the last rate and lambda, and whether any drafted."""
+    m = run.shape[0]
+    if capped and cap.shape[0] < m:
+        raise IndexError("adaedl_walk: caps shorter than the acceptance run")
+    walk = np.empty(m + 1, dtype=np.int64)
+    drafts = np.empty(m, dtype=np.int64)
+    walk[0] = 0
+    p = steps = 0
+    drafted_any = False
+    while p < m:
+        k = depth  # the chain stops after its first bound below lambda (NaN: below), read
+        # as the walker slices them (none past the last)
+        for d in range(max(min(depth, bound.shape[0] - start - p), 0)):
+            if not bound[start + p + d] >= lam:
+                k = d + 1
+                break
+        if capped and cap[p] < k:
+            k = cap[p]
+        accepted = (run[p] if run[p] < k else k) if k else 0
+        emit = accepted + 1 if accepted < m - p else m - p
+        if k > 0:  # the walker's saw(k, emit - 1, ...): `_observe_one`
+            drafted_any = True
+            seen = emit - 1
+            rate = beta1 * rate + (1.0 - beta1) * (seen / k)
+            if rate < target:
+                aim = lam + epsilon
+            elif rate > target and seen >= depth:
+                aim = lam - epsilon
+            else:
+                aim = lam
+            lam = beta2 * lam + (1.0 - beta2) * aim
+        p += emit
+        walk[steps + 1] = p
+        drafts[steps] = k
+        steps += 1
+    return walk[: steps + 1], drafts[:steps], rate, lam, drafted_any
+
+
 def warm() -> None:
     """Call each loop once on the types `auto` gives them (numba's one-time load here, not
     inside a run)."""
@@ -332,3 +378,5 @@ def warm() -> None:
     for capped in (True, False):
         gammatune_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10, 3,
                        3.0, 2, 0.3, 1, 10, 1e-9)
+        adaedl_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 1,
+                    np.ones(6), 10, 0.5, 0.0, 0.5, 0.9, 0.01, 0.9)

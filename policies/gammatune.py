@@ -115,7 +115,7 @@ class _GammaTuneWalk:
             if accepted < drafted:
                 self._g_hat = policy._g_hat[rid] = g_hat
 
-    def walk_all(self, run: np.ndarray, cap: np.ndarray | None
+    def walk_all(self, start: int, run: np.ndarray, cap: np.ndarray | None
                  ) -> tuple[np.ndarray, np.ndarray] | None:
         """The whole walk at once (`RequestWalker.walk_all`), compiled where the simulator's
         loops run (policies/compiled.py: k and saw step after step, the same integers and

@@ -2,9 +2,9 @@
 pairwise sums to the bit; auto's ks, threshold, plan and draft stops step after step, on a
 model-free chain (alternatives priced from the verify pass's sums) and with a draft model (each
 alternative priced as its ks); a draft model's alternatives priced at once as one by one;
-kld_variance's cleaned KL and variance ratios; gammatune's whole walks as its walker's steps;
-the same records from whole runs (auto, kld_variance, the calibrated oracle, gammatune); the
-loops refuse shapes they were not made for."""
+kld_variance's cleaned KL and variance ratios; gammatune's and adaedl's whole walks as their
+walkers' steps; the same records from whole runs (auto, kld_variance, the calibrated oracle,
+gammatune, adaedl); the loops refuse shapes they were not made for."""
 
 from __future__ import annotations
 
@@ -202,7 +202,8 @@ def test_kld_variances_ratios_and_cleaned_kl_are_the_numpy_code(loops):
     ("oracle/knows=probabilities", "beta:7,3~20", "Llama-68M"),  # its counts, compiled
     ("oracle/knows=probabilities", "beta:3.5,6.5~20", "none"),
     ("gammatune_plus", "smollm2-ngram", "none"),  # walked whole, compiled: capped
-    ("gammatune", "beta:7,3~20", "Llama-68M")])
+    ("gammatune", "beta:7,3~20", "Llama-68M"),
+    ("adaedl", "smollm2-ngram", "none"), ("adaedl", "beta:3.5,6.5~20", "Llama-68M")])
 def test_a_run_of_another_planner_gives_the_same_records_with_either(loops, policy, acceptance,
                                                                      draft):
     _same_records(loops, policy, acceptance, draft)
@@ -230,6 +231,33 @@ def test_a_gammatune_walk_is_its_walker_step_after_step(loops, capped):
                 walk_alone(request, policy.walker(0, k_max, {}), k_max, "gammatune")
                 walks.append((request.chain.tolist(), request.chain_ks.tolist(), policy._g,
                               {rid: float(v).hex() for rid, v in policy._g_hat.items()}))
+            assert walks[0] == walks[1]
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_an_adaedl_walk_is_its_walker_step_after_step(loops, capped):
+    from simulator.request import RequestState, walk_alone
+
+    rng = np.random.default_rng(18 + capped)
+    for params in ({}, {"max_k": "4", "beta1": "0.2", "target_acceptance": "0.6"}):
+        for _ in range(40):
+            output = int(rng.integers(1, 300))
+            run, cap = rng.integers(0, 12, output), rng.integers(0, 9, output)
+            entropy = rng.random(output) * 4.0
+            entropy[rng.random(output) < 0.05] = np.nan  # an unreadable signal: a stop
+            k_max, start = int(rng.integers(0, 11)), int(rng.integers(0, output))
+            walks = []
+            for compiled in (True, False):
+                loops(compiled)
+                policy = make_policy("adaedl", params)
+                policy._lambda[0], policy._rate[0] = 0.3, 0.7  # a request met before
+                request = RequestState(0, 0, 0.0, 50, output)
+                request.run, request.cap = run, cap if capped else None
+                request.generated = start
+                walk_alone(request, policy.walker(0, k_max, {"draft_entropy": entropy}),
+                           k_max, "adaedl")
+                walks.append((request.chain.tolist(), request.chain_ks.tolist(),
+                              float(policy._lambda[0]).hex(), float(policy._rate[0]).hex()))
             assert walks[0] == walks[1]
 
 

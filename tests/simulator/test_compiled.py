@@ -195,6 +195,8 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("smollm2-ngram", "none", "goodput", chunked),
             ("smollm2-ngram", "none", "gammatune_plus", {}),
             ("beta:7,3~20", "none", "gammatune", {}),
+            ("smollm2-ngram", "none", "adaedl", {}),
+            ("beta:7,3~20", "none", "adaedl", {}),
             ("smollm2-ngram", "none", "fixed", {"scheduler": "vllm-v1"})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
