@@ -1,8 +1,9 @@
 """`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
 per second, then each request's k) and its draft stop; `kld_variance`'s KL cleaning and
-variance ratio, which it computes for every request every step; and a planner's alternatives as
-ks (the calibrated oracle's too).
+variance ratio, which it computes for every request every step; gammatune's and adaedl's whole
+walks (their walkers' `walk_all`); and a planner's alternatives as ks (the calibrated oracle's
+too).
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
 a time, and in numpy each step was some 40 small array operations: with its pricing, most of
