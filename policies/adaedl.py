@@ -129,13 +129,14 @@ class _AdaEDLWalk:
     """`AdaEDL.choose`, its stop and `observe` for one request (`Policy.walker`): the bound at
     every position computed once (numpy's sqrt is correctly rounded, as `math.sqrt`)."""
 
-    __slots__ = ("_bound", "_cap", "_lambda", "_policy", "_request_id")
+    __slots__ = ("_bound", "_bounds", "_cap", "_lambda", "_policy", "_request_id")
 
     def __init__(self, policy: AdaEDL, request_id: int, k_max: int, entropy: np.ndarray) -> None:
         self._policy, self._request_id = policy, request_id
         self._cap = min(policy.max_k, k_max)
         entropy = np.asarray(entropy, dtype=np.float64)
-        self._bound = (1.0 - np.sqrt(np.maximum(policy.gamma * entropy, 0.0))).tolist()
+        self._bounds = 1.0 - np.sqrt(np.maximum(policy.gamma * entropy, 0.0))  # (walk_all)
+        self._bound = self._bounds.tolist()
         self._lambda = policy.threshold(request_id)
 
     def k(self, position: int) -> int:
@@ -157,13 +158,13 @@ class _AdaEDLWalk:
         """The whole walk at once (`RequestWalker.walk_all`), compiled where the simulator's
         loops run (policies/compiled.py: k and saw step after step, the same integers and
         floats), else None. Leaves the policy's state as the last saw would."""
-        loops = compiled()
-        if loops is None:
-            return None
         policy, rid = self._policy, self._request_id
+        loops = compiled()
+        if loops is None or self._lambda != policy.threshold(rid):  # (one lambda read by
+            return None  # both k and saw, as where the walker is walked as soon as it is made)
         walk, drafts, rate, lam, drafted = loops.adaedl_walk(
             run, _NO_CAP if cap is None else cap, cap is not None, start,
-            np.asarray(self._bound, dtype=np.float64), self._cap, float(self._lambda),
+            self._bounds, self._cap, float(self._lambda),
             float(policy._rate.get(rid, 0.0)), float(policy.beta1), float(policy.beta2),
             float(policy.epsilon), float(policy.target_acceptance))
         if drafted:

@@ -286,6 +286,8 @@ def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, del
     m = run.shape[0]
     if capped and cap.shape[0] < m:
         raise IndexError("gammatune_walk: caps shorter than the acceptance run")
+    if k_max < 0 or low < 1:
+        raise ValueError("gammatune_walk: k_max below 0 or g_min below 1")
     walk = np.empty(m + 1, dtype=np.int64)
     drafts = np.empty(m, dtype=np.int64)
     walk[0] = 0
@@ -295,6 +297,8 @@ def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, del
         k = g if g < k_max else k_max  # g_min >= 1: 0 <= k <= k_max
         if capped and cap[p] < k:
             k = cap[p]
+        if k < 0 or run[p] < 0:  # it would not move forward
+            raise ValueError("gammatune_walk: a negative cap or acceptance run")
         accepted = (run[p] if run[p] < k else k) if k else 0
         emit = accepted + 1 if accepted < m - p else m - p
         if k > 0:  # the walker's saw(k, emit - 1, ...), as observe
@@ -325,6 +329,8 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
     m = run.shape[0]
     if capped and cap.shape[0] < m:
         raise IndexError("adaedl_walk: caps shorter than the acceptance run")
+    if start < 0 or depth < 0:
+        raise ValueError("adaedl_walk: a negative start or depth")
     walk = np.empty(m + 1, dtype=np.int64)
     drafts = np.empty(m, dtype=np.int64)
     walk[0] = 0
@@ -339,6 +345,8 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
                 break
         if capped and cap[p] < k:
             k = cap[p]
+        if k < 0 or run[p] < 0:  # it would not move forward
+            raise ValueError("adaedl_walk: a negative cap or acceptance run")
         accepted = (run[p] if run[p] < k else k) if k else 0
         emit = accepted + 1 if accepted < m - p else m - p
         if k > 0:  # the walker's saw(k, emit - 1, ...): `_observe_one`

@@ -81,7 +81,7 @@ class GammaTune(Policy):
         lo, hi = self.g_min, self.g_max  # each value clipped to them (a walk's every step)
         if accepted >= drafted:
             return int(min(max(g + self.delta, lo), hi)), g_hat
-        g_hat = min(max((1.0 - self.eta) * g_hat + self.eta * accepted, lo), hi)
+        g_hat = float(min(max((1.0 - self.eta) * g_hat + self.eta * accepted, lo), hi))
         return int(min(max(math.ceil(g_hat - _CEIL_TOLERANCE), lo), hi)), g_hat
 
     def walker(self, request_id: int, k_max: int,

@@ -153,7 +153,7 @@ def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> N
     (start, run, cap) may walk the whole request at once (compiled: gammatune's, adaedl's), or
     return None."""
     g, n = request.generated, request.output_tokens
-    whole = getattr(walker, "walk_all", None)
+    whole = getattr(walker, "walk_all", None) if compiled() is not None else None
     walked = None if whole is None else whole(
         g, np.asarray(request.run[g:n], dtype=np.int64),
         None if request.cap is None else np.asarray(request.cap[g:n], dtype=np.int64))

@@ -209,55 +209,67 @@ def test_a_run_of_another_planner_gives_the_same_records_with_either(loops, poli
     _same_records(loops, policy, acceptance, draft)
 
 
-@pytest.mark.parametrize("capped", [True, False])
-def test_a_gammatune_walk_is_its_walker_step_after_step(loops, capped):
+def _walked(loops, policy: str, params: dict, state: dict, run, cap, k_max: int, start: int,
+            signals: dict) -> list:
+    """A request walked with the compiled loops and with the walker step by step: each time the
+    walk, its drafts, the policy's per-request state (`state`: attribute -> preset values, or
+    none: a new request) and the walker's own, with their types."""
     from simulator.request import RequestState, walk_alone
 
+    out = []
+    for compiled in (True, False):
+        loops(compiled)
+        chosen = make_policy(policy, params)
+        for name, value in state.items():
+            getattr(chosen, name)[0] = value
+        walker = chosen.walker(0, k_max, signals)
+        request = RequestState(0, 0, 0.0, 50, len(run))
+        request.run, request.cap, request.generated = run, cap, start
+        if compiled:  # the compiled walk is the one taken (not the walker's fallback)
+            assert walker.walk_all(start, run[start:], cap if cap is None else cap[start:])
+            for name in ("_g", "_g_hat", "_lambda", "_rate"):  # as before it (it moved them)
+                if hasattr(chosen, name):
+                    getattr(chosen, name).clear()
+            for name, value in state.items():
+                getattr(chosen, name)[0] = value
+            walker = chosen.walker(0, k_max, signals)
+        walk_alone(request, walker, k_max, policy)
+        out.append((request.chain.tolist(), request.chain_ks.tolist(),
+                    {name: {rid: (type(v).__name__, float(v).hex())
+                            for rid, v in getattr(chosen, name).items()}
+                     for name in ("_g", "_g_hat", "_lambda", "_rate") if hasattr(chosen, name)},
+                    {name: repr(getattr(walker, name)) for name in ("_g", "_g_hat", "_lambda")
+                     if hasattr(walker, name)}))
+    return out
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_a_gammatune_walk_is_its_walker_step_after_step(loops, capped):
     rng = np.random.default_rng(8 + capped)
     for params in ({}, {"eta": "0.9", "delta": "0", "g_min": "2", "g_max": "7"}):
-        for _ in range(40):
+        for i in range(40):
             output = int(rng.integers(1, 300))
             run, cap = rng.integers(0, 12, output), rng.integers(0, 9, output)
             k_max, start = int(rng.integers(0, 11)), int(rng.integers(0, output))
-            g = int(rng.integers(1, 8))
-            walks = []
-            for compiled in (True, False):
-                loops(compiled)
-                policy = make_policy("gammatune", params)
-                policy._g[0], policy._g_hat[0] = g, 2.5  # a request met before
-                request = RequestState(0, 0, 0.0, 50, output)
-                request.run, request.cap = run, cap if capped else None
-                request.generated = start
-                walk_alone(request, policy.walker(0, k_max, {}), k_max, "gammatune")
-                walks.append((request.chain.tolist(), request.chain_ks.tolist(), policy._g,
-                              {rid: float(v).hex() for rid, v in policy._g_hat.items()}))
+            state = {"_g": int(rng.integers(2, 8)), "_g_hat": 2.5} if i % 2 else {}
+            walks = _walked(loops, "gammatune", params, state, run, cap if capped else None,
+                            k_max, start, {})
             assert walks[0] == walks[1]
 
 
 @pytest.mark.parametrize("capped", [True, False])
 def test_an_adaedl_walk_is_its_walker_step_after_step(loops, capped):
-    from simulator.request import RequestState, walk_alone
-
     rng = np.random.default_rng(18 + capped)
     for params in ({}, {"max_k": "4", "beta1": "0.2", "target_acceptance": "0.6"}):
-        for _ in range(40):
+        for i in range(40):
             output = int(rng.integers(1, 300))
             run, cap = rng.integers(0, 12, output), rng.integers(0, 9, output)
             entropy = rng.random(output) * 4.0
             entropy[rng.random(output) < 0.05] = np.nan  # an unreadable signal: a stop
             k_max, start = int(rng.integers(0, 11)), int(rng.integers(0, output))
-            walks = []
-            for compiled in (True, False):
-                loops(compiled)
-                policy = make_policy("adaedl", params)
-                policy._lambda[0], policy._rate[0] = 0.3, 0.7  # a request met before
-                request = RequestState(0, 0, 0.0, 50, output)
-                request.run, request.cap = run, cap if capped else None
-                request.generated = start
-                walk_alone(request, policy.walker(0, k_max, {"draft_entropy": entropy}),
-                           k_max, "adaedl")
-                walks.append((request.chain.tolist(), request.chain_ks.tolist(),
-                              float(policy._lambda[0]).hex(), float(policy._rate[0]).hex()))
+            state = {"_lambda": 0.3, "_rate": 0.7} if i % 2 else {}
+            walks = _walked(loops, "adaedl", params, state, run, cap if capped else None, k_max,
+                            start, {"draft_entropy": entropy})
             assert walks[0] == walks[1]
 
 
@@ -291,6 +303,15 @@ def test_the_loops_refuse_shapes_they_were_not_made_for(loops):
         module.pick(np.ones(2), ints[:0], np.ones(0), 1, 1.0, np.ones((1, 2)), 0.5)
     with pytest.raises(IndexError, match="past the matrix"):
         module._row_sum(np.ones((2, 3)), 0, 4)
+    runs = np.array([-1, 1, 2])  # a negative run would never move forward: refused
+    with pytest.raises(ValueError, match="negative cap or acceptance run"):
+        module.gammatune_walk(runs, ints, False, 4, 3, 3.0, 2, 0.3, 1, 10, 1e-9)
+    with pytest.raises(ValueError, match="negative cap or acceptance run"):
+        module.adaedl_walk(runs, ints, False, 0, np.ones(3), 4, 0.5, 0.0, 0.5, 0.9, 0.01, 0.9)
+    with pytest.raises(ValueError, match="negative start"):
+        module.adaedl_walk(ints, ints, False, -1, np.ones(3), 4, 0.5, 0.0, 0.5, 0.9, 0.01, 0.9)
+    with pytest.raises(IndexError, match="caps shorter"):
+        module.gammatune_walk(ints, ints[:2], True, 4, 3, 3.0, 2, 0.3, 1, 10, 1e-9)
     with pytest.raises(IndexError, match="other shapes"):
         module.stop_lengths(np.ones((2, 3)), np.ones(10), np.ones((2, 4)), ints[:2], 0.1, 0.98)
     with pytest.raises(ValueError, match="a negative k"):
