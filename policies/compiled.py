@@ -275,6 +275,31 @@ def clean_kl(values, ceiling: float):
 
 
 @njit(cache=True)
+def _walk_arrays(run, cap, capped: bool, name: str):
+    """A walk's arrays (`walk_alone`'s: tokens emitted before each step and after the last,
+    from 0; each step's drafts), the caps checked against the acceptance run."""
+    m = run.shape[0]
+    if capped and cap.shape[0] < m:
+        raise IndexError(name + ": caps shorter than the acceptance run")
+    walk = np.empty(m + 1, dtype=np.int64)
+    walk[0] = 0
+    return walk, np.empty(m, dtype=np.int64)
+
+
+@njit(cache=True)
+def _walk_step(run, cap, capped: bool, p: int, k: int, name: str):
+    """`walk_alone`'s step at position p of the walk: k cut to cap[p] (`capped`), min(k,
+    run[p]) accepted and one more emitted, cut at the walk's end. Returns (k, emitted)."""
+    if capped and cap[p] < k:
+        k = cap[p]
+    if k < 0 or run[p] < 0:  # it would not move forward
+        raise ValueError(name + ": a negative cap or acceptance run")
+    accepted = (run[p] if run[p] < k else k) if k else 0
+    left = run.shape[0] - p
+    return k, accepted + 1 if accepted < left else left
+
+
+@njit(cache=True)
 def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, delta: int,
                    eta: float, low: int, high: int, tolerance: float):
     """`walk_alone` of a gammatune request (its walker's k and saw, step after step): each step
@@ -283,24 +308,14 @@ def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, del
     where all were accepted, else g to the ceiling of the smoothed g_hat, clamped). Returns the
     walk (tokens emitted before each step and after the last, from 0), each step's drafts, the
     last g and g_hat, and whether any step drafted and any rejected."""
-    m = run.shape[0]
-    if capped and cap.shape[0] < m:
-        raise IndexError("gammatune_walk: caps shorter than the acceptance run")
     if k_max < 0 or low < 1:
         raise ValueError("gammatune_walk: k_max below 0 or g_min below 1")
-    walk = np.empty(m + 1, dtype=np.int64)
-    drafts = np.empty(m, dtype=np.int64)
-    walk[0] = 0
+    walk, drafts = _walk_arrays(run, cap, capped, "gammatune_walk")
     p = steps = 0
     drafted_any = rejected_any = False
-    while p < m:
-        k = g if g < k_max else k_max  # g_min >= 1: 0 <= k <= k_max
-        if capped and cap[p] < k:
-            k = cap[p]
-        if k < 0 or run[p] < 0:  # it would not move forward
-            raise ValueError("gammatune_walk: a negative cap or acceptance run")
-        accepted = (run[p] if run[p] < k else k) if k else 0
-        emit = accepted + 1 if accepted < m - p else m - p
+    while p < run.shape[0]:
+        k, emit = _walk_step(run, cap, capped, p, g if g < k_max else k_max,  # g_min >= 1
+                             "gammatune_walk")
         if k > 0:  # the walker's saw(k, emit - 1, ...), as observe
             drafted_any = True
             seen = emit - 1
@@ -326,29 +341,19 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
     cap[p] (`capped`), accepts min(d, run[p]) and emits one more, cut at the end of `run`; a
     step that drafts moves the acceptance rate and lambda as `AdaEDL._observe_one` does.
     Returns the walk, each step's drafts, the last rate and lambda, and whether any drafted."""
-    m = run.shape[0]
-    if capped and cap.shape[0] < m:
-        raise IndexError("adaedl_walk: caps shorter than the acceptance run")
     if start < 0 or depth < 0:
         raise ValueError("adaedl_walk: a negative start or depth")
-    walk = np.empty(m + 1, dtype=np.int64)
-    drafts = np.empty(m, dtype=np.int64)
-    walk[0] = 0
+    walk, drafts = _walk_arrays(run, cap, capped, "adaedl_walk")
     p = steps = 0
     drafted_any = False
-    while p < m:
+    while p < run.shape[0]:
         k = depth  # the chain stops after its first bound below lambda (NaN: below), read
         # as the walker slices them (none past the last)
         for d in range(max(min(depth, bound.shape[0] - start - p), 0)):
             if not bound[start + p + d] >= lam:
                 k = d + 1
                 break
-        if capped and cap[p] < k:
-            k = cap[p]
-        if k < 0 or run[p] < 0:  # it would not move forward
-            raise ValueError("adaedl_walk: a negative cap or acceptance run")
-        accepted = (run[p] if run[p] < k else k) if k else 0
-        emit = accepted + 1 if accepted < m - p else m - p
+        k, emit = _walk_step(run, cap, capped, p, k, "adaedl_walk")
         if k > 0:  # the walker's saw(k, emit - 1, ...): `_observe_one`
             drafted_any = True
             seen = emit - 1
