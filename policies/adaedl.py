@@ -25,7 +25,6 @@ from policies.kernels import compiled
 from policies.registry import register
 
 _K_LIMIT = 64
-_NO_CAP = np.zeros(0, dtype=np.int64)  # `walk_all` of a drafter without caps
 
 
 def acceptance_bound(entropy: float, gamma: float) -> float:
@@ -163,7 +162,7 @@ class _AdaEDLWalk:
         if loops is None or self._lambda != policy.threshold(rid):  # (one lambda read by
             return None  # both k and saw, as where the walker is walked as soon as it is made)
         walk, drafts, rate, lam, drafted = loops.adaedl_walk(
-            run, _NO_CAP if cap is None else cap, cap is not None, start,
+            run, loops.NO_CAP if cap is None else cap, cap is not None, start,
             self._bounds, self._cap, float(self._lambda),
             float(policy._rate.get(rid, 0.0)), float(policy.beta1), float(policy.beta2),
             float(policy.epsilon), float(policy.target_acceptance))

@@ -27,6 +27,8 @@ from numba import njit
 
 #: numpy's pairwise summation sums a block of up to this many with eight accumulators
 _BLOCK = 128
+#: the caps a walk passes where its drafter has none (with capped False)
+NO_CAP = np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)

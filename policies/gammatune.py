@@ -24,7 +24,6 @@ from policies.registry import register
 
 _K_LIMIT = 64
 _CEIL_TOLERANCE = 1e-9
-_NO_CAP = np.zeros(0, dtype=np.int64)  # `walk_all` of a drafter without caps
 
 
 @register
@@ -125,7 +124,7 @@ class _GammaTuneWalk:
             return None
         policy, rid = self._policy, self._request_id
         walk, drafts, g, g_hat, drafted, rejected = loops.gammatune_walk(
-            run, _NO_CAP if cap is None else cap, cap is not None, self._k_max, self._g,
+            run, loops.NO_CAP if cap is None else cap, cap is not None, self._k_max, self._g,
             float(self._g_hat), policy.delta, float(policy.eta), policy.g_min, policy.g_max,
             _CEIL_TOLERANCE)
         if drafted:

@@ -157,12 +157,17 @@ def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> N
     walked = None if whole is None else whole(
         g, np.asarray(request.run[g:n], dtype=np.int64),
         None if request.cap is None else np.asarray(request.cap[g:n], dtype=np.int64))
-    if walked is not None:
-        walk, drafts = walked
-        request.chain = walk + g
-        request.chain_k, request.chain_at, request.chain_g = WALKED, 0, g
-        request.chain_ks = drafts
-        return
+    walk, drafts = walked if walked is not None else _walk_steps(request, walker, k_max, policy)
+    request.chain = walk + g
+    request.chain_k, request.chain_at, request.chain_g = WALKED, 0, g
+    request.chain_ks = drafts
+
+
+def _walk_steps(request: RequestState, walker, k_max: int, policy: str
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """`walk_alone`'s walk asked of the walker step after step: the tokens emitted before each
+    step and after the last (from 0), and each step's drafts."""
+    g, n = request.generated, request.output_tokens
     run = request.run[g:n].tolist()  # counted from g, as the positions below
     cap = None if request.cap is None else np.asarray(request.cap[g:n]).tolist()
     ask, tell = walker.k, walker.saw
@@ -181,9 +186,7 @@ def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> N
         p += emit
         walk.append(p)
         drafts.append(k)
-    request.chain = np.asarray(walk, dtype=np.int64) + g
-    request.chain_k, request.chain_at, request.chain_g = WALKED, 0, g
-    request.chain_ks = np.asarray(drafts, dtype=np.int64)
+    return np.asarray(walk, dtype=np.int64), np.asarray(drafts, dtype=np.int64)
 
 
 def chain_is_current(request: RequestState, k: int) -> bool:

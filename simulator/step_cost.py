@@ -419,7 +419,7 @@ class StepCostModel:
         the last), so the same floats as `iteration_s` of its matrix in step order."""
         drafted, pairs, seqs, held = compiled().alternative_sums(ks, cached)
         n = len(drafted)
-        total = self.chain_steps_s(len(cached), drafted, np.full(n, int(cached.sum())), pairs)
+        total = self.chain_steps_s(len(cached), drafted, int(cached.sum()), pairs)
         if len(seqs):  # (no alternative drafts: no pass, as `_varied_chain_s` adds none)
             none = np.zeros(n, dtype=np.int64)  # no catch-up: each chain feeds one token
             total = total + self.chain_passes_s(seqs, held, none, none, in_step_order=True)
