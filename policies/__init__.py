@@ -16,6 +16,7 @@ from policies.base import (
     RequestWalker,
     StepContext,
     StepCost,
+    StepOutcomes,
 )
 from policies.registry import (
     ParamInfo,
@@ -47,6 +48,7 @@ __all__ = [
     "RequestWalker",
     "StepContext",
     "StepCost",
+    "StepOutcomes",
     "alpha_from_mean_accepted",
     "expected_accepted",
     "expected_emitted",

@@ -27,6 +27,7 @@ from policies.base import (
     Policy,
     RequestView,
     StepContext,
+    StepOutcomes,
     SumsPricer,
     prefix_counts,
     price_steps,
@@ -102,6 +103,12 @@ class Auto(Policy):
         self._top1_expected = np.zeros(TOP1_BINS)
         # the last plan, for the draft stop: its requests, acceptance rows and threshold
         self._plan_ids: list[int] = []
+        # ... their states and own ratios, current while no outcome or finish came after
+        # (`_revision` then is `_plan_at`): observe_columns reads them instead of the dicts
+        self._plan_states = np.zeros(0, dtype=np.int64)
+        self._plan_ratios = np.zeros(0)
+        self._plan_at = -1
+        self._revision = 0  # outcomes and finishes so far
         self._plan_rows: dict[int, int] | None = None  # built where stop_drafting asks
         self._plan_alpha = np.zeros((0, 0))
         self._plan_confidence = np.ones(TOP1_BINS)
@@ -114,20 +121,27 @@ class Auto(Policy):
     def acceptance(self, requests: Sequence[RequestView], depth: int) -> np.ndarray:
         """(requests x depth) chance that each request accepts its draft at each depth given it
         accepted those before: its bin's, times its ratio, at the drafter's mean confidence."""
-        rows, scales, _ = self._rows_scales([r.request_id for r in requests], self._mean_lift())
+        states, ratios = self._states_ratios([r.request_id for r in requests])
+        rows, scales, _ = self._rows_scales(states, ratios, self._mean_lift())
         return self._acceptance_in(self._accepted / self._seen, rows, scales, depth)
 
-    def _rows_scales(self, ids: list[int], mean_lift: float) -> tuple[list[int], np.ndarray, bool]:
+    def _states_ratios(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's state (NEW, COLD, FRESH or its streak) and its own ratio, accepted
+        over expected with the prior behind it."""
+        streak, observed, expected = self._streak, self._observed, self._expected
+        w = self.prior_weight
+        return (np.array([streak.get(rid, NEW) for rid in ids], dtype=np.int64),
+                np.array([(observed.get(rid, 0.0) + w) / (expected.get(rid, 0.0) + w)
+                          for rid in ids]))
+
+    @staticmethod
+    def _rows_scales(states: np.ndarray, ratios: np.ndarray, mean_lift: float
+                     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Each request's row of `_BIN_TABLE` (its state), its ratio times the mean confidence
         lift (a draft's own confidence is known only once it is drafted: `stop_chains` uses
         it), and whether any request is outside a streak (new, cold or fresh)."""
-        streak, observed, expected = self._streak, self._observed, self._expected
-        w = self.prior_weight
-        rows, ratios = [], []
-        for rid in ids:
-            rows.append(min(streak.get(rid, NEW), MAX_STREAK) - NEW)
-            ratios.append((observed.get(rid, 0.0) + w) / (expected.get(rid, 0.0) + w))
-        return rows, np.array(ratios) * mean_lift, bool(rows) and min(rows) <= FRESH - NEW
+        return (np.minimum(states, MAX_STREAK) - NEW, ratios * mean_lift,
+                bool(len(states)) and int(states.min()) <= FRESH)
 
     @staticmethod
     def _acceptance_in(a_pop: np.ndarray, rows, scales: np.ndarray, depth: int) -> np.ndarray:
@@ -177,12 +191,15 @@ class Auto(Policy):
         b, depth = len(requests), min(self.k_max, ctx.k_max)
         ids = self._plan_ids = [r.request_id for r in requests]
         self._plan_rows = None  # built where stop_drafting asks (the live engine)
+        self._plan_at = -1
         mean_lift = self._mean_lift()
         self._plan_confidence = self._lift() / mean_lift  # fixed until the outcomes arrive
         self._threshold = math.inf
         if b == 0 or depth == 0:
             return [0] * b
-        rows_list, scales, outside = self._rows_scales(ids, mean_lift)
+        states, ratios = self._plan_states, self._plan_ratios = self._states_ratios(ids)
+        self._plan_at = self._revision
+        rows, scales, outside = self._rows_scales(states, ratios, mean_lift)
         a_pop = self._accepted / self._seen
         contexts, reach = [], []
         for r in requests:
@@ -194,9 +211,8 @@ class Auto(Policy):
             reach.append(min(depth, left) if can is None else min(depth, left, can))
         loops = compiled()
         if loops is not None:  # the same, compiled (policies/compiled.py)
-            return self._choose_compiled(loops, ctx, rows_list, scales, outside, a_pop,
+            return self._choose_compiled(loops, ctx, rows, scales, outside, a_pop,
                                          depth, contexts, reach)
-        rows = np.array(rows_list)
         alpha = self._acceptance_in(a_pop, rows, scales, depth)
         survival = alpha.cumprod(axis=1)  # the chance the j-th draft is accepted
         # ... and what finding a streak adds to a first draft (column 0 stays the largest)
@@ -217,13 +233,13 @@ class Auto(Policy):
         # plan past the threshold by `stop_slack`: the draft stop cuts each chain back
         return _add(survival >= self._threshold * self.stop_slack, axis=1).tolist()
 
-    def _choose_compiled(self, loops, ctx: StepContext, rows: list[int], scales: np.ndarray,
+    def _choose_compiled(self, loops, ctx: StepContext, rows: np.ndarray, scales: np.ndarray,
                          outside: bool, a_pop: np.ndarray, depth: int, contexts: list[int],
                          reach: list[int]) -> list[int]:
         """`choose` from its rows, scales and reach on, in the compiled loops."""
         price = self._draft_price(ctx, contexts) if outside else 0.0
         alpha, survival, order, ranked = loops.plan(
-            a_pop, _BIN_TABLE, np.array(rows, dtype=np.int64), scales, depth,
+            a_pop, _BIN_TABLE, rows, scales, depth,
             np.array(reach, dtype=np.int64), price, outside, 1 - NEW, FRESH - NEW, ALPHA_MAX)
         self._plan_alpha = alpha
         totals, times = self._price(ctx, contexts, ranked, order, depth, loops)
@@ -310,57 +326,88 @@ class Auto(Policy):
         return (self._top1_observed + w) / (self._top1_expected + w)
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        """`observe_columns` of the outcomes' columns."""
+        self.observe_columns(ctx, StepOutcomes.of(outcomes))
+
+    def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
         """Each verified position updates the three factors of the acceptance model, bin x
         request's ratio x confidence lift, fitted online as a multiplicative model: every
         factor counts a position as the exposure the other two give it. Counting plainly would
         credit a factor with what another explains (good requests reach long streaks more
         often, and draft with more confidence) and over-predict where all three are high."""
-        a_pop = (self._accepted / self._seen).tolist()
-        lift = self._lift().tolist()
+        ids = outcomes.request_ids
+        if self._plan_at == self._revision and list(ids) == self._plan_ids:
+            states, ratios = self._plan_states, self._plan_ratios  # read by this step's plan
+        else:
+            states, ratios = self._states_ratios(ids)
+        self._revision += 1
+        top1 = outcomes.signals.get("draft_top1")
+        if top1 is None:  # no confidence read: every position's factor is 1
+            top1, known = np.zeros((len(ids), 0)), np.zeros(len(ids), dtype=np.int64)
+        else:
+            known = outcomes.lengths["draft_top1"]
+        a_pop, lift = self._accepted / self._seen, self._lift()
+        loops = compiled()
+        if loops is not None:  # the same, compiled (policies/compiled.py)
+            counts = (self._seen.copy(), self._accepted.copy(), self._top1_observed.copy(),
+                      self._top1_expected.copy())
+            expected, after = loops.observe_step(*counts, a_pop, lift, _BIN_TABLE, states,
+                                                 ratios, outcomes.k, outcomes.accepted, top1,
+                                                 known, NEW, FRESH, COLD, MAX_STREAK)
+            expected, after = expected.tolist(), after.tolist()
+        else:
+            counts, expected, after = self._fit(a_pop.tolist(), lift.tolist(), states.tolist(),
+                                                ratios.tolist(), outcomes.k.tolist(),
+                                                outcomes.accepted.tolist(), top1.tolist(),
+                                                known.tolist())
+        self._seen, self._accepted, self._top1_observed, self._top1_expected = counts
+        streak, observed, expected_of = self._streak, self._observed, self._expected
+        for rid, k, hits, e, state in zip(ids, outcomes.k.tolist(), outcomes.accepted.tolist(),
+                                          expected, after):
+            if k:
+                observed[rid] = observed.get(rid, 0.0) + hits
+                expected_of[rid] = expected_of.get(rid, 0.0) + e
+                streak[rid] = state
+
+    def _fit(self, a_pop: list[float], lift: list[float], states: list[int],
+             ratios: list[float], ks: list[int], hits_of: list[int], top1: list[list[float]],
+             known: list[int]) -> tuple[tuple[np.ndarray, ...], list[float], list[int]]:
+        """`observe_columns`' counts in Python: the four count arrays after the step, and each
+        request's expected accepted drafts and state after it (`compiled.observe_step`)."""
         # counted in Python floats and written back once: the same sums as adding in place
         seen_by_bin, accepted_by_bin = self._seen.tolist(), self._accepted.tolist()
         top1_observed, top1_expected = self._top1_observed.tolist(), self._top1_expected.tolist()
-        streak, observed, expected_of = self._streak, self._observed, self._expected
-        w = self.prior_weight
-        for o in outcomes:
-            k = o.k
+        expected_out, after = [0.0] * len(ks), list(states)
+        for r, k in enumerate(ks):
             if k == 0:
                 continue
-            rid, hits = o.request_id, o.accepted
-            state = streak.get(rid, NEW)
-            ratio = (observed.get(rid, 0.0) + w) / (expected_of.get(rid, 0.0) + w)  # its own
+            hits, state, ratio, confidences = hits_of[r], states[r], ratios[r], top1[r]
             seen = hits + 1 if hits < k else k  # the accepted drafts and the first rejection
-            top1 = o.signals.get("draft_top1")
-            top1 = ([] if top1 is None else top1[:seen].tolist() if isinstance(top1, np.ndarray)
-                    else [float(v) for v in top1[:seen]])
-            known = len(top1)
+            read = min(known[r], seen)  # those whose confidence was read
             bins = _BIN_ROWS[(state if state < MAX_STREAK else MAX_STREAK) - NEW]
             expected = 0.0
             for i in range(seen):
                 b, hit = bins[i], i < hits
-                if i >= known:  # no confidence read: a factor of 1 (the same floats)
+                if i >= read:  # no confidence read: a factor of 1 (the same floats)
                     seen_by_bin[b] += ratio
                     accepted_by_bin[b] += hit
                     expected += a_pop[b]
                     continue
-                t = _top1_bin(top1[i])
+                t = _top1_bin(confidences[i])
                 confidence = lift[t]
                 seen_by_bin[b] += ratio * confidence
                 accepted_by_bin[b] += hit
                 expected += a_pop[b] * confidence
                 top1_observed[t] += hit
                 top1_expected[t] += a_pop[b] * ratio
-            observed[rid] = observed.get(rid, 0.0) + hits
-            expected_of[rid] = expected_of.get(rid, 0.0) + expected
-            if hits == k:
-                streak[rid] = max(state, 0) + hits
-            else:
-                streak[rid] = FRESH if hits else COLD
-        self._seen, self._accepted = np.array(seen_by_bin), np.array(accepted_by_bin)
-        self._top1_observed = np.array(top1_observed)
-        self._top1_expected = np.array(top1_expected)
+            expected_out[r] = expected
+            after[r] = max(state, FRESH) + hits if hits == k else FRESH if hits else COLD
+        counts = (np.array(seen_by_bin), np.array(accepted_by_bin), np.array(top1_observed),
+                  np.array(top1_expected))
+        return counts, expected_out, after
 
     def finish(self, request_id: int) -> None:
+        self._revision += 1
         self._streak.pop(request_id, None)
         self._observed.pop(request_id, None)
         self._expected.pop(request_id, None)

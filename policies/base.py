@@ -137,6 +137,54 @@ class DraftOutcome:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class StepOutcomes:
+    """One step's `DraftOutcome`s as columns (`Policy.observe_columns`): row r is request
+    `request_ids[r]`'s. `signals[name]` is (requests x width) float64 whose row r holds the
+    positions from `position[r]` on, of which the first `lengths[name][r]` are the revealed
+    ones (a `DraftOutcome`'s slice); the rest are not to be read. An engine that has a step's
+    numbers as arrays hands them on without building an object per request."""
+
+    request_ids: Sequence[int]
+    k: np.ndarray  # int64, like accepted, emitted and position
+    accepted: np.ndarray
+    emitted: np.ndarray
+    position: np.ndarray
+    signals: Mapping[str, np.ndarray] = field(default_factory=dict)
+    lengths: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, outcomes: Sequence[DraftOutcome]) -> StepOutcomes:
+        """The columns of `outcomes` (a signal some outcome lacks: length 0 in its row)."""
+        n = len(outcomes)
+        names = sorted({name for o in outcomes for name in o.signals})
+        signals, lengths = {}, {}
+        for name in names:
+            rows = [np.asarray(o.signals.get(name, ()), dtype=np.float64).ravel()
+                    for o in outcomes]
+            lengths[name] = np.array([len(row) for row in rows], dtype=np.int64)
+            matrix = np.full((n, max(map(len, rows), default=0)), np.nan)
+            for r, row in enumerate(rows):
+                matrix[r, :len(row)] = row
+            signals[name] = matrix
+
+        def column(attr: str) -> np.ndarray:
+            return np.array([getattr(o, attr) for o in outcomes], dtype=np.int64)
+
+        return cls([o.request_id for o in outcomes], column("k"), column("accepted"),
+                   column("emitted"), column("position"), signals, lengths)
+
+    def outcomes(self) -> list[DraftOutcome]:
+        """The `DraftOutcome` of every row (signals as float64 slices of the columns)."""
+        ks, accepted = self.k.tolist(), self.accepted.tolist()
+        emitted, position = self.emitted.tolist(), self.position.tolist()
+        lengths = {name: self.lengths[name].tolist() for name in self.signals}
+        return [DraftOutcome(rid, ks[r], accepted[r], emitted[r], position[r],
+                             {name: matrix[r, :lengths[name][r]]
+                              for name, matrix in self.signals.items()})
+                for r, rid in enumerate(self.request_ids)]
+
+
 class RequestWalker(Protocol):
     """One request's `choose` and `observe`, for a policy whose k for a request depends on that
     request's outcomes alone (`Policy.walker`): an engine that knows the request's future
@@ -271,6 +319,12 @@ class Policy:
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         """Called after verification with one outcome per request that was in the step."""
+
+    def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
+        """`observe` of a step's outcomes as columns: what an engine that has them as arrays
+        calls where the policy overrides this (`replaces("observe_columns", "observe")`),
+        sparing an object per request; the same state after as `observe` of their objects."""
+        self.observe(ctx, outcomes.outcomes())
 
     def hold(self) -> int:
         """After `choose`: how many more steps of the same requests it would give the same ks,

@@ -226,6 +226,58 @@ def stop_lengths(plan_alpha, confidence, top1, ks, threshold: float, alpha_max: 
 
 
 @njit(cache=True)
+def observe_step(seen_by_bin, accepted_by_bin, top1_observed, top1_expected, a_pop, lift,
+                 bin_table, states, ratios, ks, hits, top1, known, new: int, fresh: int,
+                 cold: int, max_streak: int):
+    """`Auto.observe_columns`' fit of one step's outcomes: adds each verified position's
+    exposure and hits to the four count arrays (in place, request after request and position
+    after position, as the Python loop adds them) and returns each request's expected accepted
+    drafts and its state after the step (rows that drafted nothing: 0.0 and their state).
+    States as `auto` numbers them: new, cold, fresh, then streaks 1.. (bin_table's rows from
+    `new` on, streaks of `max_streak` or more sharing the last)."""
+    n, bins = ks.shape[0], top1_observed.shape[0]
+    if not (states.shape[0] == n and ratios.shape[0] == n and hits.shape[0] == n
+            and known.shape[0] == n and top1.shape[0] == n):
+        raise IndexError("observe_step: columns of other lengths")
+    expected_out = np.zeros(n)
+    after = states.copy()
+    for r in range(n):
+        k = ks[r]
+        if k == 0:
+            continue
+        h, state, ratio = hits[r], states[r], ratios[r]
+        seen = h + 1 if h < k else k  # the accepted drafts and the first rejection
+        read = known[r] if known[r] < seen else seen  # those whose confidence was read
+        if seen > bin_table.shape[1] or read > top1.shape[1] or h < 0:
+            raise IndexError("observe_step: a chain past the bins or its signals")
+        row = (state if state < max_streak else max_streak) - new
+        if not 0 <= row < bin_table.shape[0]:
+            raise IndexError("observe_step: a state outside the bins")
+        expected = 0.0
+        for i in range(seen):
+            b = bin_table[row, i]
+            hit = 1.0 if i < h else 0.0
+            if i >= read:  # no confidence read: a factor of 1 (the same floats)
+                seen_by_bin[b] += ratio
+                accepted_by_bin[b] += hit
+                expected += a_pop[b]
+                continue
+            t = _top1_bin(top1[r, i], bins)
+            confidence = lift[t]
+            seen_by_bin[b] += ratio * confidence
+            accepted_by_bin[b] += hit
+            expected += a_pop[b] * confidence
+            top1_observed[t] += hit
+            top1_expected[t] += a_pop[b] * ratio
+        expected_out[r] = expected
+        if h == k:
+            after[r] = (state if state > fresh else fresh) + h  # a streak goes on
+        else:
+            after[r] = fresh if h else cold
+    return expected_out, after
+
+
+@njit(cache=True)
 def _sum(a, n: int) -> float:
     """np.add.reduce(a[:n]) of a contiguous float vector, to the bit (`_row_sum`'s rule)."""
     return _row_sum(a.reshape((1, a.shape[0])), 0, n)
@@ -387,6 +439,10 @@ def warm() -> None:
     prefix_counts(order // 4, totals, 2)
     pick(ranked, totals, np.ones(len(totals)), 2, 1.0, survival, 0.5)
     stop_lengths(alpha, np.ones(10), np.full((2, 3), 0.5), np.full(2, 3), 0.1, 0.98)
+    counts = np.ones(3)
+    observe_step(counts, counts.copy(), np.zeros(10), np.zeros(10), a_pop, np.ones(10), table,
+                 rows, scales, np.full(2, 2), np.ones(2, dtype=np.int64), np.full((2, 3), 0.5),
+                 np.full(2, 3), -2, 0, -1, 1)
     weights = np.ones(6)
     weights.flags.writeable = False  # as kld_variance's cached weights are
     variance_ratio(np.arange(6.0), weights, 6.0, weights[:2], 2.0, 20.0)

@@ -27,7 +27,7 @@ from itertools import count
 import numpy as np
 import simpy
 
-from policies import DraftOutcome, HeldSteps, Policy, StepCost
+from policies import DraftOutcome, HeldSteps, Policy, StepCost, StepOutcomes
 from simulator.acceptance import AcceptanceReplay, Lookahead, signals_needed, stop_lengths
 from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
@@ -185,7 +185,12 @@ class Replica:
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
-        self.observes = type(policy).observe is not Policy.observe
+        self.observes = (kind.observe is not Policy.observe
+                         or kind.observe_columns is not Policy.observe_columns)
+        # a policy whose fit reads a step's outcomes as columns is handed them so
+        self.observes_columns = kind.replaces("observe_columns", "observe")
+        # _stop_chains' signal rows for the step it cut: (ids, positions, rows by name)
+        self._stop_rows: tuple[list[int], list[int], dict[str, np.ndarray]] | None = None
         self._policy_signals = tuple(type(policy).signals)
         #: the trace's signals a step reads per request: the policy's, and its stop rule's
         self._signal_names = tuple(sorted(kind.signals if self.folds_stop
@@ -442,20 +447,26 @@ class Replica:
         """`_draft_stop` through `Policy.stop_chains`: each request's signals at the positions
         its chain drafts (the last position repeated past its end), as (requests x max k)."""
         width = max(ks, default=0)
+        self._stop_rows = None
         if width == 0:
             return list(ks)
         depth = np.arange(width)
         wanted = type(self.policy).stop_signals
         rows: dict[str, list] = {name: [] for name in ("draft_top1", "draft_entropy")
                                  if name in wanted}
+        ids, positions = [], []
         for request in batch:
             g, signals = request.generated, request.signals
+            ids.append(request.request_id)
+            positions.append(g)
             # a slice where the chain ends inside the request, else the last position repeated
             at = (slice(g, g + width) if g + width <= request.output_tokens
                   else np.minimum(g + depth, request.output_tokens - 1))
             for name, row in rows.items():
                 row.append(signals[name][at])
         arrays = {name: np.array(row, dtype=np.float64) for name, row in rows.items()}
+        if self.observes_columns:  # the outcomes' signals, where this step is verified
+            self._stop_rows = ids, positions, arrays
         unread = np.empty((len(batch), 0))
         return self.policy.stop_chains(batch, ks, arrays.get("draft_top1", unread),
                                        arrays.get("draft_entropy", unread))
@@ -490,8 +501,7 @@ class Replica:
             # accepted drafts past the request's end do not count
             outcomes.append((request, g, k, emit - 1, emit))
         if outcomes is not None:
-            self.policy.observe(self.scheduler.context(batch, self.env.now),
-                                self._outcomes(outcomes))
+            self._report(batch, outcomes)
         return total_acc, total_emit
 
     @staticmethod
@@ -502,6 +512,43 @@ class Replica:
         walked = request.chain_k if request.chain_ks is None else int(request.chain_ks[at])
         if walked == k:  # the same drafts, so the same tokens (chain[at + 1] == after)
             request.chain_at, request.chain_g = at + 1, after
+
+    def _report(self, batch: list[RequestState],
+                steps: list[tuple[RequestState, int, int, int, int]]) -> None:
+        """Tell the policy what verification revealed (`steps`: (request, position, k,
+        accepted, emitted) each; `batch`: the step's requests, its context's)."""
+        ctx = self.scheduler.context(batch, self.env.now)
+        if self.observes_columns:
+            self.policy.observe_columns(ctx, self._outcome_columns(steps))
+        else:
+            self.policy.observe(ctx, self._outcomes(steps))
+
+    def _outcome_columns(self, steps: list[tuple[RequestState, int, int, int, int]]
+                         ) -> StepOutcomes:
+        """`_outcomes` as columns: each signal's rows from this step's draft stop where it read
+        them (the same positions), else gathered, with as many revealed as `_outcomes` has."""
+        requests, positions, ks, accepted, emitted = zip(*steps)
+        ids = [request.request_id for request in requests]
+        k = np.array(ks, dtype=np.int64)
+        hits = np.array(accepted, dtype=np.int64)
+        left = np.array([request.output_tokens for request in requests], dtype=np.int64)
+        at = np.array(positions, dtype=np.int64)
+        seen = np.minimum(np.minimum(hits + 1, k), left - at)
+        signals: dict[str, np.ndarray] = {}
+        names = self._policy_signals
+        cut = self._stop_rows
+        width = int(seen.max(initial=0))
+        if names and cut is not None and cut[0] == ids and cut[1] == list(positions):
+            signals = {name: rows for name, rows in cut[2].items()
+                       if name in names and rows.shape[1] >= width}
+        for name in names:
+            if name not in signals:
+                rows = np.full((len(ids), width), np.nan)
+                for r, (request, g, n) in enumerate(zip(requests, positions, seen.tolist())):
+                    rows[r, :n] = request.signals[name][g:g + n]
+                signals[name] = rows
+        return StepOutcomes(ids, k, hits, np.array(emitted, dtype=np.int64), at, signals,
+                            dict.fromkeys(signals, seen))
 
     def _outcomes(self, steps: Iterable[tuple[RequestState, int, int, int, int]]
                   ) -> list[DraftOutcome]:
@@ -591,9 +638,9 @@ class Replica:
                 entry.request.draft_feed = next_feed(self.catch_up, entry.request.draft_feed,
                                                      entry.drafts, emit)
         if self.observes and decode_emit:
-            self.policy.observe(scheduler.context([entry.request for entry in decodes], env.now),
-                                self._outcomes((entry.request, g, entry.drafts, emit - 1, emit)
-                                               for entry, g, emit in decode_emit))
+            self._report([entry.request for entry in decodes],
+                         [(entry.request, g, entry.drafts, emit - 1, emit)
+                          for entry, g, emit in decode_emit])
         size = 0 if head is None else head.size
         self._propose(plan, ks[size:], emitted)
         implicit = head is not None and ks[:size].count(self._walked_k) == size

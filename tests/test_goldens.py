@@ -72,6 +72,10 @@ SIMULATE = {
     "goodput-per-request-code": ["--workload", "azure-code", "--requests", "200", "--rate", "6",
                                  "--acceptance", "beta:5,3", "--policy", "goodput", "--set",
                                  "per_request=true", "--no-fast-path"],
+    "auto-ngram-recording": ["--requests", "200", "--acceptance", "smollm2-ngram", "--draft",
+                             "none", "--policy", "auto", "--rate", "8"],
+    "auto-draft-model-beta": ["--requests", "150", "--acceptance", "beta:7,3~20", "--policy",
+                              "auto", "--rate", "8", "--seed", "4"],
 }
 TUNE = ["tune", "--workload", "poisson", "--requests", "60", "--lengths", "fixed:200,60",
         "--acceptance", "beta:7,3", "--rates", "4", "30", "--policies", "fixed,goodput",
