@@ -276,7 +276,8 @@ class Auto(Policy):
                 [0, n], np.searchsorted(-worth, _BELOW_THRESHOLDS, side="right"),
                 _geometric_totals(n))))
             totals = totals[totals <= n]
-            ks_rows = prefix_counts(order // depth, totals, b)
+            ks_rows = (prefix_counts(order // depth, totals, b) if loops is None
+                       else loops.prefix_counts(order // depth, totals, b))  # (as an array)
             times = np.array(price_steps(ctx.cost, ks_rows, contexts), dtype=np.float64)
         return totals, times
 

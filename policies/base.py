@@ -57,14 +57,16 @@ class StepCost(Protocol):
         ...
 
 
-def price_steps(cost: StepCost, ks_rows: Sequence[Sequence[int]],
+def price_steps(cost: StepCost, ks_rows: Sequence[Sequence[int]] | np.ndarray,
                 context_tokens: Sequence[int]) -> list[float]:
-    """`cost.step_s` of each row of `ks_rows` (alternatives for the same requests): through the
-    cost model's `steps_s` where it has one (the simulator's prices them at once, to the same
-    floats), else one call per row."""
+    """`cost.step_s` of each row of `ks_rows` (alternatives for the same requests; lists, or
+    an integer matrix): through the cost model's `steps_s` where it has one (the simulator's
+    prices them at once, to the same floats), else one call per row."""
     many = getattr(cost, "steps_s", None)
     if many is not None:
         return many(ks_rows, context_tokens)
+    if isinstance(ks_rows, np.ndarray):
+        ks_rows = ks_rows.tolist()
     return [cost.step_s(ks, context_tokens) for ks in ks_rows]
 
 

@@ -145,7 +145,6 @@ def chain_step_time(ks, cached, feeds, fed: bool, target, draft, overhead: float
         return 0.0  # (a pass of no request costs nothing)
     step = np.empty((1, b), dtype=np.int64)
     step[0, :] = ks
-    drafted, pairs, seqs, held = alternative_sums(step, cached)  # one alternative: this step
     feed_tokens = np.zeros(1, dtype=np.int64)
     feed_pairs = np.zeros(1, dtype=np.int64)
     if fed:  # g = f - 1 more tokens over g fewer cached, where a request drafts
@@ -154,14 +153,42 @@ def chain_step_time(ks, cached, feeds, fed: bool, target, draft, overhead: float
                 extra = feeds[r] - 1
                 feed_tokens[0] += extra
                 feed_pairs[0] += extra * (cached[r] + 1) - extra * feeds[r] // 2
+    # one alternative: this step
+    return _chain_steps(step, cached, feed_tokens, feed_pairs, target, draft, overhead)[0]
+
+
+@njit(cache=True)
+def alternatives_times(ks, cached, target, draft, overhead: float):
+    """A planner's alternatives for one batch with a draft model's chain on the roofline
+    (`StepCostModel.steps_s`; `ks`: alternatives x requests, `cached`: each request's KV before
+    the verify; each chain's first pass feeds one token): each one's step as
+    `chain_step_time` prices it, in one call."""
+    none = np.zeros(ks.shape[0], dtype=np.int64)
+    return _chain_steps(ks, cached, none, none, target, draft, overhead)
+
+
+@njit(cache=True)
+def _chain_steps(ks, cached, feed_tokens, feed_pairs, target, draft, overhead: float):
+    """Each row of `ks` as a step of a draft model's chain (pass 1 of row a also feeding
+    feed_tokens[a] more tokens, with feed_pairs[a] more pairs): its verify pass plus
+    `overhead`, then its draft passes added from the last to the first."""
+    if cached.shape[0] != ks.shape[1] or cached.shape[0] == 0:
+        raise IndexError("_chain_steps: ks and cached of other requests, or none")
+    drafted, pairs, seqs, held = alternative_sums(ks, cached)
+    b, held_sum = cached.shape[0], cached.sum()
     t_m0, t_m1, t_q, t_pair, t_fixed, t_comm, t_c0, t_c1 = target
-    total = _pass_s(cached.sum(), drafted[0] + b, pairs[0], t_m0, t_m1, t_q, t_pair, t_fixed,
-                    t_comm, t_c0, t_c1) + overhead
+    out = np.empty(ks.shape[0])
+    for a in range(ks.shape[0]):
+        out[a] = _pass_s(held_sum, drafted[a] + b, pairs[a], t_m0, t_m1, t_q, t_pair, t_fixed,
+                         t_comm, t_c0, t_c1) + overhead
     if seqs.shape[0] == 0:
-        return total
+        return out
     d_m0, d_m1, d_q, d_pair, d_fixed, d_comm, d_c0, d_c1 = draft
-    return total + chain_pass_times(seqs, held, feed_tokens, feed_pairs, d_m0, d_m1, d_q,
-                                    d_pair, d_fixed, d_comm, d_c0, d_c1, True)[0, 0]
+    passes = chain_pass_times(seqs, held, feed_tokens, feed_pairs, d_m0, d_m1, d_q, d_pair,
+                              d_fixed, d_comm, d_c0, d_c1, True)
+    for a in range(ks.shape[0]):
+        out[a] = out[a] + passes[0, a]
+    return out
 
 
 @njit(cache=True)
@@ -216,6 +243,7 @@ def warm() -> None:
     numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
     for fed in (True, False):
         chain_step_time(sums[0], sums[1], sums[2], fed, numbers, numbers, 0.0)
+    alternatives_times(sums, sums[0], numbers, numbers, 0.0)
 
 
 @njit(cache=True)

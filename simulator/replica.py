@@ -529,26 +529,23 @@ class Replica:
         them (the same positions), else gathered, with as many revealed as `_outcomes` has."""
         requests, positions, ks, accepted, emitted = zip(*steps)
         ids = [request.request_id for request in requests]
-        k = np.array(ks, dtype=np.int64)
-        hits = np.array(accepted, dtype=np.int64)
-        left = np.array([request.output_tokens for request in requests], dtype=np.int64)
-        at = np.array(positions, dtype=np.int64)
-        seen = np.minimum(np.minimum(hits + 1, k), left - at)
+        seen = [min(acc + 1, k, request.output_tokens - g) for request, g, k, acc, _ in steps]
+        at, k, hits, emit, revealed = np.array((positions, ks, accepted, emitted, seen),
+                                               dtype=np.int64)
         signals: dict[str, np.ndarray] = {}
         names = self._policy_signals
         cut = self._stop_rows
-        width = int(seen.max(initial=0))
+        width = max(seen)
         if names and cut is not None and cut[0] == ids and cut[1] == list(positions):
             signals = {name: rows for name, rows in cut[2].items()
                        if name in names and rows.shape[1] >= width}
         for name in names:
             if name not in signals:
                 rows = np.full((len(ids), width), np.nan)
-                for r, (request, g, n) in enumerate(zip(requests, positions, seen.tolist())):
+                for r, (request, g, n) in enumerate(zip(requests, positions, seen)):
                     rows[r, :n] = request.signals[name][g:g + n]
                 signals[name] = rows
-        return StepOutcomes(ids, k, hits, np.array(emitted, dtype=np.int64), at, signals,
-                            dict.fromkeys(signals, seen))
+        return StepOutcomes(ids, k, hits, emit, at, signals, dict.fromkeys(signals, revealed))
 
     def _outcomes(self, steps: Iterable[tuple[RequestState, int, int, int, int]]
                   ) -> list[DraftOutcome]:

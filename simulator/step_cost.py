@@ -384,14 +384,14 @@ class StepCostModel:
         """
         return self.iteration_s(ks, np.asarray(context_tokens, dtype=np.int64) - 1, feeds=feeds)
 
-    def steps_s(self, ks_rows: Sequence[Sequence[int]], context_tokens: Sequence[int]
-                ) -> list[float]:
-        """Policy-facing: `step_s` of each row of `ks_rows`, alternatives for the same requests
-        (what a planner weighs), priced in one numpy pass where that gives the same floats as
-        one by one (a model-free chain drafter on a latency model whose arrays match its
-        scalars; or a draft model's chain on such a model, its passes added in the order one
-        step adds them), else one by one."""
-        if not ks_rows:
+    def steps_s(self, ks_rows: Sequence[Sequence[int]] | np.ndarray,
+                context_tokens: Sequence[int]) -> list[float]:
+        """Policy-facing: `step_s` of each row of `ks_rows` (lists, or an integer matrix),
+        alternatives for the same requests (what a planner weighs), priced in one numpy pass
+        where that gives the same floats as one by one (a model-free chain drafter on a latency
+        model whose arrays match its scalars; or a draft model's chain on such a model, its
+        passes added in the order one step adds them), else one by one."""
+        if len(ks_rows) == 0:
             return []
         lat = self.latency
         # a draft model's passes at once cost about what four rows one by one do (measured:
@@ -402,7 +402,8 @@ class StepCostModel:
                        and self.draft_tree is None and lat.has_draft_model
                        and lat.arrays_match_scalars and lat.batch_pricing)
         if not (self.prices_alternatives_at_once or chain_model):
-            return [float(self.step_s(ks, context_tokens)) for ks in ks_rows]
+            rows = ks_rows.tolist() if isinstance(ks_rows, np.ndarray) else ks_rows
+            return [float(self.step_s(ks, context_tokens)) for ks in rows]
         cached = np.asarray(context_tokens, dtype=np.int64) - 1
         if chain_model and compiled_chain:
             return self._alternatives_s(np.array(ks_rows, dtype=np.int64), cached)
@@ -417,6 +418,10 @@ class StepCostModel:
         alternative (a row of `ks`) priced from its sums as the fast path prices a step from
         the kept sums (`_Stretch._from_columns`: its verify pass, then its passes added from
         the last), so the same floats as `iteration_s` of its matrix in step order."""
+        if not self.idle_s:  # in one call: its sums, verify passes and draft passes
+            return compiled().alternatives_times(
+                ks, cached, self._roofline["target"], self._roofline["draft"],
+                self.latency.step_overhead_s(len(cached))).tolist()
         drafted, pairs, seqs, held = compiled().alternative_sums(ks, cached)
         n = len(drafted)
         total = self.chain_steps_s(len(cached), drafted, int(cached.sum()), pairs)

@@ -112,6 +112,20 @@ def test_each_draft_total_is_priced_as_the_numpy_code_prices_it(loops, draft):
                                    ).tolist() == pairs.tolist()
 
 
+def test_alternatives_are_priced_the_same_as_lists_or_as_a_matrix(loops):
+    from support.policy_fakes import LinearCost
+
+    from policies.base import price_steps
+
+    rows = np.array([[0, 0, 0], [2, 0, 1], [4, 3, 0]])
+    contexts = [300, 80, 1200]
+    for cost in (_cost("Llama-68M"), _cost("none"), LinearCost()):  # LinearCost: one by one
+        for compiled in (True, False):
+            loops(compiled)
+            assert price_steps(cost, rows, contexts) == price_steps(cost, rows.tolist(),
+                                                                    contexts)
+
+
 def test_the_pick_takes_the_first_of_equal_rates_as_argmax_does():
     from policies.compiled import pick
 
@@ -318,6 +332,12 @@ def test_the_loops_refuse_shapes_they_were_not_made_for(loops):
         simulator_loops.alternative_sums(np.array([[1, -1]]), ints[:2])
     with pytest.raises(IndexError, match="other requests"):
         simulator_loops.alternative_sums(np.array([[1, 1]]), ints)
+    numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
+    with pytest.raises(IndexError, match="of other requests, or none"):
+        simulator_loops.alternatives_times(np.array([[1, 1]]), ints, numbers, numbers, 0.0)
+    with pytest.raises(IndexError, match="of other requests, or none"):
+        simulator_loops.alternatives_times(np.zeros((1, 0), dtype=np.int64), ints[:0], numbers,
+                                           numbers, 0.0)
     with pytest.raises(IndexError, match=r"a history of 2\.\.128 values"):
         module.variance_ratio(np.ones(129), np.ones(129), 129.0, np.ones(43), 43.0, 20.0)
     with pytest.raises(IndexError, match=r"a history of 2\.\.128 values"):
