@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import DraftOutcome, HeldSteps, Policy, StepContext, price_steps
+from policies.base import (
+    DraftOutcome,
+    HeldSteps,
+    Policy,
+    StepContext,
+    StepOutcomes,
+    price_steps,
+)
 from policies.registry import register
 from policies.vocabulary import alpha_from_mean_accepted, expected_emitted
 
@@ -121,16 +128,27 @@ class Goodput(Policy):
         return [k or 1 for k in ks] if self._probing else ks
 
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        """`observe_columns` of the outcomes' columns."""
+        self.observe_columns(ctx, StepOutcomes.of(outcomes))
+
+    def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
+        """The EMA step from the requests that drafted (per request, each from its own)."""
+        ks, accepted = outcomes.k.tolist(), outcomes.accepted.tolist()
+        inverted = self.ema_input == "inverted"
         if self.per_request:
-            for o in outcomes:
-                if o.k > 0:
-                    totals = self._totals_r.setdefault(o.request_id, [0, 0, 0])
-                    old = self._alpha_r.get(o.request_id, self.initial_alpha)
-                    self._alpha_r[o.request_id] = self._ema(old, totals, [o])
+            for rid, k, acc in zip(outcomes.request_ids, ks, accepted):
+                if k > 0:
+                    totals = self._totals_r.setdefault(rid, [0, 0, 0])
+                    old = self._alpha_r.get(rid, self.initial_alpha)
+                    self._alpha_r[rid] = self._ema_of(
+                        old, totals, acc, k, int(acc < k), _groups([k], [acc]) if inverted else ())
             return
-        drafting = [o for o in outcomes if o.k > 0]
+        drafting = [(k, acc) for k, acc in zip(ks, accepted) if k > 0]
         if drafting:  # the prototype skips steps without drafts (its ratio would be NaN)
-            self.alpha_hat = self._ema(self.alpha_hat, self._totals, drafting)
+            self.alpha_hat = self._ema_of(
+                self.alpha_hat, self._totals, sum(acc for _, acc in drafting),
+                sum(k for k, _ in drafting), sum(acc < k for k, acc in drafting),
+                _groups(ks, accepted) if inverted else ())
 
     def hold(self) -> int:
         """Until the next re-plan (every `replan_every` calls) `choose` repeats the last plan;
@@ -199,14 +217,6 @@ class Goodput(Policy):
         self._plan_r.pop(request_id, None)
 
     # -- estimates ---------------------------------------------------------------------------
-
-    def _ema(self, old: float, totals: list[int], drafting: Sequence[DraftOutcome]) -> float:
-        """a <- keep*a + (1-keep)*x, x read from outcomes that drafted (see `ema_input`)."""
-        groups = _groups([o.k for o in drafting], [o.accepted for o in drafting]) if (
-            self.ema_input == "inverted") else ()
-        return self._ema_of(old, totals, sum(o.accepted for o in drafting),
-                            sum(o.k for o in drafting),
-                            sum(1 for o in drafting if o.accepted < o.k), groups)
 
     def _ema_of(self, old: float, totals: list[int], accepted: int, drafted: int,
                 rejected: int, groups) -> float:

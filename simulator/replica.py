@@ -529,11 +529,14 @@ class Replica:
         them (the same positions), else gathered, with as many revealed as `_outcomes` has."""
         requests, positions, ks, accepted, emitted = zip(*steps)
         ids = [request.request_id for request in requests]
+        names = self._policy_signals
+        if not names:
+            at, k, hits, emit = np.array((positions, ks, accepted, emitted), dtype=np.int64)
+            return StepOutcomes(ids, k, hits, emit, at)
         seen = [min(acc + 1, k, request.output_tokens - g) for request, g, k, acc, _ in steps]
         at, k, hits, emit, revealed = np.array((positions, ks, accepted, emitted, seen),
                                                dtype=np.int64)
         signals: dict[str, np.ndarray] = {}
-        names = self._policy_signals
         cut = self._stop_rows
         width = max(seen)
         if names and cut is not None and cut[0] == ids and cut[1] == list(positions):

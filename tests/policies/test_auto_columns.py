@@ -1,7 +1,8 @@
 """A step's outcomes as columns (`StepOutcomes`, `Policy.observe_columns`): the columns give back
 their outcomes; auto's fit of them, compiled and in Python, is the same to the bit; the states it
-reads from its plan are its dicts'; the simulator hands auto columns (its draft stop's signal
-rows reused) and any policy that overrides `observe` objects, with the same records either way."""
+reads from its plan are its dicts'; the simulator hands auto and goodput columns (auto's draft
+stop's signal rows reused) and any policy that overrides `observe` objects, with the same
+records either way."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_the_states_auto_takes_from_its_plan_are_its_dicts(loops, compiled):
     assert any(state > 0 for streaks, *_ in reused[0] for state in streaks.values())
 
 
-def _simulate(policy, **spec):
+def _simulate(policy, fast_path: bool = True, **spec):
     from simulator import ClusterConfig, SchedulerConfig
     from simulator.engine import simulate
     from spectune.simulate import SimulationSpec, build_inputs
@@ -134,7 +135,8 @@ def _simulate(policy, **spec):
     inputs = build_inputs(SimulationSpec(workload="poisson", rate=10.0, requests=100,
                                          lengths="azure-conv", seed=2, **spec), {}, scheduler)
     return simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
-                    inputs.kv_capacity_tokens, scheduler, ClusterConfig(1, "least-loaded"))
+                    inputs.kv_capacity_tokens, scheduler, ClusterConfig(1, "least-loaded"),
+                    fast_path=fast_path)
 
 
 SPECS = [dict(acceptance="smollm2-ngram", draft="none"),
@@ -147,21 +149,33 @@ SPECS = [dict(acceptance="smollm2-ngram", draft="none"),
 def test_a_run_told_in_columns_is_a_run_told_in_objects(loops, monkeypatch, compiled, spec):
     """A policy that overrides `observe` (here the report's recording wrapper) is told in
     objects: auto's own runs are told in columns, with the same records."""
+    _told_both_ways(loops, monkeypatch, compiled, spec, "auto", {})
+
+
+@pytest.mark.parametrize("params", [{}, {"per_request": "true"}, {"ema_input": "inverted"},
+                                    {"per_request": "true", "ema_input": "step"}])
+def test_goodput_told_in_columns_is_goodput_told_in_objects(loops, monkeypatch, params):
+    spec = dict(acceptance="beta:5,3~20", draft="none", fast_path=False)  # (else it holds)
+    _told_both_ways(loops, monkeypatch, False, spec, "goodput", params)
+
+
+def _told_both_ways(loops, monkeypatch, compiled: bool, spec: dict, name: str,
+                    params: dict) -> None:
     from simulator.replica import Replica
     from spectune.samples import recording
 
     loops(compiled)
     told = {"columns": 0, "objects": 0}
-    for name, method in (("columns", "_outcome_columns"), ("objects", "_outcomes")):
+    for form, method in (("columns", "_outcome_columns"), ("objects", "_outcomes")):
         original = getattr(Replica, method)
 
-        def counted(self, steps, _original=original, _name=name):
-            told[_name] += 1
+        def counted(self, steps, _original=original, _form=form):
+            told[_form] += 1
             return _original(self, steps)
         monkeypatch.setattr(Replica, method, counted)
-    plain = _simulate(make_policy("auto"), **dict(spec))
+    plain = _simulate(make_policy(name, params), **dict(spec))
     assert told["columns"] > 0 and told["objects"] == 0
-    wrapped = _simulate(recording(make_policy("auto"), [], []), **dict(spec))
+    wrapped = _simulate(recording(make_policy(name, params), [], []), **dict(spec))
     assert told["objects"] > 0
     pd.testing.assert_frame_equal(plain.requests, wrapped.requests, check_exact=True)
     pd.testing.assert_frame_equal(plain.steps, wrapped.steps, check_exact=True)

@@ -159,6 +159,17 @@ def test_inverted_input_is_the_iid_alpha_of_the_steps_mean_accepted():
     assert policy.alpha_hat == pytest.approx(0.85 * 0.7 + 0.15 * x)
 
 
+def test_per_request_inverted_input_is_each_requests_own_iid_alpha():
+    policy = Goodput(ema_input="inverted", per_request=True)
+    reqs = _reqs(3)
+    policy.observe(context(reqs), [outcome(0, k=4, accepted=1), outcome(1, k=0, accepted=0),
+                                   outcome(2, k=2, accepted=2)])
+    for rid, k, accepted in ((0, 4, 1), (2, 2, 2)):
+        x = alpha_from_mean_accepted(float(accepted), k)
+        assert policy.request_alpha(rid) == pytest.approx(min(1.0, 0.85 * 0.7 + 0.15 * x))
+    assert policy.request_alpha(1) == 0.7  # it drafted nothing: nothing learnt
+
+
 def test_the_estimate_drives_the_next_plan():
     policy = Goodput(initial_alpha=0.8, replan_every=1)
     reqs = _reqs(1)

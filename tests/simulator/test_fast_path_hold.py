@@ -190,7 +190,8 @@ def test_held_steps_are_reported_in_the_step_paths_context(monkeypatch):
     """Each report of held steps (`observe_held`) comes with the context the step path observes
     the last of them in: at its end, with the requests that arrived during it waiting."""
     observed: list[set] = []
-    observe_held, observe = Goodput.observe_held, Goodput.observe
+    # (the step path tells goodput its outcomes as columns: observe_columns)
+    observe_held, observe = Goodput.observe_held, Goodput.observe_columns
 
     def seen(ctx):
         return (ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
@@ -205,7 +206,7 @@ def test_held_steps_are_reported_in_the_step_paths_context(monkeypatch):
         return observe(policy, ctx, outcomes)
 
     monkeypatch.setattr(Goodput, "observe_held", counted_held)
-    monkeypatch.setattr(Goodput, "observe", counted_observe)
+    monkeypatch.setattr(Goodput, "observe_columns", counted_observe)
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft="none", seed=5)
     inputs = build_inputs(spec, {}, SchedulerConfig())

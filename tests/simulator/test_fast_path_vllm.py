@@ -134,7 +134,8 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
     observes its last step in; its plans change along the run."""
     from policies.goodput import Goodput
     held, asked, observed = [], [], []
-    observe_held, observe, choose = Goodput.observe_held, Goodput.observe, Goodput.choose
+    observe_held, observe, choose = (Goodput.observe_held, Goodput.observe_columns,
+                                   Goodput.choose)
 
     def seen(ctx):
         return (ctx.step_index, ctx.now_s, ctx.kv_free_tokens, ctx.waiting,
@@ -154,7 +155,7 @@ def test_a_held_segment_asks_the_policy_once_and_reports_its_steps(monkeypatch):
         return choose(policy, ctx)
 
     monkeypatch.setattr(Goodput, "observe_held", counted_held)
-    monkeypatch.setattr(Goodput, "observe", counted_observe)
+    monkeypatch.setattr(Goodput, "observe_columns", counted_observe)  # (the simulator's form)
     monkeypatch.setattr(Goodput, "choose", counted_choose)
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=120, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft="none", seed=2)
