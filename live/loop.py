@@ -55,7 +55,7 @@ class LiveLoop:
         self.drafter = drafter if drafter is not None else engine.drafter
         self.script = script  # replay mode: the trace decides tokens and acceptance
         self.config = engine.scheduler
-        self.observes = type(policy).observe is not Policy.observe
+        self.observes = type(policy).observes()
         self.signals = frozenset(type(policy).signals)
         self.pending = deque(requests)  # not arrived yet
         self.steps = StepLog()

@@ -23,7 +23,6 @@ from typing import ClassVar
 import numpy as np
 
 from policies.base import (
-    DraftOutcome,
     Policy,
     RequestView,
     StepContext,
@@ -94,7 +93,7 @@ class Auto(Policy):
         if not 0.0 < self.stop_slack <= 1.0:
             raise ValueError(f"stop_slack must be in (0, 1], got {self.stop_slack}")
         w = self.prior_weight
-        self._seen = np.full(STREAK_BINS, w)  # verified positions by bin (see NEW)
+        self._seen = np.full(STREAK_BINS, float(w))  # verified positions by bin (see NEW)
         self._accepted = np.full(STREAK_BINS, w * self.prior_alpha)
         self._streak: dict[int, int] = {}  # each request's state: NEW, COLD, FRESH or L >= 1
         self._observed: dict[int, float] = {}  # a request's accepted drafts
@@ -326,10 +325,6 @@ class Auto(Policy):
         w = self.prior_weight
         return (self._top1_observed + w) / (self._top1_expected + w)
 
-    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
-        """`observe_columns` of the outcomes' columns."""
-        self.observe_columns(ctx, StepOutcomes.of(outcomes))
-
     def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
         """Each verified position updates the three factors of the acceptance model, bin x
         request's ratio x confidence lift, fitted online as a multiplicative model: every
@@ -337,6 +332,8 @@ class Auto(Policy):
         credit a factor with what another explains (good requests reach long streaks more
         often, and draft with more confidence) and over-predict where all three are high."""
         ids = outcomes.request_ids
+        if len(set(ids)) != len(ids):  # (each row's state is read before the step's fit)
+            raise ValueError(f"auto was told of a request twice in one step: {list(ids)}")
         if self._plan_at == self._revision and list(ids) == self._plan_ids:
             states, ratios = self._plan_states, self._plan_ratios  # read by this step's plan
         else:

@@ -7,7 +7,8 @@ verified (up to and including the first rejection), batch composition, the cost 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -141,11 +142,11 @@ class DraftOutcome:
 
 @dataclass(frozen=True, slots=True)
 class StepOutcomes:
-    """One step's `DraftOutcome`s as columns (`Policy.observe_columns`): row r is request
-    `request_ids[r]`'s. `signals[name]` is (requests x width) float64 whose row r holds the
-    positions from `position[r]` on, of which the first `lengths[name][r]` are the revealed
-    ones (a `DraftOutcome`'s slice); the rest are not to be read. An engine that has a step's
-    numbers as arrays hands them on without building an object per request."""
+    """One step's `DraftOutcome`s as columns (`Policy.observe_columns`), one row per request:
+    row r is request `request_ids[r]`'s. `signals[name]` is (requests x width) float64 whose
+    row r holds the positions from `position[r]` on, of which the first `lengths[name][r]` are
+    the revealed ones (a `DraftOutcome`'s slice); the rest are not to be read. An engine that
+    has a step's numbers as arrays hands them on without building an object per request."""
 
     request_ids: Sequence[int]
     k: np.ndarray  # int64, like accepted, emitted and position
@@ -156,28 +157,31 @@ class StepOutcomes:
     lengths: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, outcomes: Sequence[DraftOutcome]) -> StepOutcomes:
-        """The columns of `outcomes` (a signal some outcome lacks: length 0 in its row)."""
-        n = len(outcomes)
-        names = sorted({name for o in outcomes for name in o.signals})
+    def of(cls, outcomes: Sequence[DraftOutcome], names: Iterable[str] | None = None
+           ) -> StepOutcomes:
+        """The columns of `outcomes`, with the signals in `names` (None: every one they have;
+        a signal an outcome lacks, or holds as None: length 0 in its row). Refuses what no
+        verification gives (a count that is not a non-negative integer, a signal that is not a
+        vector of numbers) with a ValueError naming the request."""
+        wanted = (sorted({name for o in outcomes for name in o.signals}) if names is None
+                  else sorted(names))
         signals, lengths = {}, {}
-        for name in names:
-            rows = [np.asarray(o.signals.get(name, ()), dtype=np.float64).ravel()
-                    for o in outcomes]
+        for name in wanted:
+            rows = [_signal_row(o, name) for o in outcomes]
             lengths[name] = np.array([len(row) for row in rows], dtype=np.int64)
-            matrix = np.full((n, max(map(len, rows), default=0)), np.nan)
+            matrix = np.full((len(outcomes), max(map(len, rows), default=0)), np.nan)
             for r, row in enumerate(rows):
                 matrix[r, :len(row)] = row
             signals[name] = matrix
-
-        def column(attr: str) -> np.ndarray:
-            return np.array([getattr(o, attr) for o in outcomes], dtype=np.int64)
-
-        return cls([o.request_id for o in outcomes], column("k"), column("accepted"),
-                   column("emitted"), column("position"), signals, lengths)
+        counts = np.array([[_count(o, attr) for attr in ("k", "accepted", "emitted", "position")]
+                           for o in outcomes], dtype=np.int64).reshape(len(outcomes), 4)
+        k, accepted, emitted, position = counts.T.copy()
+        return cls([o.request_id for o in outcomes], k, accepted, emitted, position, signals,
+                   lengths)
 
     def outcomes(self) -> list[DraftOutcome]:
-        """The `DraftOutcome` of every row (signals as float64 slices of the columns)."""
+        """The `DraftOutcome` of every row, its signals as float64 vectors (one it lacked:
+        empty)."""
         ks, accepted = self.k.tolist(), self.accepted.tolist()
         emitted, position = self.emitted.tolist(), self.position.tolist()
         lengths = {name: self.lengths[name].tolist() for name in self.signals}
@@ -185,6 +189,34 @@ class StepOutcomes:
                              {name: matrix[r, :lengths[name][r]]
                               for name, matrix in self.signals.items()})
                 for r, rid in enumerate(self.request_ids)]
+
+
+def _count(outcome: DraftOutcome, attr: str) -> int:
+    """An outcome's count, checked: a non-negative integer."""
+    value = getattr(outcome, attr)
+    try:
+        count = operator.index(value)
+    except TypeError:
+        count = -1
+    if count < 0 or isinstance(value, bool):
+        raise ValueError(f"outcome of request {outcome.request_id}: {attr} must be a "
+                         f"non-negative integer, got {value!r}")
+    return count
+
+
+def _signal_row(outcome: DraftOutcome, name: str) -> np.ndarray:
+    """An outcome's values of one signal as a float64 vector (none where it has none)."""
+    values = outcome.signals.get(name)
+    if values is None:
+        return np.zeros(0)
+    try:
+        row = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        row = None
+    if row is None or row.ndim != 1:
+        raise ValueError(f"outcome of request {outcome.request_id}: signal {name!r} must be a "
+                         f"vector of numbers, one per revealed position, got {values!r}")
+    return row
 
 
 class RequestWalker(Protocol):
@@ -319,14 +351,27 @@ class Policy:
         """
         raise NotImplementedError
 
+    @classmethod
+    def observes(cls) -> bool:
+        """Whether it learns from outcomes: it overrides `observe` or `observe_columns` (an
+        engine that knows it does not skips building them)."""
+        return (cls.observe is not Policy.observe
+                or cls.observe_columns is not Policy.observe_columns)
+
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
-        """Called after verification with one outcome per request that was in the step."""
+        """Called after verification with one outcome per request that was in the step. A
+        policy overrides this or `observe_columns`; this one hands the outcomes' columns to
+        the latter (with the signals the policy reads)."""
+        if type(self).observe_columns is not Policy.observe_columns:
+            self.observe_columns(ctx, StepOutcomes.of(outcomes, type(self).signals))
 
     def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
-        """`observe` of a step's outcomes as columns: what an engine that has them as arrays
-        calls where the policy overrides this (`replaces("observe_columns", "observe")`),
-        sparing an object per request; the same state after as `observe` of their objects."""
-        self.observe(ctx, outcomes.outcomes())
+        """`observe` of a step's outcomes as columns, one row per request: what an engine that
+        has them as arrays calls where the policy overrides this as far down as `observe`
+        (`replaces("observe_columns", "observe")`), sparing an object per request. This one
+        hands their objects to `observe`."""
+        if type(self).observe is not Policy.observe:
+            self.observe(ctx, outcomes.outcomes())
 
     def hold(self) -> int:
         """After `choose`: how many more steps of the same requests it would give the same ks,

@@ -1,6 +1,7 @@
 """`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
-per second, then each request's k) and its draft stop; `kld_variance`'s KL cleaning and
+per second, then each request's k), its draft stop and its fit of a step's outcomes
+(`observe_step`, from their columns); `kld_variance`'s KL cleaning and
 variance ratio, which it computes for every request every step; gammatune's and adaedl's whole
 walks (their walkers' `walk_all`); and a planner's alternatives as ks (the calibrated oracle's
 too).
@@ -11,8 +12,9 @@ the 100-230 us a step cost at batch 4-8, and the largest share of the default `s
 (docs/speed.md, "Compiled per-request loops"). As plain loops they cost a fraction. Each loop
 does the numpy code's float operations in its order, with numpy's pairwise summation where the
 numpy code sums a row (`_row_sum`), so `auto` decides the same ks to the bit;
-tests/policies/test_auto_compiled.py compares them. (Its fit of the outcomes stays in Python:
-compiled, gathering each outcome's numbers cost what the loop saved.)
+tests/policies/test_auto_compiled.py and test_auto_columns.py compare them. (Its fit is compiled
+since the simulator hands a step's outcomes as columns, `StepOutcomes`: from objects, gathering
+each outcome's numbers cost what the loop saved.)
 
 Loaded only with the simulator's compiled loops (`simulator.kernels`, which hands this module
 to `policies.kernels`); without them `auto` runs its numpy code.

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.base import (
-    DraftOutcome,
     HeldSteps,
     Policy,
     StepContext,
@@ -126,10 +125,6 @@ class Goodput(Policy):
         # a k = 0 plan drafts nothing, so it would learn nothing: its re-planning step probes
         self._probing = replan and not self.faithful and k_cap >= 1 and 0 in ks
         return [k or 1 for k in ks] if self._probing else ks
-
-    def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
-        """`observe_columns` of the outcomes' columns."""
-        self.observe_columns(ctx, StepOutcomes.of(outcomes))
 
     def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
         """The EMA step from the requests that drafted (per request, each from its own)."""

@@ -185,8 +185,7 @@ class Replica:
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
-        self.observes = (kind.observe is not Policy.observe
-                         or kind.observe_columns is not Policy.observe_columns)
+        self.observes = kind.observes()
         # a policy whose fit reads a step's outcomes as columns is handed them so
         self.observes_columns = kind.replaces("observe_columns", "observe")
         # _stop_chains' signal rows for the step it cut: (ids, positions, rows by name)
@@ -527,6 +526,9 @@ class Replica:
                          ) -> StepOutcomes:
         """`_outcomes` as columns: each signal's rows from this step's draft stop where it read
         them (the same positions), else gathered, with as many revealed as `_outcomes` has."""
+        if not steps:
+            none = np.zeros(0, dtype=np.int64)
+            return StepOutcomes([], none, none, none, none)
         requests, positions, ks, accepted, emitted = zip(*steps)
         ids = [request.request_id for request in requests]
         names = self._policy_signals
@@ -539,7 +541,7 @@ class Replica:
         signals: dict[str, np.ndarray] = {}
         cut = self._stop_rows
         width = max(seen)
-        if names and cut is not None and cut[0] == ids and cut[1] == list(positions):
+        if cut is not None and cut[0] == ids and cut[1] == list(positions):
             signals = {name: rows for name, rows in cut[2].items()
                        if name in names and rows.shape[1] >= width}
         for name in names:

@@ -12,7 +12,7 @@ import pytest
 from support.policy_fakes import FakeRequest, context, outcome
 
 from policies import DraftOutcome, StepOutcomes, make_policy
-from policies.auto import _BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW
+from policies.auto import _BIN_ROWS, _BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW, _top1_bin
 
 
 def test_columns_give_back_their_outcomes():
@@ -119,11 +119,178 @@ def _run(policy, reuse_plan: bool, seed: int = 5, steps: int = 160):
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_the_states_auto_takes_from_its_plan_are_its_dicts(loops, compiled):
+def test_the_states_auto_takes_from_its_plan_are_its_dicts(loops, monkeypatch, compiled):
+    from policies.auto import Auto
+
     loops(compiled)
-    reused, read = (_run(make_policy("auto"), reuse) for reuse in (True, False))
+    reads = []
+    states_ratios = Auto._states_ratios
+
+    def counted(policy, ids):
+        reads.append(len(ids))
+        return states_ratios(policy, ids)
+    monkeypatch.setattr(Auto, "_states_ratios", counted)
+    runs = {}
+    for reuse in (True, False):
+        reads.clear()
+        runs[reuse] = _run(make_policy("auto"), reuse), len(reads)
+    (reused, reused_reads), (read, read_reads) = runs[True], runs[False]
     assert reused == read
+    assert reused_reads < read_reads * 0.7  # most steps' states came from their plan
     assert any(state > 0 for streaks, *_ in reused[0] for state in streaks.values())
+
+
+def _observe_as_before(policy, outcomes) -> None:
+    """auto's observe as 53e9926 wrote it (an object loop in Python): the reference the
+    columns' fit must match to the bit."""
+    a_pop = (policy._accepted / policy._seen).tolist()
+    lift = policy._lift().tolist()
+    seen_by_bin, accepted_by_bin = policy._seen.tolist(), policy._accepted.tolist()
+    top1_observed, top1_expected = (policy._top1_observed.tolist(),
+                                    policy._top1_expected.tolist())
+    streak, observed, expected_of = policy._streak, policy._observed, policy._expected
+    w = policy.prior_weight
+    for o in outcomes:
+        k = o.k
+        if k == 0:
+            continue
+        rid, hits = o.request_id, o.accepted
+        state = streak.get(rid, NEW)
+        ratio = (observed.get(rid, 0.0) + w) / (expected_of.get(rid, 0.0) + w)
+        seen = hits + 1 if hits < k else k
+        top1 = o.signals.get("draft_top1")
+        top1 = ([] if top1 is None else top1[:seen].tolist() if isinstance(top1, np.ndarray)
+                else [float(v) for v in top1[:seen]])
+        bins = _BIN_ROWS[(state if state < MAX_STREAK else MAX_STREAK) - NEW]
+        expected = 0.0
+        for i in range(seen):
+            b, hit = bins[i], i < hits
+            if i >= len(top1):
+                seen_by_bin[b] += ratio
+                accepted_by_bin[b] += hit
+                expected += a_pop[b]
+                continue
+            t = _top1_bin(top1[i])
+            seen_by_bin[b] += ratio * lift[t]
+            accepted_by_bin[b] += hit
+            expected += a_pop[b] * lift[t]
+            top1_observed[t] += hit
+            top1_expected[t] += a_pop[b] * ratio
+        observed[rid] = observed.get(rid, 0.0) + hits
+        expected_of[rid] = expected_of.get(rid, 0.0) + expected
+        streak[rid] = max(state, 0) + hits if hits == k else FRESH if hits else COLD
+    policy._seen, policy._accepted = np.array(seen_by_bin), np.array(accepted_by_bin)
+    policy._top1_observed = np.array(top1_observed)
+    policy._top1_expected = np.array(top1_expected)
+
+
+def _state(policy) -> tuple:
+    """auto's learnt state, floats as bits, with their types."""
+    def bits(values):
+        return [(type(v).__name__, float(v).hex()) for v in values]
+    return (sorted(policy._streak.items()),
+            sorted((rid, bits([v])) for rid, v in policy._observed.items()),
+            sorted((rid, bits([v])) for rid, v in policy._expected.items()),
+            [(a.dtype.str, bits(a.tolist())) for a in (policy._seen, policy._accepted,
+                                                       policy._top1_observed,
+                                                       policy._top1_expected)])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_auto_learns_what_it_learnt_from_objects_before(loops, compiled):
+    """The columns' fit against 53e9926's object loop, on outcomes as the live engine or a
+    caller may give them: confidences as float32 arrays, lists or None, NaN among them, more
+    than the revealed positions, none; k = 0; accepted = k; an integer prior weight."""
+    from policies.auto import Auto
+
+    loops(compiled)
+    rng = np.random.default_rng(17)
+    for params in ({}, {"prior_weight": 4, "prior_alpha": 0.3}, {"k_max": 3}):
+        new, old = Auto(**params), Auto(**params)
+        requests = [FakeRequest(i, prompt_tokens=int(rng.integers(5, 900)),
+                                output_tokens=200) for i in range(12)]
+        for step in range(150):
+            batch = [requests[i] for i in sorted(rng.choice(12, int(rng.integers(1, 9)),
+                                                            replace=False))]
+            ctx = context(batch, k_max=int(rng.integers(1, 11)), step_index=step)
+            ks = list(new.choose(ctx))
+            assert ks == list(old.choose(ctx))
+            outcomes = []
+            for request, k in zip(batch, ks):
+                k = k if rng.random() < 0.9 else int(rng.integers(0, 6))
+                accepted = int(rng.integers(0, k + 1)) if k else 0
+                top1 = rng.random(int(rng.integers(0, k + 3)))
+                top1[rng.random(len(top1)) < 0.1] = np.nan
+                form = rng.integers(0, 4)
+                signals = ({"draft_top1": top1.astype(np.float32)} if form == 0
+                           else {"draft_top1": top1.tolist()} if form == 1
+                           else {"draft_top1": None} if form == 2 else {})
+                outcomes.append(DraftOutcome(request.request_id, k, accepted, accepted + 1,
+                                             request.generated, signals))
+                request.generated += accepted + 1
+            new.observe(ctx, outcomes)
+            _observe_as_before(old, outcomes)
+            assert _state(new) == _state(old), f"step {step}, {params}"
+            if rng.random() < 0.05:
+                new.finish(batch[0].request_id)
+                old.finish(batch[0].request_id)
+
+
+def test_columns_refuse_what_no_verification_gives():
+    with pytest.raises(ValueError, match=r"request 3: accepted must be a non-negative integer"):
+        StepOutcomes.of([DraftOutcome(3, 4, 1.5, 2, 10)])
+    with pytest.raises(ValueError, match=r"request 3: k must be a non-negative integer"):
+        StepOutcomes.of([DraftOutcome(3, -1, 0, 1, 10)])
+    with pytest.raises(ValueError, match=r"signal 'draft_top1' must be a vector"):
+        StepOutcomes.of([DraftOutcome(3, 2, 1, 2, 10, {"draft_top1": [[0.5, 0.2]]})])
+    with pytest.raises(ValueError, match=r"signal 'draft_top1' must be a vector"):
+        StepOutcomes.of([DraftOutcome(3, 2, 1, 2, 10, {"draft_top1": "high"})])
+    # a signal the policy does not read is not read
+    columns = StepOutcomes.of([DraftOutcome(3, 2, 1, 2, 10, {"note": "x", "kl": [1.0]})],
+                              names=("kl",))
+    assert list(columns.signals) == ["kl"] and columns.lengths["kl"].tolist() == [1]
+    policy = make_policy("auto")  # ... and a request told twice in a step is refused
+    with pytest.raises(ValueError, match="told of a request twice"):
+        policy.observe(context([FakeRequest(1)]), [DraftOutcome(1, 2, 1, 2, 5),
+                                                   DraftOutcome(1, 2, 2, 3, 5)])
+
+
+def test_a_policy_that_reads_columns_alone_is_told_by_either_engine():
+    """One that overrides only `observe_columns` learns through `observe` too (the live
+    engine's form), and one that overrides only `observe` through `observe_columns`."""
+    from policies import Policy
+
+    class Columns(Policy):
+        name = "columns-only"
+        signals = frozenset({"kl"})
+
+        def __init__(self):
+            self.told = []
+
+        def observe_columns(self, ctx, outcomes):
+            self.told.append((list(outcomes.request_ids), outcomes.k.tolist(),
+                              outcomes.lengths["kl"].tolist()))
+
+    class Objects(Policy):
+        name = "objects-only"
+
+        def __init__(self):
+            self.told = []
+
+        def observe(self, ctx, outcomes):
+            self.told.append([(o.request_id, o.k, o.accepted) for o in outcomes])
+
+    ctx = context([FakeRequest(1), FakeRequest(2)])
+    outcomes = [outcome(1, 3, 1, draft_top1=[0.5, 0.5], kl=[0.1, 0.2]), outcome(2, 0, 0)]
+    columns = Columns()
+    assert Columns.observes() and Columns.replaces("observe_columns", "observe")
+    columns.observe(ctx, outcomes)
+    assert columns.told == [([1, 2], [3, 0], [2, 0])]
+    objects = Objects()
+    assert Objects.observes() and not Objects.replaces("observe_columns", "observe")
+    objects.observe_columns(ctx, StepOutcomes.of(outcomes))
+    assert objects.told == [[(1, 3, 1), (2, 0, 0)]]
+    assert not Policy.observes()
 
 
 def _simulate(policy, fast_path: bool = True, **spec):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support.policy_fakes import FakeRequest, LinearCost, context, outcome
 
 from policies import PolicyError, alpha_from_mean_accepted, expected_emitted, make_policy
-from policies.goodput import Goodput
+from policies.goodput import Goodput, _inverted
 
 NO_KNEE = 10**9
 
@@ -164,9 +164,10 @@ def test_per_request_inverted_input_is_each_requests_own_iid_alpha():
     reqs = _reqs(3)
     policy.observe(context(reqs), [outcome(0, k=4, accepted=1), outcome(1, k=0, accepted=0),
                                    outcome(2, k=2, accepted=2)])
-    for rid, k, accepted in ((0, 4, 1), (2, 2, 2)):
-        x = alpha_from_mean_accepted(float(accepted), k)
-        assert policy.request_alpha(rid) == pytest.approx(min(1.0, 0.85 * 0.7 + 0.15 * x))
+    for rid, k, accepted in ((0, 4, 1), (2, 2, 2)):  # the EMA step of its own group, exactly
+        x = _inverted(((k, [accepted]),))
+        assert policy.request_alpha(rid) == min(1.0, max(0.0, 0.85 * 0.7 + 0.15 * x))
+    assert _inverted(((4, [1]),)) == pytest.approx(alpha_from_mean_accepted(1.0, 4))
     assert policy.request_alpha(1) == 0.7  # it drafted nothing: nothing learnt
 
 
