@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support.policy_fakes import FakeRequest, context, outcome
+from support.policy_fakes import FakeRequest, context, outcome, verified
 
 from policies import DraftOutcome, StepOutcomes, make_policy
 from policies.auto import _BIN_ROWS, _BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW, _top1_bin
@@ -99,12 +99,7 @@ def _run(policy, reuse_plan: bool, seed: int = 5, steps: int = 160):
             stops = list(policy.stop_chains(batch, ks, top1, np.zeros_like(top1)))
         else:  # the last step's requests again, without asking
             stops = [int(rng.integers(0, 5)) for _ in batch]
-        outcomes = []
-        for request, k in zip(batch, stops):
-            accepted = int(rng.integers(0, k + 1)) if k else 0
-            outcomes.append(outcome(request.request_id, k, accepted, request.generated,
-                                    draft_top1=rng.random(k)))
-            request.generated = min(request.output_tokens, request.generated + accepted + 1)
+        outcomes = verified(rng, batch, stops)
         if rng.random() < 0.1:  # its state dropped before its outcome arrives
             policy.finish(batch[0].request_id)
         if not reuse_plan:

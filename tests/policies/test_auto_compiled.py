@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support.policy_fakes import FakeRequest, context, outcome
+from support.policy_fakes import FakeRequest, context, verified
 
 from policies import make_policy
 
@@ -64,13 +64,7 @@ def _steps(policy, loops, compiled: bool, cost, seed: int, steps: int = 80) -> l
         stops = list(policy.stop_chains(batch, ks, top1, np.zeros_like(top1)))
         seen.append((ks, stops, float(policy._threshold).hex(),
                      policy._plan_alpha.view(np.int64).tolist()))
-        outcomes = []
-        for request, k in zip(batch, stops):
-            accepted = int(rng.integers(0, k + 1)) if k else 0
-            outcomes.append(outcome(request.request_id, k, accepted, request.generated,
-                                    draft_top1=rng.random(k)))
-            request.generated = min(request.output_tokens, request.generated + accepted + 1)
-        policy.observe(ctx, outcomes)
+        policy.observe(ctx, verified(rng, batch, stops))
     return [*seen, policy._seen.view(np.int64).tolist(), policy._top1_expected.tolist()]
 
 

@@ -63,3 +63,16 @@ def outcome(request_id: int, k: int, accepted: int, position: int = 1, **signals
     seen = min(accepted + 1, k)
     observed = {name: np.asarray(v, dtype=np.float32)[:seen] for name, v in signals.items()}
     return DraftOutcome(request_id, k, accepted, accepted + 1, position, observed)
+
+
+def verified(rng: np.random.Generator, batch: Sequence[FakeRequest],
+             ks: Sequence[int]) -> list[DraftOutcome]:
+    """A random verification of `batch` drafting `ks` (each accepting 0..k, with random draft
+    confidences): its outcomes, each request moved on by what it emitted."""
+    outcomes = []
+    for request, k in zip(batch, ks):
+        accepted = int(rng.integers(0, k + 1)) if k else 0
+        outcomes.append(outcome(request.request_id, k, accepted, request.generated,
+                                draft_top1=rng.random(k)))
+        request.generated = min(request.output_tokens, request.generated + accepted + 1)
+    return outcomes
