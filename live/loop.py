@@ -155,7 +155,7 @@ class LiveLoop:
         end = self.end_iteration(start, lambda: cost.iteration_s(drafted, cached, feeds=feeds))
         self.scheduler.step_index += 1
         if self.observes:  # after the end, at the end's time, as in the simulator
-            self.policy.observe(self.context(batch), outcomes)
+            self.policy.tell(self.context(batch), outcomes)
         accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
         row = (0, start, end - start, len(batch), 0, 0, sum(drafted), max(drafted))
         self.steps.add(*row, accepted, emitted, waiting, held, kv)

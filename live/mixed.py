@@ -61,7 +61,7 @@ class ChunkedLoop(LiveLoop):
             drafted, cached, len(chunks), n_tokens, prompt_cached, pairs, feeds))
         scheduler.step_index += 1
         if self.observes and batch:  # after the end, at the end's time, as in the simulator
-            self.policy.observe(self.context(batch), outcomes)
+            self.policy.tell(self.context(batch), outcomes)
         accepted, emitted = sum(o.accepted for o in outcomes), sum(o.emitted for o in outcomes)
         row = (0, start, end - start, len(batch), len(chunks), n_tokens, sum(drafted),
                max(drafted, default=0), accepted, emitted, waiting, held, kv)

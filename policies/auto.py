@@ -342,8 +342,11 @@ class Auto(Policy):
         top1 = outcomes.signals.get("draft_top1")
         if top1 is None:  # no confidence read: every position's factor is 1
             top1, known = np.zeros((len(ids), 0)), np.zeros(len(ids), dtype=np.int64)
-        else:
-            known = outcomes.lengths["draft_top1"]
+        else:  # (float64: its bins are float64 products, as the draft stop's)
+            top1 = np.ascontiguousarray(top1, dtype=np.float64)
+            known = outcomes.lengths.get("draft_top1")
+            if known is None:
+                raise ValueError("auto's outcomes hold draft_top1 without its revealed lengths")
         a_pop, lift = self._accepted / self._seen, self._lift()
         loops = compiled()
         if loops is not None:  # the same, compiled (policies/compiled.py)

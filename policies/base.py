@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -191,6 +193,20 @@ class StepOutcomes:
                 for r, rid in enumerate(self.request_ids)]
 
 
+#: set while `Policy.observe` and `observe_columns` forward a step to each other: the one
+#: forwarded to does not forward it back
+_FORWARDING: ContextVar[bool] = ContextVar("spectune_policy_forwarding", default=False)
+
+
+@contextmanager
+def _forwarding():
+    token = _FORWARDING.set(True)
+    try:
+        yield
+    finally:
+        _FORWARDING.reset(token)
+
+
 def _count(outcome: DraftOutcome, attr: str) -> int:
     """An outcome's count, checked: a non-negative integer."""
     value = getattr(outcome, attr)
@@ -198,7 +214,7 @@ def _count(outcome: DraftOutcome, attr: str) -> int:
         count = operator.index(value)
     except TypeError:
         count = -1
-    if count < 0 or isinstance(value, bool):
+    if count < 0 or isinstance(value, (bool, np.bool_)):
         raise ValueError(f"outcome of request {outcome.request_id}: {attr} must be a "
                          f"non-negative integer, got {value!r}")
     return count
@@ -358,20 +374,36 @@ class Policy:
         return (cls.observe is not Policy.observe
                 or cls.observe_columns is not Policy.observe_columns)
 
+    @classmethod
+    def reads_columns(cls) -> bool:
+        """Whether an engine tells it a step's outcomes as columns (`observe_columns`): it
+        overrides that as far down as `observe`; else as objects (`observe`)."""
+        return cls.replaces("observe_columns", "observe")
+
+    def tell(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
+        """What an engine calls after verification: `outcomes` in the form the policy reads
+        (`reads_columns`), so every engine calls the same method of a policy."""
+        if type(self).reads_columns():
+            self.observe_columns(ctx, StepOutcomes.of(outcomes, type(self).signals))
+        else:
+            self.observe(ctx, outcomes)
+
     def observe(self, ctx: StepContext, outcomes: Sequence[DraftOutcome]) -> None:
         """Called after verification with one outcome per request that was in the step. A
         policy overrides this or `observe_columns`; this one hands the outcomes' columns to
-        the latter (with the signals the policy reads)."""
-        if type(self).observe_columns is not Policy.observe_columns:
-            self.observe_columns(ctx, StepOutcomes.of(outcomes, type(self).signals))
+        the latter (with the signals the policy reads), once: a subclass that overrides both
+        and calls up from each is not sent round again."""
+        if type(self).observe_columns is not Policy.observe_columns and not _FORWARDING.get():
+            with _forwarding():
+                self.observe_columns(ctx, StepOutcomes.of(outcomes, type(self).signals))
 
     def observe_columns(self, ctx: StepContext, outcomes: StepOutcomes) -> None:
         """`observe` of a step's outcomes as columns, one row per request: what an engine that
-        has them as arrays calls where the policy overrides this as far down as `observe`
-        (`replaces("observe_columns", "observe")`), sparing an object per request. This one
-        hands their objects to `observe`."""
-        if type(self).observe is not Policy.observe:
-            self.observe(ctx, outcomes.outcomes())
+        has them as arrays calls where the policy reads them so (`reads_columns`), sparing an
+        object per request. This one hands their objects to `observe`, once (as `observe`)."""
+        if type(self).observe is not Policy.observe and not _FORWARDING.get():
+            with _forwarding():
+                self.observe(ctx, outcomes.outcomes())
 
     def hold(self) -> int:
         """After `choose`: how many more steps of the same requests it would give the same ks,

@@ -1,7 +1,7 @@
 """The fast path's per-request loops, compiled (numba): a walk, its draft feeds, its shares of
 the kept sums; and on the roofline, a chain's draft passes and verify steps from those sums,
 a draft model's step taken one at a time, and a planner's alternatives from their sums (with a
-draft model, priced in the same call: `alternatives_times`).
+draft model and no idle proposer, priced in the same call: `alternatives_times`).
 
 Why compiled: each running request's walk is built once and its shares added to (and taken out
 of) the batch's kept sums once, but in numpy that is some 30 small array operations per request,

@@ -101,7 +101,7 @@ class Replica:
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
         self.walks = (fast_path
-                      and kind.replaces("walker", "choose", "observe", *asked)
+                      and kind.replaces("walker", "choose", "observe", "observe_columns", *asked)
                       and (not asked or kind.walker_stops)
                       and not scheduler.chunked_prefill and not self.planned
                       and cost.latency.arrays_match_scalars)
@@ -126,7 +126,7 @@ class Replica:
         # clock to the bit, for a policy whose k depends on the running set alone, or one that
         # holds its ks (asked at the segment's first step, the segment ending where its hold
         # does) (not near a max_model_len: vLLM's cut at it and its zero drafts are stepped)
-        asked_per_set = (kind.stateless_per_batch and kind.observe is Policy.observe
+        asked_per_set = (kind.stateless_per_batch and not kind.observes()
                          and not kind.simulation_only
                          and (not kind.uses_draft_stop or self.folds_stop))
         self.plan_segments = (self.planned and fast_path and (asked_per_set or self.holds)
@@ -187,7 +187,7 @@ class Replica:
                               "not a draft tree: use a chain drafter's trace")
         self.observes = kind.observes()
         # a policy whose fit reads a step's outcomes as columns is handed them so
-        self.observes_columns = kind.replaces("observe_columns", "observe")
+        self.observes_columns = kind.reads_columns()
         # _stop_chains' signal rows for the step it cut: (ids, positions, rows by name)
         self._stop_rows: tuple[list[int], list[int], dict[str, np.ndarray]] | None = None
         self._policy_signals = tuple(type(policy).signals)
@@ -526,9 +526,6 @@ class Replica:
                          ) -> StepOutcomes:
         """`_outcomes` as columns: each signal's rows from this step's draft stop where it read
         them (the same positions), else gathered, with as many revealed as `_outcomes` has."""
-        if not steps:
-            none = np.zeros(0, dtype=np.int64)
-            return StepOutcomes([], none, none, none, none)
         requests, positions, ks, accepted, emitted = zip(*steps)
         ids = [request.request_id for request in requests]
         names = self._policy_signals

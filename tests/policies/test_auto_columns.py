@@ -288,6 +288,46 @@ def test_a_policy_that_reads_columns_alone_is_told_by_either_engine():
     assert not Policy.observes()
 
 
+def test_both_engines_tell_a_policy_in_the_form_it_reads():
+    """`Policy.tell` (the live engine's) and the simulator choose the same method: a
+    subclass that adds `observe_columns` to a policy that reads objects is told in columns;
+    one that overrides both forms and calls up from each is told once, not sent round."""
+    from policies import Policy
+    from policies.fixed import Fixed
+    from policies.gammatune import GammaTune
+
+    calls = []
+
+    class Columns(GammaTune):
+        def observe_columns(self, ctx, outcomes):
+            calls.append(("columns", list(outcomes.request_ids)))
+
+    class Both(Fixed):
+        def observe(self, ctx, outcomes):
+            calls.append(("objects", [o.request_id for o in outcomes]))
+            super().observe(ctx, outcomes)
+
+        def observe_columns(self, ctx, outcomes):
+            calls.append(("columns", list(outcomes.request_ids)))
+            super().observe_columns(ctx, outcomes)
+
+    ctx = context([FakeRequest(4)])
+    told = [outcome(4, 2, 1, draft_top1=[0.3, 0.4])]
+    assert Columns.reads_columns() and not GammaTune.reads_columns()
+    Columns().tell(ctx, told)
+    assert calls == [("columns", [4])]
+    calls.clear()
+    Both().observe(ctx, told)
+    assert calls == [("objects", [4]), ("columns", [4])]
+    calls.clear()
+    Both().observe_columns(ctx, StepOutcomes.of(told))
+    assert calls == [("columns", [4]), ("objects", [4])]
+    calls.clear()
+    Both().tell(ctx, told)  # it reads columns (its own, as far down as its observe)
+    assert calls == [("columns", [4]), ("objects", [4])]
+    assert not Policy.reads_columns()
+
+
 def _simulate(policy, fast_path: bool = True, **spec):
     from simulator import ClusterConfig, SchedulerConfig
     from simulator.engine import simulate
@@ -337,8 +377,9 @@ def _told_both_ways(loops, monkeypatch, compiled: bool, spec: dict, name: str,
         monkeypatch.setattr(Replica, method, counted)
     plain = _simulate(make_policy(name, params), **dict(spec))
     assert told["columns"] > 0 and told["objects"] == 0
+    told.update(columns=0, objects=0)
     wrapped = _simulate(recording(make_policy(name, params), [], []), **dict(spec))
-    assert told["objects"] > 0
+    assert told["objects"] > 0 and told["columns"] == 0
     pd.testing.assert_frame_equal(plain.requests, wrapped.requests, check_exact=True)
     pd.testing.assert_frame_equal(plain.steps, wrapped.steps, check_exact=True)
 

@@ -111,13 +111,15 @@ def test_alternatives_are_priced_the_same_as_lists_or_as_a_matrix(loops):
 
     from policies.base import price_steps
 
-    rows = np.array([[0, 0, 0], [2, 0, 1], [4, 3, 0]])
+    # five alternatives: a draft model's are priced at once with numpy too (4 or more)
+    rows = np.array([[0, 0, 0], [2, 0, 1], [4, 3, 0], [1, 1, 1], [0, 5, 2]])
     contexts = [300, 80, 1200]
     for cost in (_cost("Llama-68M"), _cost("none"), LinearCost()):  # LinearCost: one by one
         for compiled in (True, False):
             loops(compiled)
-            assert price_steps(cost, rows, contexts) == price_steps(cost, rows.tolist(),
-                                                                    contexts)
+            one_by_one = [float(cost.step_s(ks, contexts)) for ks in rows.tolist()]
+            assert price_steps(cost, rows, contexts) == one_by_one
+            assert price_steps(cost, rows.tolist(), contexts) == one_by_one
 
 
 def test_the_pick_takes_the_first_of_equal_rates_as_argmax_does():

@@ -166,7 +166,8 @@ def test_per_request_inverted_input_is_each_requests_own_iid_alpha():
                                    outcome(2, k=2, accepted=2)])
     for rid, k, accepted in ((0, 4, 1), (2, 2, 2)):  # the EMA step of its own group, exactly
         x = _inverted(((k, [accepted]),))
-        assert policy.request_alpha(rid) == min(1.0, max(0.0, 0.85 * 0.7 + 0.15 * x))
+        keep = policy.ema_keep
+        assert policy.request_alpha(rid) == min(1.0, max(0.0, keep * 0.7 + (1.0 - keep) * x))
     assert _inverted(((4, [1]),)) == pytest.approx(alpha_from_mean_accepted(1.0, 4))
     assert policy.request_alpha(1) == 0.7  # it drafted nothing: nothing learnt
 
