@@ -348,6 +348,7 @@ class Auto(Policy):
             if known is None:
                 raise ValueError("auto's outcomes hold draft_top1 without its revealed lengths")
         a_pop, lift = self._accepted / self._seen, self._lift()
+        ks, hits_of = outcomes.k.tolist(), outcomes.accepted.tolist()
         loops = compiled()
         if loops is not None:  # the same, compiled (policies/compiled.py)
             counts = (self._seen.copy(), self._accepted.copy(), self._top1_observed.copy(),
@@ -358,13 +359,11 @@ class Auto(Policy):
             expected, after = expected.tolist(), after.tolist()
         else:
             counts, expected, after = self._fit(a_pop.tolist(), lift.tolist(), states.tolist(),
-                                                ratios.tolist(), outcomes.k.tolist(),
-                                                outcomes.accepted.tolist(), top1.tolist(),
+                                                ratios.tolist(), ks, hits_of, top1.tolist(),
                                                 known.tolist())
         self._seen, self._accepted, self._top1_observed, self._top1_expected = counts
         streak, observed, expected_of = self._streak, self._observed, self._expected
-        for rid, k, hits, e, state in zip(ids, outcomes.k.tolist(), outcomes.accepted.tolist(),
-                                          expected, after):
+        for rid, k, hits, e, state in zip(ids, ks, hits_of, expected, after):
             if k:
                 observed[rid] = observed.get(rid, 0.0) + hits
                 expected_of[rid] = expected_of.get(rid, 0.0) + e

@@ -453,11 +453,8 @@ class Replica:
         wanted = type(self.policy).stop_signals
         rows: dict[str, list] = {name: [] for name in ("draft_top1", "draft_entropy")
                                  if name in wanted}
-        ids, positions = [], []
         for request in batch:
             g, signals = request.generated, request.signals
-            ids.append(request.request_id)
-            positions.append(g)
             # a slice where the chain ends inside the request, else the last position repeated
             at = (slice(g, g + width) if g + width <= request.output_tokens
                   else np.minimum(g + depth, request.output_tokens - 1))
@@ -465,7 +462,8 @@ class Replica:
                 row.append(signals[name][at])
         arrays = {name: np.array(row, dtype=np.float64) for name, row in rows.items()}
         if self.observes_columns:  # the outcomes' signals, where this step is verified
-            self._stop_rows = ids, positions, arrays
+            self._stop_rows = ([request.request_id for request in batch],
+                               [request.generated for request in batch], arrays)
         unread = np.empty((len(batch), 0))
         return self.policy.stop_chains(batch, ks, arrays.get("draft_top1", unread),
                                        arrays.get("draft_entropy", unread))
