@@ -455,8 +455,25 @@ class Policy:
         state moves as `observe` would move it but all at once, when the decode starts, ahead
         of the clock, and never again. Used only where the class that defines it also defines
         `choose`, `observe` and (unless folded, `stop_positions`) the draft stop
-        (`replaces`)."""
+        (`replaces`), and where `walks_with` the cost model. A `simulation_only` policy's
+        walker is also given `run=`, the request's accepted runs (what `StepContext.lookahead`
+        gives for it)."""
         raise NotImplementedError(f"policy {self.name!r} does not walk requests alone")
+
+    def walks_with(self, cost: StepCost) -> bool:
+        """Whether its `walker` stands for `choose` under this cost model (default: yes). A
+        policy whose walks hold only while its batch does not overrule them (`walks_agree`)
+        says no where checking that would cost more than asking every step."""
+        return True
+
+    def walks_agree(self, ctx: StepContext, positions: np.ndarray) -> int:
+        """For a policy whose k per request follows its walker unless the batch overrules it
+        (the oracle's batch cap): of the next steps, where each running request of
+        `ctx.requests` stands at output position `positions[r, t]` before step t (requests x
+        steps, from their walks), how many from the first `choose` would give the walks' ks.
+        A simulator takes the step after them one at a time, through `choose`, and walks
+        every request anew from there. The default: all of them (the walker alone decides)."""
+        return positions.shape[1]
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Where the stop rule reads nothing but the drafted token's own signals (not the

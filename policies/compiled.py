@@ -2,9 +2,9 @@
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
 per second, then each request's k), its draft stop and its fit of a step's outcomes
 (`observe_step`, from their columns); `kld_variance`'s KL cleaning and
-variance ratio, which it computes for every request every step; gammatune's and adaedl's whole
-walks (their walkers' `walk_all`); and a planner's alternatives as ks (the calibrated oracle's
-too).
+variance ratio, which it computes for every request every step; gammatune's, adaedl's and the
+oracle's whole walks (their walkers' `walk_all`), and the oracle's check of a segment's caps;
+and a planner's alternatives as ks (the calibrated oracle's too).
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
 a time, and in numpy each step was some 40 small array operations: with its pricing, most of
@@ -428,6 +428,67 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
     return walk[: steps + 1], drafts[:steps], rate, lam, drafted_any
 
 
+
+@njit(cache=True)
+def oracle_walk(run, cap, capped: bool, bound: int):
+    """`walk_alone` of an oracle request where its batch cap does not bind (its walker's k,
+    step after step): each step asks k = min(run[p], the drafts before the walk's last token,
+    bound), cut to cap[p] (`capped`), so every draft is accepted and one more token emitted.
+    Returns the walk (tokens emitted before each step and after the last, from 0) and each
+    step's drafts."""
+    if bound < 0:
+        raise ValueError("oracle_walk: a negative bound")
+    walk, drafts = _walk_arrays(run, cap, capped, "oracle_walk")
+    m = run.shape[0]
+    p = steps = 0
+    while p < m:
+        k = run[p]  # (plain comparisons: min of three, once per step)
+        if k > m - p - 1:
+            k = m - p - 1
+        if k > bound:
+            k = bound
+        k, emit = _walk_step(run, cap, capped, p, k, "oracle_walk")
+        p += emit
+        walk[steps + 1] = p
+        drafts[steps] = k
+        steps += 1
+    return walk[: steps + 1], drafts[:steps]
+
+
+@njit(cache=True)
+def cap_steps(asked, contexts, caps: int):
+    """The oracle's check of a segment (`oracle._overruled_at`): per cap 0..caps (rows) and
+    step (columns), the drafts and causal pairs of the step where each request drafts
+    min(asked, cap) (`asked`, `contexts`: requests x steps): (k + 1) c + k (k + 1) / 2 pairs a
+    request, the integers `cap_sums` adds cap by cap."""
+    b, steps = asked.shape
+    drafted = np.zeros((caps + 1, steps), dtype=np.int64)
+    pairs = np.zeros((caps + 1, steps), dtype=np.int64)
+    for t in range(steps):
+        for r in range(b):
+            k, c = asked[r, t], contexts[r, t]
+            for cap in range(caps + 1):
+                d = k if k < cap else cap
+                drafted[cap, t] += d
+                pairs[cap, t] += (d + 1) * c + d * (d + 1) // 2
+    return drafted, pairs
+
+
+@njit(cache=True)
+def first_overruled(drafted, times, top, b: int) -> int:
+    """The first step whose best cap (the most tokens per second over caps 0..top[t], the
+    first of equals, as `oracle._best_cap` picks it) is below top[t], else how many steps."""
+    steps = top.shape[0]
+    for t in range(steps):
+        best, best_rate = 0, -1.0
+        for cap in range(top[t] + 1):
+            rate = (b + drafted[cap, t]) / times[cap, t]
+            if rate > best_rate:
+                best, best_rate = cap, rate
+        if best < top[t]:
+            return t
+    return steps
+
 def warm() -> None:
     """Call each loop once on the types `auto` gives them (numba's one-time load here, not
     inside a run)."""
@@ -454,3 +515,7 @@ def warm() -> None:
                        3.0, 2, 0.3, 1, 10, 1e-9)
         adaedl_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 1,
                     np.ones(6), 10, 0.5, 0.0, 0.5, 0.9, 0.01, 0.9)
+        oracle_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10)
+    asked = np.ones((2, 3), dtype=np.int64)
+    drafted, _ = cap_steps(asked, asked + 5, 1)
+    first_overruled(drafted, np.ones((2, 3)), asked[0], 2)

@@ -1,5 +1,5 @@
 """Which loops the policies that have compiled ones run (policies/compiled.py: `auto`'s,
-kld_variance's, gammatune's and adaedl's walks, and a planner's alternatives as ks,
+kld_variance's, gammatune's, adaedl's and the oracle's walks, and a planner's alternatives as ks,
 `prefix_counts`).
 
 The simulator chooses per run (simulator/kernels.py, SPECTUNE_KERNELS) and hands the compiled

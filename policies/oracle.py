@@ -28,7 +28,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Policy, StepContext, SumsPricer, prefix_counts, price_steps
+from policies.base import (
+    Policy,
+    StepContext,
+    StepCost,
+    SumsPricer,
+    prefix_counts,
+    price_steps,
+)
+from policies.kernels import compiled
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
@@ -81,6 +89,36 @@ class Oracle(Policy):
             if rate > best_rate:
                 best_ks, best_rate = ks, rate
         return best_ks
+
+    def walker(self, request_id: int, k_max: int, signals, run: np.ndarray | None = None
+               ) -> _OracleWalk:
+        """Where its batch cap does not bind (`walks_agree` says where it does), each
+        request's k is its own: min(run, the drafts before its last token, the bound)."""
+        if run is None:
+            raise RuntimeError("the oracle walks a request only with its accepted runs (run=)")
+        return _OracleWalk(run, min(self.k_max, k_max))
+
+    def walks_with(self, cost: StepCost) -> bool:
+        """knows=outcomes, where each cap is priced from its verify pass's sums: the check of
+        a segment's steps (`walks_agree`) is then a few array passes and one pricing call.
+        (With a draft model the cap binds often, its passes costing per depth: stepped.)"""
+        return self.knows == "outcomes" and self._sums_pricer(cost) is not None
+
+    def walks_agree(self, ctx: StepContext, positions: np.ndarray) -> int:
+        """The steps, from the first, where `choose`'s best cap is the largest run (so each
+        request drafts its walk's min(run, left, bound)): every cap of every step priced in
+        one call, as `_best_cap` prices them one by one (the same floats)."""
+        requests = ctx.requests
+        sums = self._sums_pricer(ctx.cost)
+        if not requests or sums is None:
+            return 0 if requests else positions.shape[1]
+        bound = min(self.k_max, ctx.k_max)
+        runs = np.array([ctx.lookahead(r.request_id)[row] for r, row in zip(requests, positions)],
+                        dtype=np.int64).reshape(positions.shape)
+        last = np.array([r.output_tokens - 1 for r in requests], dtype=np.int64)[:, None]
+        asked = np.minimum(np.minimum(runs, last - positions), bound)
+        prompts = np.array([r.prompt_tokens for r in requests], dtype=np.int64)[:, None]
+        return _overruled_at(sums, asked, positions + prompts)
 
     def _calibrated(self, ctx: StepContext, bound: int) -> list[int]:
         """knows=probabilities: the most expected tokens per second over the allocations that
@@ -144,6 +182,69 @@ def _best_cap(sums, runs: list[int], contexts: list[int], top: int) -> int:
         if rate > best_rate:
             best, best_rate = cap, rate
     return best
+
+
+def _overruled_at(sums, asked: np.ndarray, contexts: np.ndarray) -> int:
+    """The first step (a column of `asked`, requests x steps: each request's min(run, left,
+    bound)) whose best cap is below its largest run, else how many steps. A cap above a
+    step's largest run gives that run's floats again, so pricing caps up to the largest of
+    any step leaves each step's first best as over 0..its own."""
+    b, steps = asked.shape
+    top = asked.max(axis=0)
+    caps = int(top.max())
+    if caps == 0:
+        return steps  # nothing to accept anywhere: choose gives zeros, as the walks do
+    drafted, times = _cap_times(sums, asked, contexts, caps)
+    loops = compiled()
+    if loops is not None:
+        return loops.first_overruled(drafted, times, top, b)
+    overruled = ((b + drafted) / times).argmax(axis=0) < top
+    return int(overruled.argmax()) if overruled.any() else steps
+
+
+def _cap_times(sums, asked: np.ndarray, contexts: np.ndarray, caps: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per cap 0..caps (rows) and step (columns), the drafts and the seconds of the step where
+    each request drafts min(asked, cap): its verify pass's sums (`cap_sums`' integers: (k + 1)
+    c + k (k + 1) / 2 causal pairs a request) priced in one call."""
+    b = asked.shape[0]
+    loops = compiled()
+    if loops is not None:
+        drafted, pairs = loops.cap_steps(asked, contexts, caps)
+    else:
+        drafted = np.empty((caps + 1, asked.shape[1]), dtype=np.int64)
+        pairs = np.empty_like(drafted)
+        for cap in range(caps + 1):
+            k = np.minimum(asked, cap)
+            drafted[cap] = k.sum(axis=0)
+            pairs[cap] = ((k + 1) * contexts + k * (k + 1) // 2).sum(axis=0)
+    cached = np.tile(contexts.sum(axis=0) - b, caps + 1)
+    return drafted, np.asarray(sums(b, drafted.ravel(), cached, pairs.ravel())).reshape(
+        drafted.shape)
+
+
+class _OracleWalk:
+    """`Oracle.choose` for one request where the batch cap does not bind (`Policy.walker`)."""
+
+    __slots__ = ("_bound", "_last", "_run")
+
+    def __init__(self, run: np.ndarray, bound: int) -> None:
+        self._run, self._bound, self._last = run, bound, len(run) - 1
+
+    def k(self, position: int) -> int:
+        return min(int(self._run[position]), self._last - position, self._bound)
+
+    def saw(self, drafted: int, accepted: int, emitted: int, position: int) -> None:
+        pass  # it knows the outcomes already
+
+    def walk_all(self, start: int, run: np.ndarray, cap: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole walk at once, compiled where the simulator's loops run, else None."""
+        loops = compiled()
+        if loops is None:
+            return None
+        return loops.oracle_walk(run, loops.NO_CAP if cap is None else cap, cap is not None,
+                                 self._bound)
 
 
 def cap_sums(runs: list[int], contexts: list[int], top: int) -> list[tuple[int, int]]:

@@ -65,9 +65,9 @@ class Replica:
         self.config = scheduler
         self.cost = cost
         # the rule book: queues, KV reservations, admission, chunks, k, finishing
+        seen_cost = policy_cost if policy_cost is not None else cost  # what the policy prices
         self.scheduler = make_scheduler(scheduler, kv_capacity_tokens, policy, requests,
-                                        policy_cost if policy_cost is not None else cost,
-                                        index)
+                                        seen_cost, index)
         self.catch_up = cost.latency.draft_catch_up
         self.feeds = cost.latency.has_draft_model  # a model-free drafter catches up for free
         self.policy = policy
@@ -104,7 +104,10 @@ class Replica:
                       and kind.replaces("walker", "choose", "observe", "observe_columns", *asked)
                       and (not asked or kind.walker_stops)
                       and not scheduler.chunked_prefill and not self.planned
-                      and cost.latency.arrays_match_scalars)
+                      and cost.latency.arrays_match_scalars and policy.walks_with(seen_cost))
+        # (a policy whose batch may overrule its walks, the oracle's cap, checks each
+        # segment's steps: the first it overrules is taken one at a time, `_step_unwalked`)
+        self.checks_walks = self.walks and kind.walks_agree is not Policy.walks_agree
         #: each request's drafts vary from step to step in a segment (chain_ks)
         self.varied = self.capped or self.walks
         # (a draft stop asked token by token reads each step's positions: never in a segment)
@@ -293,9 +296,10 @@ class Replica:
             self._fresh += [request for request in admitted
                             if request.generated < request.output_tokens]
 
-    def _mixed_iteration(self):
+    def _mixed_iteration(self, every: bool = False):
         """One iteration: decode requests first, then prompt chunks in the budget; request by
-        request, or (`chunk_sums`) the decodes from the kept sums (`_chunked_step`)."""
+        request, or (`chunk_sums`) the decodes from the kept sums (`_chunked_step`). `every`:
+        any running request may finish in it (none is in the kept sums: `_step_unwalked`)."""
         scheduler = self.scheduler
         decode = scheduler.running
         summed = None
@@ -324,7 +328,7 @@ class Replica:
         self.steps.add(self.index, start, duration, len(decode), len(chunks), chunk_tokens,
                        sum(ks), max(ks, default=0), accepted, emitted, waiting, held, kv)
         self._start_whole(chunks)
-        self._finish_done(every=self.chunk_sums)
+        self._finish_done(every=every or self.chunk_sums)
 
     def _start_whole(self, chunks: list) -> list[RequestState]:
         """The prompt chunks' progress; the prompts now whole start decoding (returned)."""
@@ -410,7 +414,7 @@ class Replica:
         """The drafter proposes no more than it has at each request's next position."""
         if not self.capped:
             return ks
-        return [k if k <= (cap := request.cap[request.generated]) else cap  # min(k, cap)
+        return [k if k <= (cap := request.cap[request.generated]) else int(cap)  # min(k, cap)
                 for request, k in zip(batch, ks)]
 
     def _choose_uncapped(self, batch: list[RequestState]) -> list[int]:
@@ -944,6 +948,12 @@ class Replica:
             clock = np.concatenate(([start], stretch.durations)).cumsum()
             horizon = self.next_arrival_s(self.index)
             n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
+            if self.checks_walks:  # up to the first step the batch overrules the walks in
+                ctx = scheduler.context(batch, start, Lookahead(batch, self.acceptance))
+                n = min(n, self.policy.walks_agree(ctx, stretch.positions(n)))
+                if not n:
+                    yield from self._step_unwalked(batch)
+                    return
             replanned = None
             if hold is not None:
                 n, replanned, last_hold = self._walk_holds(batch, ks, hold, n, clock, stretch)
@@ -960,6 +970,30 @@ class Replica:
             self.policy.observe_held(scheduler.context(batch, self.env.now), last_hold)
         if n == stretch.steps:  # else no request reached its length: nothing to retire
             self._finish_done()
+
+    def _step_unwalked(self, batch: list[RequestState]):
+        """A step where the policy's batch overrules its walks (`Policy.walks_agree`), taken
+        one at a time through `choose`: every request read from its walk first and taken out
+        of the kept sums, its walk marked stale, so the next segment walks each anew."""
+        columns = self.columns
+        for request in batch:
+            if request.summed:
+                if self.lazy:
+                    self._sync(request)
+                columns.remove(request)
+                request.summed = False
+            request.chain_k = -1  # (walk_alone walks it again from where it is)
+        self._walked_k = None  # the next pricing checks every request's walk
+        yield from self._mixed_iteration(every=True)
+
+    def _walker(self, request: RequestState):
+        """The policy's walker of a request (`Policy.walker`; a simulation-only policy's
+        given the request's accepted runs)."""
+        policy, k_max = self.policy, self.config.k_max
+        if type(policy).simulation_only:
+            return policy.walker(request.request_id, k_max, request.signals or {},
+                                 run=request.run)
+        return policy.walker(request.request_id, k_max, request.signals or {})
 
     def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
                     stretch: _Stretch
@@ -1272,9 +1306,8 @@ class _Stretch:
                 if k == WALKED:  # once, from its first decode step (chain_k is -1 until then)
                     if request.chain_k != -1:
                         raise RuntimeError(f"request {request.request_id} walked twice")
-                    walk_alone(request, replica.policy.walker(
-                        request.request_id, replica.config.k_max, request.signals or {}),
-                        replica.config.k_max, replica.policy.name)
+                    walk_alone(request, replica._walker(request), replica.config.k_max,
+                               replica.policy.name)
                 else:
                     walk_chain(request, k)
                 if columns is not None:
@@ -1347,6 +1380,14 @@ class _Stretch:
             self.chains = [request.chain for request in batch]
             self.ats = [now - request.chain_origin for request in batch]
             self.chain_ks = [request.chain_ks for request in batch] if self.capped else None
+
+    def positions(self, n: int) -> np.ndarray:
+        """Each request's output position before each of the first n steps (requests x n):
+        `gen`'s first n columns, read from the walks alone."""
+        if self._gen is not None:
+            return self._gen[:, :n]
+        self._at_walks()
+        return np.array([chain[at: at + n] for chain, at in zip(self.chains, self.ats)])
 
     @property
     def gen(self) -> np.ndarray:
