@@ -93,18 +93,19 @@ class Replica:
                       and cost.latency.arrays_match_scalars)
         self.planned = type(self.scheduler).plans_whole_step
         # a policy that decides each request's k from its own outcomes alone walks each
-        # request's whole decode at once (request.walk_alone), where every decode step is a
-        # segment's; its steps' drafts vary per request as capped ones do. As for holds, only
-        # where the latency model's arrays give its scalars' numbers (such runs were recorded
-        # step by step)
+        # request's whole decode at once (request.walk_alone); its steps' drafts vary per
+        # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
+        # what the walks draft there (`_walked_ks`). As for holds, only where the latency
+        # model's arrays give its scalars' numbers (such runs were recorded step by step); not
+        # under vLLM's scheduler, whose steps propose each request's drafts for the next
         # (its walker stands for choose and observe, and for a draft stop not folded)
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
         self.walks = (fast_path
                       and kind.replaces("walker", "choose", "observe", "observe_columns", *asked)
                       and (not asked or kind.walker_stops)
-                      and not scheduler.chunked_prefill and not self.planned
-                      and cost.latency.arrays_match_scalars and policy.walks_with(seen_cost))
+                      and not self.planned and cost.latency.arrays_match_scalars
+                      and policy.walks_with(seen_cost))
         # (a policy whose batch may overrule its walks, the oracle's cap, checks each
         # segment's steps: the first it overrules is taken one at a time, `_step_unwalked`)
         self.checks_walks = self.walks and kind.walks_agree is not Policy.walks_agree
@@ -188,7 +189,8 @@ class Replica:
         if self.planned and cost.draft_tree is not None:
             raise ConfigError(f"scheduler {scheduler.scheduler!r} models a chain of drafts, "
                               "not a draft tree: use a chain drafter's trace")
-        self.observes = kind.observes()
+        # (a walked policy is told nothing: its walker was told each step as it walked)
+        self.observes = kind.observes() and not self.walks
         # a policy whose fit reads a step's outcomes as columns is handed them so
         self.observes_columns = kind.reads_columns()
         # _stop_chains' signal rows for the step it cut: (ids, positions, rows by name)
@@ -296,10 +298,12 @@ class Replica:
             self._fresh += [request for request in admitted
                             if request.generated < request.output_tokens]
 
-    def _mixed_iteration(self, every: bool = False):
+    def _mixed_iteration(self, every: bool = False, walked: bool = True):
         """One iteration: decode requests first, then prompt chunks in the budget; request by
-        request, or (`chunk_sums`) the decodes from the kept sums (`_chunked_step`). `every`:
-        any running request may finish in it (none is in the kept sums: `_step_unwalked`)."""
+        request, or (`chunk_sums`) the decodes from the kept sums (`_chunked_step`); where
+        requests are walked, their ks from their walks (`walked` False: through `choose`).
+        `every`: any running request may finish in it (none is in the kept sums:
+        `_step_unwalked`)."""
         scheduler = self.scheduler
         decode = scheduler.running
         summed = None
@@ -309,7 +313,12 @@ class Replica:
                 yield from self._chunked_step(head)
                 return
             summed = self._sync_running()  # every request read up to date, stepped as below
-        ks = self._choose(decode) if decode else []
+        if not decode:
+            ks = []
+        elif self.walks and walked:
+            ks = self._walked_ks(decode)
+        else:
+            ks = self._choose(decode)
         chunked = self.config.chunked_prefill
         chunks = scheduler.plan_chunks(self._verify_tokens(ks), self.env.now) if chunked else []
         start, (waiting, held, kv) = self.env.now, scheduler.snapshot()
@@ -984,7 +993,28 @@ class Replica:
                 request.summed = False
             request.chain_k = -1  # (walk_alone walks it again from where it is)
         self._walked_k = None  # the next pricing checks every request's walk
-        yield from self._mixed_iteration(every=True)
+        yield from self._mixed_iteration(every=True, walked=False)
+
+    def _walked_ks(self, batch: list[RequestState]) -> list[int]:
+        """A step taken one at a time (with prompt chunks) where requests are walked: each
+        request's drafts there from its walk, which is what `choose`, the draft stop and the
+        drafter's cap give it (a request without one walked first: its first decode step, or
+        its walk overruled); where the policy's batch overrules the walks at this step
+        (`Policy.walks_agree`), `choose`'s, and every walk marked stale."""
+        k_max, name = self.config.k_max, self.policy.name
+        for request in batch:
+            if request.chain_k != WALKED or request.chain_g != request.generated:
+                if request.chain_k != -1:
+                    raise RuntimeError(f"request {request.request_id} walked twice")
+                walk_alone(request, self._walker(request), k_max, name)
+        if self.checks_walks:
+            ctx = self.scheduler.context(batch, self.env.now, Lookahead(batch, self.acceptance))
+            positions = np.array([[request.generated] for request in batch], dtype=np.int64)
+            if not self.policy.walks_agree(ctx, positions):
+                for request in batch:
+                    request.chain_k = -1
+                return self._choose(batch)
+        return [int(request.chain_ks[request.chain_at]) for request in batch]
 
     def _walker(self, request: RequestState):
         """The policy's walker of a request (`Policy.walker`; a simulation-only policy's

@@ -44,21 +44,26 @@ def _same(fast, slow) -> None:
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
 
 
-CASES = [("smollm2-ngram", 1, {}), ("smollm2-eagle-ngram", 3, {}), ("beta:6,3~20", 1, {}),
-         ("iid:0.8", 1, {"k_max": "3"}), ("smollm2-ngram", 2, {"k_max": "0"})]
+CASES = [("smollm2-ngram", 1, {}, 0), ("smollm2-eagle-ngram", 3, {}, 0),
+         ("beta:6,3~20", 1, {}, 0), ("iid:0.8", 1, {"k_max": "3"}, 0),
+         ("smollm2-ngram", 2, {"k_max": "0"}, 0), ("smollm2-ngram", 1, {}, 256),
+         ("beta:6,3~20", 2, {}, 2048)]
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-@pytest.mark.parametrize("acceptance,replicas,params", CASES,
-                         ids=[f"{a}-{r}-" + (",".join(f"{k}={v}" for k, v in p.items())
-                                             or "default") for a, r, p in CASES])
+@pytest.mark.parametrize("acceptance,replicas,params,budget", CASES,
+                         ids=[f"{a}-{r}-{b or 'whole'}-"
+                              + (",".join(f"{k}={v}" for k, v in p.items()) or "default")
+                              for a, r, p, b in CASES])
 def test_the_oracles_walks_give_the_step_paths_records(loops, monkeypatch, compiled,
-                                                       acceptance, replicas, params):
+                                                       acceptance, replicas, params, budget):
+    """Whole prompts, and chunked prefill (budget: its token budget)."""
     loops(compiled)
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
                           acceptance=acceptance, draft="none", seed=2)
-    fast, slow, _ = _runs(monkeypatch, spec, SchedulerConfig(max_num_seqs=24), params,
-                          replicas)
+    scheduler = SchedulerConfig(max_num_seqs=24, chunked_prefill=bool(budget),
+                                max_batched_tokens=budget or None)
+    fast, slow, _ = _runs(monkeypatch, spec, scheduler, params, replicas)
     assert fast.meta["fast_path"] and not slow.meta["fast_path"]
     _same(fast, slow)
     if params.get("k_max") != "0":
@@ -66,29 +71,44 @@ def test_the_oracles_walks_give_the_step_paths_records(loops, monkeypatch, compi
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_step_the_batch_cap_binds_in_is_taken_through_choose(loops, monkeypatch, compiled):
+@pytest.mark.parametrize("budget", [0, 131_072])
+def test_a_step_the_batch_cap_binds_in_is_taken_through_choose(loops, monkeypatch, compiled,
+                                                               budget):
     """Long prompts at batch ~200 on an A100 make a verify pass compute-bound: a deeper cap
     can cost more than it brings, so some steps cap the runs. Those steps are taken one at a
-    time and every request walked anew after them, with the step path's records."""
+    time through `choose` and every request walked anew after them, with the step path's
+    records: a segment's (`_step_unwalked`), and under chunked prefill (budget > 0) a step
+    with prompt chunks too (`_walked_ks`)."""
     loops(compiled)
-    spec = SimulationSpec(workload="poisson", rate=60.0, requests=200, lengths="azure-code",
-                          acceptance="beta:7,3~20", draft="none", seed=4, hardware="A100")
-    fast, slow, unwalked = _runs(monkeypatch, spec, SchedulerConfig(max_num_seqs=256))
-    assert fast.meta["fast_path"]
-    assert len(unwalked) >= 1 and max(unwalked) > 100  # it bound, in a full batch
+    spec = SimulationSpec(workload="poisson", rate=60.0, requests=400 if budget else 200,
+                          lengths="azure-code", acceptance="beta:7,3~20", draft="none", seed=4,
+                          hardware="A100")
+    chosen = []
+    original = Replica._choose
+
+    def choose(self, batch):
+        chosen.append(len(batch))
+        return original(self, batch)
+    monkeypatch.setattr(Replica, "_choose", choose)
+    scheduler = SchedulerConfig(max_num_seqs=256, chunked_prefill=bool(budget),
+                                max_batched_tokens=budget or None)
+    fast, slow, unwalked = _runs(monkeypatch, spec, scheduler)
+    assert fast.meta["fast_path"] and len(unwalked) >= 1
+    stepped = len(chosen) - len(slow.steps[slow.steps.decode_seqs > 0])  # the fast run's
+    assert max(unwalked) > 100  # it bound in a full batch
+    if budget:
+        assert stepped > len(unwalked)  # ... and in a step with prompt chunks
     _same(fast, slow)
 
 
 @pytest.mark.parametrize("spec,scheduler", [
     (dict(acceptance="beta:6,3~20", draft="Llama-68M"), {}),
     (dict(acceptance="smollm2-eagle-tree", draft="none"), {}),
-    (dict(acceptance="smollm2-ngram", draft="none"), {"chunked_prefill": True,
-                                                       "max_batched_tokens": 512}),
     (dict(acceptance="smollm2-ngram", draft="none"), {"scheduler": "vllm-v1"}),
-], ids=["draft-model", "draft-tree", "chunked-prefill", "vllm-v1"])
+], ids=["draft-model", "draft-tree", "vllm-v1"])
 def test_where_the_oracle_is_not_walked(monkeypatch, spec, scheduler):
     """A draft model's cap binds often (its passes cost per depth), a tree is not priced from
-    sums, and chunked prefill and vLLM's scheduler walk no policy: asked every step."""
+    sums, and vLLM's scheduler walks no policy: asked every step."""
     inputs = build_inputs(SimulationSpec(workload="poisson", rate=10.0, requests=40,
                                          lengths="azure-conv", seed=1, **spec), {},
                           SchedulerConfig(**scheduler))

@@ -1,6 +1,7 @@
 """Policies that decide each request's k from its own outcomes alone (`Policy.walker`:
 heuristic, gammatune, gammatune_plus, adaedl) take the fast path by walking each request's
-whole decode at once: the same records, to the bit, and the same policy state as asking
+whole decode at once (under chunked prefill too, its steps with prompt chunks drafting what
+the walks draft there): the same records, to the bit, and the same policy state as asking
 `choose` and `observe` every step, which is how such runs were recorded."""
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ CASES = [(policy, params, acceptance, replicas, "none")
     if policy in ("gammatune_plus", "adaedl")] + [
     (policy, params, "smollm2-eagle-tree", 1, "Llama-68M") for policy, params in POLICIES[:1]
     + POLICIES[3:4]]  # a draft tree's passes, to its depth
+#: chunked prefill: every setting on the n-gram recording at a tight budget (most steps carry
+#: prompt chunks) and a loose one; with a draft model, and over replicas
+CHUNKED = [(policy, params, "smollm2-ngram", 1, "none", budget) for policy, params in POLICIES
+           for budget in (256, 2048)] + [
+    (policy, params, "smollm2-eagle-ngram", 2, "Llama-68M", 512) for policy, params in POLICIES
+    if policy in ("heuristic", "gammatune_plus", "adaedl")] + [
+    ("gammatune", {}, "beta:6,3~20", 3, "none", 1024)]
 
 
 @pytest.mark.parametrize("policy,params,acceptance,replicas,draft", CASES,
@@ -58,6 +66,33 @@ def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params
         assert vars(a) == vars(b)
     decode = fast.steps[fast.steps.decode_seqs > 0]
     assert decode.drafted.nunique() > 3  # ks moved from step to step
+
+
+@pytest.mark.parametrize("policy,params,acceptance,replicas,draft,budget", CHUNKED,
+                         ids=[f"{a}-{r}-{d}-{b}-{p}-" + (",".join(f"{k}={v}" for k, v in q.items())
+                                                         or "default")
+                              for p, q, a, r, d, b in CHUNKED])
+def test_walked_requests_under_chunked_prefill_give_the_step_paths_records(
+        monkeypatch, policy, params, acceptance, replicas, draft, budget):
+    spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
+                          acceptance=acceptance, draft=draft, seed=3)
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget,
+                                max_num_seqs=24)
+    inputs = build_inputs(spec, {}, scheduler)
+    keep = KeptPolicies(monkeypatch)
+    fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                           make_policy(policy, params), inputs.kv_capacity_tokens,
+                           scheduler, ClusterConfig(replicas), fast_path=fast)
+                  for fast in (True, False))
+    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    walked, stepped = keep.policies[:replicas], keep.policies[replicas:]
+    for a, b in zip(walked, stepped):
+        assert vars(a) == vars(b)
+    chunked = fast.steps[(fast.steps.decode_seqs > 0) & (fast.steps.prefill_seqs > 0)]
+    assert len(chunked) > 10  # steps with prompt chunks drafted from the walks
+    assert fast.steps.drafted.nunique() > 3  # ks moved from step to step
 
 
 class _Steps:
@@ -97,7 +132,7 @@ class _UnfoldedGammaTunePlus(GammaTunePlus):
     stop_positions = Policy.stop_positions
 
 
-@pytest.mark.parametrize("case", ["chunked prefill", "vllm-v1", "unfolded stop"])
+@pytest.mark.parametrize("case", ["vllm-v1", "unfolded stop"])
 def test_where_requests_are_not_walked(case):
     rng = np.random.default_rng(3)
     n = 30
@@ -105,9 +140,7 @@ def test_where_requests_are_not_walked(case):
     trace = parametric_trace(parse_acceptance("beta:4,2"), wl.output_tokens, rng)
     policy = make_policy("heuristic", {})
     latency, scheduler = LinearLatency(draft=False), SchedulerConfig()
-    if case == "chunked prefill":
-        scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=64)
-    elif case == "vllm-v1":
+    if case == "vllm-v1":
         scheduler = SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=256)
     else:
         spec = SimulationSpec(workload="poisson", rate=10.0, requests=60, lengths="azure-conv",
