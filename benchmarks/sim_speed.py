@@ -19,6 +19,10 @@ Fourth table (`--every-policy N`): every registered policy with its defaults (fi
 the path the simulator takes for it, on the shipped n-gram recording and on a parametric
 acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
 iteration.
+Fourth table's schedulers (`--every-scheduler N`): every registered policy with its defaults on
+the shipped n-gram recording (kld_variance, which reads KL, on beta:7,3~20), model-free, 8
+req/s, under chunked prefill (a 2,048-token budget) and under vLLM's scheduler, the path it
+takes there and whether it meets 10 us.
 Fifth table (`--paths N`): us per simulated iteration on each path a run can take (chunked
 prefill, vllm-v1, replicas, a draft model after capped, folded-stop or walked steps, a policy
 that holds its k under chunked prefill and vllm-v1), N requests per replica at 8 and 20 req/s
@@ -159,6 +163,38 @@ def every_policy_table(n: int, repeats: int) -> None:
         us = engine_s / r["iterations"] * 1e6
         print(f"{policy:>15} {acceptance:>14} {'fast' if r['fast_path'] else 'step':>5} "
               f"{engine_s:>9.2f} {r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
+              f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
+
+
+#: the schedulers of the every-scheduler table (the fourth's rows are the default fcfs-reserve)
+EVERY_SCHEDULER = (("chunked prefill", SchedulerConfig(chunked_prefill=True,
+                                                       max_batched_tokens=2048)),
+                   ("vllm-v1", SchedulerConfig(scheduler="vllm-v1")))
+
+
+def every_scheduler_table(n: int, repeats: int) -> None:
+    """Every registered policy's us per simulated iteration under chunked prefill and vLLM's
+    scheduler, on the path it takes there."""
+    print(f"\n{n:,} requests per run, every policy with its defaults (fixed: k=4), model-free "
+          f"draft, 8 req/s, under chunked prefill (budget 2,048) and vLLM's scheduler (times: "
+          f"median of {repeats}, rows interleaved)")
+    _header(f"{'policy':>15} {'acceptance':>14} {'scheduler':>16} {'path':>5} {'engine_s':>9} "
+            f"{'iterations':>11} {'us/iter':>8} {'batch':>6} {'<= 10 us':>9}")
+    # the n-gram recording, but for the policy that reads KL, which it lacks
+    rows = [(policy, "beta:7,3~20" if policy == "kld_variance" else "smollm2-ngram", i)
+            for i in range(len(EVERY_SCHEDULER)) for policy in policy_names()]
+    runs: dict[tuple[str, str, int], list[dict]] = {row: [] for row in rows}
+    for _ in range(repeats):
+        for policy, acceptance, i in rows:
+            runs[(policy, acceptance, i)].append(measure(
+                n, 4, acceptance, 8.0, policy, draft="none", scheduler=EVERY_SCHEDULER[i][1]))
+    for (policy, acceptance, i), results in runs.items():
+        r = results[0]
+        engine_s = float(np.median([x["engine_s"] for x in results]))
+        us = engine_s / r["iterations"] * 1e6
+        print(f"{policy:>15} {acceptance:>14} {EVERY_SCHEDULER[i][0]:>16} "
+              f"{'fast' if r['fast_path'] else 'step':>5} {engine_s:>9.2f} "
+              f"{r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
               f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
 
 
@@ -368,6 +404,9 @@ def main() -> None:
                         help="requests of the targets' recorded rows (the 100k row: 10x)")
     parser.add_argument("--every-policy", type=int, default=0, metavar="N",
                         help="also every policy's us per iteration, N requests a run (0: skip)")
+    parser.add_argument("--every-scheduler", type=int, default=0, metavar="N",
+                        help="also every policy's us per iteration under chunked prefill and "
+                             "vLLM's scheduler, N requests a run (0: skip)")
     parser.add_argument("--planners", type=int, default=0, metavar="N",
                         help="also the planners' us per iteration with a draft model, N "
                              "requests a run (0: skip)")
@@ -407,6 +446,8 @@ def main() -> None:
         recorded_table(args.recorded, args.repeats)
     if args.every_policy:
         every_policy_table(args.every_policy, args.repeats)
+    if args.every_scheduler:
+        every_scheduler_table(args.every_scheduler, args.repeats)
     if args.planners:
         planners_table(args.planners, args.repeats)
     if args.paths:

@@ -103,6 +103,11 @@ REDUCE: dict[str, tuple[str, ...]] = {
     # each (~3 min): one run of 100
     "python benchmarks/sim_speed.py --every-policy": ("--sizes", "1000", "--recorded", "0",
                                                       "--every-policy", "100", "--repeats", "1"),
+    # every policy under chunked prefill and vLLM's scheduler, 3 runs of 2,000 requests each
+    # (~4 min): one run of 100
+    "python benchmarks/sim_speed.py --every-scheduler": ("--sizes", "1000", "--recorded", "0",
+                                                         "--every-scheduler", "100",
+                                                         "--repeats", "1"),
     # every path at two loads, 3 runs of 2,000 requests per replica each (~4 min): one of 100
     "python benchmarks/sim_speed.py --paths": ("--sizes", "1000", "--recorded", "0",
                                                "--paths", "100", "--repeats", "1"),
