@@ -19,7 +19,7 @@ Fourth table (`--every-policy N`): every registered policy with its defaults (fi
 the path the simulator takes for it, on the shipped n-gram recording and on a parametric
 acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
 iteration.
-Fourth table's schedulers (`--every-scheduler N`): every registered policy with its defaults on
+Fourth table's companion (`--every-scheduler N`): every registered policy with its defaults on
 the shipped n-gram recording (kld_variance, which reads KL, on beta:7,3~20), model-free, 8
 req/s, under chunked prefill (a 2,048-token budget) and under vLLM's scheduler, the path it
 takes there and whether it meets 10 us.

@@ -448,7 +448,8 @@ class Policy:
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> RequestWalker:
         """Overridden by a policy whose k for each request depends on nothing but that
-        request's own outcomes (not on the batch, the load, the time or other requests): the
+        request's own outcomes (not on the batch, the load, the time or other requests, but
+        where its batch overrules it and says so: `walks_agree`): the
         request's `choose` and `observe` one step at a time, from its state now (`signals`: its
         trace's signals per output position, those the policy reads). A simulator then walks
         each request's whole decode at once instead of asking every step, so the policy's
@@ -472,7 +473,10 @@ class Policy:
         `ctx.requests` stands at output position `positions[r, t]` before step t (requests x
         steps, from their walks), how many from the first `choose` would give the walks' ks.
         A simulator takes the step after them one at a time, through `choose`, and walks
-        every request anew from there. The default: all of them (the walker alone decides)."""
+        every request anew from there, so a policy that overrides this learns nothing from
+        outcomes (`observes` False: its stepped steps are told nothing, and its walks are made
+        again); one that does is never walked. The default: all of them (the walker alone
+        decides)."""
         return positions.shape[1]
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:

@@ -428,7 +428,6 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
     return walk[: steps + 1], drafts[:steps], rate, lam, drafted_any
 
 
-
 @njit(cache=True)
 def oracle_walk(run, cap, capped: bool, bound: int):
     """`walk_alone` of an oracle request where its batch cap does not bind (its walker's k,
@@ -488,6 +487,7 @@ def first_overruled(drafted, times, top, b: int) -> int:
         if best < top[t]:
             return t
     return steps
+
 
 def warm() -> None:
     """Call each loop once on the types `auto` gives them (numba's one-time load here, not

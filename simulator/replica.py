@@ -101,14 +101,18 @@ class Replica:
         # (its walker stands for choose and observe, and for a draft stop not folded)
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
+        # (a policy whose batch may overrule its walks, the oracle's cap, has each segment's
+        # steps checked: the first it overrules is taken one at a time, `_step_unwalked`, and
+        # every request walked anew; so only one that learns nothing from outcomes walks)
+        overruled = kind.walks_agree is not Policy.walks_agree
         self.walks = (fast_path
                       and kind.replaces("walker", "choose", "observe", "observe_columns", *asked)
                       and (not asked or kind.walker_stops)
                       and not self.planned and cost.latency.arrays_match_scalars
+                      and not (overruled and kind.observes())
                       and policy.walks_with(seen_cost))
-        # (a policy whose batch may overrule its walks, the oracle's cap, checks each
-        # segment's steps: the first it overrules is taken one at a time, `_step_unwalked`)
-        self.checks_walks = self.walks and kind.walks_agree is not Policy.walks_agree
+        self.checks_walks = self.walks and overruled
+        self._overruled = False  # the last step was taken through choose (`_step_unwalked`)
         #: each request's drafts vary from step to step in a segment (chain_ks)
         self.varied = self.capped or self.walks
         # (a draft stop asked token by token reads each step's positions: never in a segment)
@@ -116,7 +120,8 @@ class Replica:
                           and (not kind.uses_draft_stop or self.folds_stop or self.walks)
                           and not (self.capped and self.feeds
                                    and not cost.latency.arrays_match_scalars))
-        # every decode step is a fast-path segment's (none read a position at a time)
+        # every decode step is a fast-path segment's (none read a position at a time but a
+        # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
         # chunked prefill: a step with no prompt to chunk (none being prefilled, none waiting
         # that fits) is a decode step like any, so such steps run as segments too, on the step
@@ -162,7 +167,7 @@ class Replica:
         # has no model; a step with prompt chunks takes the decodes' share from the sums
         # where every running request is walked at the set's k (`_chunked_head`)
         self.chunk_sums = (self.chunk_segments and asked_per_set and not self.holds
-                           and cost.prices_chain_sums)
+                           and not self.walks and cost.prices_chain_sums)
         if self.plan_sums or self.chunk_sums:
             self.columns = BatchColumns(
                 k_max=scheduler.k_max if self.varied and steps.records_rows else 0,
@@ -228,7 +233,8 @@ class Replica:
         if self.capped:
             cap = self._caps(request.index)
             # a list where steps read one position at a time (numpy scalars are slow), an
-            # array where only the fast path's chains read it (in slices)
+            # array where only the fast path's chains read it (in slices; and a step where
+            # the batch overrules the walks, rarely: `_cut_to_cap` takes its int)
             request.cap = cap if self.segments_only else cap.tolist()
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
@@ -926,6 +932,9 @@ class Replica:
         scheduler = self.scheduler
         batch = scheduler.running
         start = self.env.now
+        if self._overruled and not self._walks_agree_now(batch):  # (before walking anew)
+            yield from self._step_unwalked(batch)
+            return
         if self.walks:  # each request's steps decided by its walk (_Stretch.priced)
             ks, hold = [WALKED] * len(batch), None
         elif self.holds:  # asked here, and again where each hold ends (_walk_holds)
@@ -958,6 +967,7 @@ class Replica:
             horizon = self.next_arrival_s(self.index)
             n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
             if self.checks_walks:  # up to the first step the batch overrules the walks in
+                self._overruled = False
                 ctx = scheduler.context(batch, start, Lookahead(batch, self.acceptance))
                 n = min(n, self.policy.walks_agree(ctx, stretch.positions(n)))
                 if not n:
@@ -993,7 +1003,15 @@ class Replica:
                 request.summed = False
             request.chain_k = -1  # (walk_alone walks it again from where it is)
         self._walked_k = None  # the next pricing checks every request's walk
+        self._overruled = True  # the next step checked where each request is, before walking
         yield from self._mixed_iteration(every=True, walked=False)
+
+    def _walks_agree_now(self, batch: list[RequestState]) -> bool:
+        """Whether the policy's batch leaves this step to the walks (`Policy.walks_agree` of
+        one step, from where each request is: `generated` is current)."""
+        ctx = self.scheduler.context(batch, self.env.now, Lookahead(batch, self.acceptance))
+        positions = np.array([[request.generated] for request in batch], dtype=np.int64)
+        return self.policy.walks_agree(ctx, positions) > 0
 
     def _walked_ks(self, batch: list[RequestState]) -> list[int]:
         """A step taken one at a time (with prompt chunks) where requests are walked: each
@@ -1001,19 +1019,16 @@ class Replica:
         drafter's cap give it (a request without one walked first: its first decode step, or
         its walk overruled); where the policy's batch overrules the walks at this step
         (`Policy.walks_agree`), `choose`'s, and every walk marked stale."""
+        if self.checks_walks and not self._walks_agree_now(batch):  # (checked before walking)
+            for request in batch:
+                request.chain_k = -1
+            return self._choose(batch)
         k_max, name = self.config.k_max, self.policy.name
         for request in batch:
             if request.chain_k != WALKED or request.chain_g != request.generated:
                 if request.chain_k != -1:
                     raise RuntimeError(f"request {request.request_id} walked twice")
                 walk_alone(request, self._walker(request), k_max, name)
-        if self.checks_walks:
-            ctx = self.scheduler.context(batch, self.env.now, Lookahead(batch, self.acceptance))
-            positions = np.array([[request.generated] for request in batch], dtype=np.int64)
-            if not self.policy.walks_agree(ctx, positions):
-                for request in batch:
-                    request.chain_k = -1
-                return self._choose(batch)
         return [int(request.chain_ks[request.chain_at]) for request in batch]
 
     def _walker(self, request: RequestState):

@@ -6,6 +6,7 @@ records, to the bit, as asking `choose` every step, which is how such runs were 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ import pytest
 from support.policy_fakes import FakeRequest, context
 
 from policies import make_policy
-from policies.oracle import _best_cap, _cap_times, _overruled_at, cap_sums
+from policies.oracle import Oracle, _best_cap, _cap_times, _overruled_at, cap_sums
 from simulator import ClusterConfig, SchedulerConfig, simulate
 from simulator.replica import Replica
 from simulator.request import RequestState, walk_alone
@@ -22,21 +23,30 @@ from spectune.simulate import SimulationSpec, build_inputs, build_latency
 
 def _runs(monkeypatch, spec: SimulationSpec, scheduler: SchedulerConfig, params=None,
           replicas: int = 1):
-    """The run on the fast path and on the step path, and how many steps the fast one took
-    through `choose` where the cap overruled the walks."""
-    unwalked = []
-    original = Replica._step_unwalked
+    """The run on the fast path and on the step path; the batch of each segment step the
+    fast one took through `choose` where the cap overruled the walks (`_step_unwalked`), and
+    how many steps it took through `choose` in all (those, and steps with prompt chunks)."""
+    unwalked, chosen = [], []
+    stepped, choose = Replica._step_unwalked, Replica._choose
 
     def counted(self, batch):
         unwalked.append(len(batch))
-        return (yield from original(self, batch))
+        return (yield from stepped(self, batch))
+
+    def asked(self, batch):
+        chosen.append(len(batch))
+        return choose(self, batch)
     monkeypatch.setattr(Replica, "_step_unwalked", counted)
+    monkeypatch.setattr(Replica, "_choose", asked)
     inputs = build_inputs(spec, {}, scheduler)
-    fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                           make_policy("oracle", params or {}), inputs.kv_capacity_tokens,
-                           scheduler, ClusterConfig(replicas), fast_path=fast)
-                  for fast in (True, False))
-    return fast, slow, unwalked
+    fast = simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                    make_policy("oracle", params or {}), inputs.kv_capacity_tokens, scheduler,
+                    ClusterConfig(replicas))
+    asked_fast = len(chosen)
+    slow = simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                    make_policy("oracle", params or {}), inputs.kv_capacity_tokens, scheduler,
+                    ClusterConfig(replicas), fast_path=False)
+    return fast, slow, unwalked, asked_fast
 
 
 def _same(fast, slow) -> None:
@@ -63,8 +73,9 @@ def test_the_oracles_walks_give_the_step_paths_records(loops, monkeypatch, compi
                           acceptance=acceptance, draft="none", seed=2)
     scheduler = SchedulerConfig(max_num_seqs=24, chunked_prefill=bool(budget),
                                 max_batched_tokens=budget or None)
-    fast, slow, _ = _runs(monkeypatch, spec, scheduler, params, replicas)
+    fast, slow, _, asked = _runs(monkeypatch, spec, scheduler, params, replicas)
     assert fast.meta["fast_path"] and not slow.meta["fast_path"]
+    assert asked == 0  # (the cap never binds here: every step, chunked ones too, walked)
     _same(fast, slow)
     if params.get("k_max") != "0":
         assert fast.steps.drafted.nunique() > 3  # ks moved from step to step
@@ -83,21 +94,17 @@ def test_a_step_the_batch_cap_binds_in_is_taken_through_choose(loops, monkeypatc
     spec = SimulationSpec(workload="poisson", rate=60.0, requests=400 if budget else 200,
                           lengths="azure-code", acceptance="beta:7,3~20", draft="none", seed=4,
                           hardware="A100")
-    chosen = []
-    original = Replica._choose
-
-    def choose(self, batch):
-        chosen.append(len(batch))
-        return original(self, batch)
-    monkeypatch.setattr(Replica, "_choose", choose)
     scheduler = SchedulerConfig(max_num_seqs=256, chunked_prefill=bool(budget),
                                 max_batched_tokens=budget or None)
-    fast, slow, unwalked = _runs(monkeypatch, spec, scheduler)
+    fast, slow, unwalked, asked = _runs(monkeypatch, spec, scheduler)
     assert fast.meta["fast_path"] and len(unwalked) >= 1
-    stepped = len(chosen) - len(slow.steps[slow.steps.decode_seqs > 0])  # the fast run's
     assert max(unwalked) > 100  # it bound in a full batch
     if budget:
-        assert stepped > len(unwalked)  # ... and in a step with prompt chunks
+        assert asked > len(unwalked)  # ... and in a step with prompt chunks
+    else:
+        assert asked == len(unwalked)  # only where it bound
+    decode_steps = int((slow.steps.decode_seqs > 0).sum())
+    assert asked < decode_steps / 20  # the rest walked
     _same(fast, slow)
 
 
@@ -280,6 +287,30 @@ def test_the_walk_is_choose_step_by_step(loops, compiled):
             drafts.append(k)
         assert request.chain.tolist() == chain
         assert request.chain_ks.tolist() == drafts
+
+
+class _TaughtOracle(Oracle):
+    """An oracle that learns from outcomes, with its own walker: a policy whose batch can
+    overrule its walks steps where it does untold, so such a one is never walked."""
+
+    def walker(self, request_id, k_max, signals, run=None):
+        return super().walker(request_id, k_max, signals, run=run)
+
+    told: ClassVar[list[int]] = []  # (each replica runs a copy of the policy)
+
+    def observe(self, ctx, outcomes):
+        self.told.append(len(outcomes))
+
+
+def test_a_policy_that_learns_and_can_be_overruled_is_not_walked():
+    inputs = build_inputs(SimulationSpec(workload="poisson", rate=10.0, requests=40,
+                                         lengths="azure-conv", acceptance="beta:6,3~20",
+                                         draft="none", seed=1), {}, SchedulerConfig())
+    _TaughtOracle.told.clear()
+    result = simulate(inputs.workload, inputs.latency, inputs.acceptance, _TaughtOracle(),
+                      inputs.kv_capacity_tokens)
+    assert result.meta["fast_path"] is False
+    assert sum(_TaughtOracle.told) == int(result.steps.decode_seqs.sum())  # told every step
 
 
 def test_the_walker_needs_the_runs():

@@ -42,7 +42,8 @@ CHUNKED = [(policy, params, "smollm2-ngram", 1, "none", budget) for policy, para
            for budget in (256, 2048)] + [
     (policy, params, "smollm2-eagle-ngram", 2, "Llama-68M", 512) for policy, params in POLICIES
     if policy in ("heuristic", "gammatune_plus", "adaedl")] + [
-    ("gammatune", {}, "beta:6,3~20", 3, "none", 1024)]
+    ("gammatune", {}, "beta:6,3~20", 3, "none", 1024),
+    ("heuristic", {}, "smollm2-eagle-tree", 1, "Llama-68M", 512)]  # a draft tree's passes
 
 
 @pytest.mark.parametrize("policy,params,acceptance,replicas,draft", CASES,
@@ -79,10 +80,12 @@ def test_walked_requests_under_chunked_prefill_give_the_step_paths_records(
     scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget,
                                 max_num_seqs=24)
     inputs = build_inputs(spec, {}, scheduler)
+    # (the tight budget with a KV cache that holds a few requests: they wait for room)
+    kv = 12_000 if budget == 256 else inputs.kv_capacity_tokens
     keep = KeptPolicies(monkeypatch)
     fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                           make_policy(policy, params), inputs.kv_capacity_tokens,
-                           scheduler, ClusterConfig(replicas), fast_path=fast)
+                           make_policy(policy, params), kv, scheduler, ClusterConfig(replicas),
+                           fast_path=fast)
                   for fast in (True, False))
     assert fast.meta["fast_path"] and not slow.meta["fast_path"]
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)

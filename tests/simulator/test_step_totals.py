@@ -26,6 +26,12 @@ from spectune.simulate import SimulationSpec, build_inputs
      ("fixed", {"k": 4})),
     (SchedulerConfig(scheduler="vllm-v1", max_batched_tokens=512), ClusterConfig(2),
      ("fixed", {"k": 4})),
+    # walked requests, whole prompts and chunked (the oracle's walks checked against its cap)
+    (SchedulerConfig(max_num_seqs=16), ClusterConfig(1), ("oracle", {})),
+    (SchedulerConfig(max_batched_tokens=512, chunked_prefill=True), ClusterConfig(2),
+     ("oracle", {})),
+    (SchedulerConfig(max_batched_tokens=512, chunked_prefill=True), ClusterConfig(1),
+     ("heuristic", {})),
 ])
 def test_totals_without_the_records_equal_those_of_the_records(
         monkeypatch, acceptance, fast_path, scheduler, cluster, policy):
