@@ -163,11 +163,12 @@ class Replica:
         # no policy holds its ks: the steps taken one at a time keep them (every request that
         # took its walk's step stays in them, the others leave, and are walked anew)
         self.plan_sums = self.plan_segments and not self.holds and cost.prices_chain_sums
-        # chunked prefill: the same, where the policy is asked per running set and the drafter
-        # has no model; a step with prompt chunks takes the decodes' share from the sums
-        # where every running request is walked at the set's k (`_chunked_head`)
-        self.chunk_sums = (self.chunk_segments and asked_per_set and not self.holds
-                           and not self.walks and cost.prices_chain_sums)
+        # chunked prefill: the same, where the policy is asked per running set or walks each
+        # request, and the drafter has no model; a step with prompt chunks takes the decodes'
+        # share from the sums where every running request is walked, at the set's k or by its
+        # own walker (`_chunked_head`)
+        self.chunk_sums = (self.chunk_segments and (asked_per_set or self.walks)
+                           and not self.holds and cost.prices_chain_sums)
         if self.plan_sums or self.chunk_sums:
             self.columns = BatchColumns(
                 k_max=scheduler.k_max if self.varied and steps.records_rows else 0,
@@ -313,15 +314,17 @@ class Replica:
         scheduler = self.scheduler
         decode = scheduler.running
         summed = None
+        overruled = False  # the walks' head was refused: the batch overrules them here
         if self.chunk_sums and decode:
-            head = self._chunked_head(decode)
+            head = self._chunked_head(decode) if walked else None
             if head is not None:
                 yield from self._chunked_step(head)
                 return
             summed = self._sync_running()  # every request read up to date, stepped as below
+            overruled = self.walks
         if not decode:
             ks = []
-        elif self.walks and walked:
+        elif self.walks and walked and not overruled:
             ks = self._walked_ks(decode)
         else:
             ks = self._choose(decode)
@@ -359,7 +362,19 @@ class Replica:
         """`chunk_sums`: where the policy gives the running set one k, every running request
         is walked at it and in the kept sums (those walked at another k read up to date and
         walked anew, as `_Stretch.priced` does), and the decodes' share of this step is read
-        from them; None where the policy's ks differ (the step reads every request)."""
+        from them; None where the policy's ks differ (the step reads every request). Where
+        requests are walked, each not in the sums is walked and added, unless the policy's
+        batch overrules the walks at this step (None: taken through `choose`)."""
+        if self.walks:
+            if self.checks_walks and not self._walks_agree_now(decode):
+                return None
+            k_max, name = self.config.k_max, self.policy.name
+            for request in decode:
+                if not request.summed:  # its first decode step, or it left the sums
+                    walk_alone(request, self._walker(request), k_max, name)
+                    self._add_walk(request, WALKED)
+            self._walked_k = WALKED
+            return self._sums_step(len(decode))
         ks = self._set_ks(decode)
         k = ks[0]
         if ks.count(k) != len(ks):
@@ -393,7 +408,7 @@ class Replica:
         if len(by_drafts):  # the most drafts of any (rows d = 0..k_max, one row per request)
             max_k = len(by_drafts) - 1 - int((by_drafts[::-1, 0] > 0).argmax())
         else:  # every request at the walks' k
-            max_k = 0 if self.capped else self._walked_k
+            max_k = 0 if self.varied else self._walked_k
         return _HeadSums(size, 0, int(drafted[0]), int(cached[0]), int(pairs[0]),
                          int(cached[1]) - int(cached[0]), max_k)
 
@@ -1008,9 +1023,12 @@ class Replica:
 
     def _walks_agree_now(self, batch: list[RequestState]) -> bool:
         """Whether the policy's batch leaves this step to the walks (`Policy.walks_agree` of
-        one step, from where each request is: `generated` is current)."""
+        one step, from where each request is: its walk says where, in the kept sums)."""
         ctx = self.scheduler.context(batch, self.env.now, Lookahead(batch, self.acceptance))
-        positions = np.array([[request.generated] for request in batch], dtype=np.int64)
+        now = self.columns.now if self.lazy else 0
+        positions = np.array([[request.chain_list[now - request.chain_origin]
+                               if request.summed else request.generated] for request in batch],
+                             dtype=np.int64)
         return self.policy.walks_agree(ctx, positions) > 0
 
     def _walked_ks(self, batch: list[RequestState]) -> list[int]:

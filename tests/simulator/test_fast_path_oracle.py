@@ -316,3 +316,41 @@ def test_a_policy_that_learns_and_can_be_overruled_is_not_walked():
 def test_the_walker_needs_the_runs():
     with pytest.raises(RuntimeError, match="run="):
         make_policy("oracle", {}).walker(0, 4, {})
+
+
+def test_a_step_with_prompt_chunks_is_checked_where_each_request_is(monkeypatch):
+    """Under chunked prefill the kept sums read each request lazily: the check of a step with
+    prompt chunks takes each request's position from its walk, which is where `_sync` (what
+    reading the request brings it to) puts it."""
+    import copy
+
+    checked, asking = [], []
+    original, agree = Replica._walks_agree_now, Oracle.walks_agree
+
+    def now(self, batch):
+        truth = []
+        for request in batch:
+            seen = copy.copy(request)  # read as a step would read it, the request untouched
+            if seen.summed:
+                self._sync(seen)
+            truth.append(seen.generated)
+        asking.append(truth)
+        try:
+            return original(self, batch)
+        finally:
+            asking.pop()
+
+    def told(self, ctx, positions):
+        if asking:  # (the segments' checks are made from their walks' positions)
+            checked.append((asking[-1], positions[:, 0].tolist()))
+        return agree(self, ctx, positions)
+    monkeypatch.setattr(Replica, "_walks_agree_now", now)
+    monkeypatch.setattr(Oracle, "walks_agree", told)
+    scheduler = SchedulerConfig(chunked_prefill=True, max_batched_tokens=256, max_num_seqs=24)
+    inputs = build_inputs(SimulationSpec(workload="poisson", rate=14.0, requests=120,
+                                         lengths="azure-conv", acceptance="beta:6,3~20",
+                                         draft="none", seed=2), {}, scheduler)
+    simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy("oracle", {}),
+             inputs.kv_capacity_tokens, scheduler)
+    assert len(checked) > 50
+    assert all(truth == positions for truth, positions in checked)
