@@ -97,7 +97,8 @@ class Replica:
         # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
         # what the walks draft there (`_walked_ks`). As for holds, only where the latency
         # model's arrays give its scalars' numbers (such runs were recorded step by step); not
-        # under vLLM's scheduler, whose steps propose each request's drafts for the next
+        # under vLLM's scheduler, whose budget and blocks may trim, skip or preempt a request's
+        # step after its walker's state moved to its end (docs/speed.md)
         # (its walker stands for choose and observe, and for a draft stop not folded)
         asked = (("stop_drafting", "stop_chains") if kind.uses_draft_stop and not self.folds_stop
                  else ())
