@@ -6,6 +6,8 @@ the walks draft there): the same records, to the bit, and the same policy state 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -54,19 +56,28 @@ def test_walked_requests_give_the_step_paths_records(monkeypatch, policy, params
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=150, lengths="azure-conv",
                           acceptance=acceptance, draft=draft, seed=2)
     inputs = build_inputs(spec, {}, SchedulerConfig())
+    fast = _walked_as_stepped(monkeypatch, inputs, make_policy(policy, params),
+                              inputs.kv_capacity_tokens, SchedulerConfig(max_num_seqs=24),
+                              replicas)
+    decode = fast.steps[fast.steps.decode_seqs > 0]
+    assert decode.drafted.nunique() > 3  # ks moved from step to step
+
+
+def _walked_as_stepped(monkeypatch, inputs, policy, kv_capacity: int,
+                       scheduler: SchedulerConfig, replicas: int):
+    """The run on the fast path (returned) and on the step path: the same records to the bit,
+    and each replica's policy in the same state at the end."""
     keep = KeptPolicies(monkeypatch)
     fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                           make_policy(policy, params), inputs.kv_capacity_tokens,
-                           SchedulerConfig(max_num_seqs=24), ClusterConfig(replicas),
-                           fast_path=fast) for fast in (True, False))
+                           copy.deepcopy(policy), kv_capacity, scheduler,
+                           ClusterConfig(replicas), fast_path=fast) for fast in (True, False))
     assert fast.meta["fast_path"] and not slow.meta["fast_path"]
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     walked, stepped = keep.policies[:replicas], keep.policies[replicas:]
     for a, b in zip(walked, stepped):
         assert vars(a) == vars(b)
-    decode = fast.steps[fast.steps.decode_seqs > 0]
-    assert decode.drafted.nunique() > 3  # ks moved from step to step
+    return fast
 
 
 @pytest.mark.parametrize("policy,params,acceptance,replicas,draft,budget", CHUNKED,
@@ -82,17 +93,8 @@ def test_walked_requests_under_chunked_prefill_give_the_step_paths_records(
     inputs = build_inputs(spec, {}, scheduler)
     # (the tight budget with a KV cache that holds a few requests: they wait for room)
     kv = 12_000 if budget == 256 else inputs.kv_capacity_tokens
-    keep = KeptPolicies(monkeypatch)
-    fast, slow = (simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                           make_policy(policy, params), kv, scheduler, ClusterConfig(replicas),
-                           fast_path=fast)
-                  for fast in (True, False))
-    assert fast.meta["fast_path"] and not slow.meta["fast_path"]
-    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
-    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
-    walked, stepped = keep.policies[:replicas], keep.policies[replicas:]
-    for a, b in zip(walked, stepped):
-        assert vars(a) == vars(b)
+    fast = _walked_as_stepped(monkeypatch, inputs, make_policy(policy, params), kv, scheduler,
+                              replicas)
     chunked = fast.steps[(fast.steps.decode_seqs > 0) & (fast.steps.prefill_seqs > 0)]
     assert len(chunked) > 10  # steps with prompt chunks drafted from the walks
     assert fast.steps.drafted.nunique() > 3  # ks moved from step to step
