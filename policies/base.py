@@ -472,11 +472,11 @@ class Policy:
         (the oracle's batch cap): of the next steps, where each running request of
         `ctx.requests` stands at output position `positions[r, t]` before step t (requests x
         steps, from their walks), how many from the first `choose` would give the walks' ks.
-        A simulator takes the step after them one at a time, through `choose`, and walks
-        every request anew from there, so a policy that overrides this learns nothing from
-        outcomes (`observes` False: its stepped steps are told nothing, and its walks are made
-        again); one that does is never walked. The default: all of them (the walker alone
-        decides)."""
+        A simulator takes the step after them one at a time, through `choose`, and walks anew
+        the requests that step took off their walks (with whole prompts, every one), so a
+        policy that overrides this learns nothing from outcomes (`observes` False: its
+        stepped steps are told nothing, and its walks are made again); one that does is never
+        walked. The default: all of them (the walker alone decides)."""
         return positions.shape[1]
 
     def stop_positions(self, signals: Mapping[str, np.ndarray]) -> np.ndarray | None:

@@ -95,7 +95,8 @@ class Replica:
         # a policy that decides each request's k from its own outcomes alone walks each
         # request's whole decode at once (request.walk_alone); its steps' drafts vary per
         # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
-        # what the walks draft there (`_walked_ks`). As for holds, only where the latency
+        # what the walks draft there (`_chunked_head`, or `_walked_ks` where no sums are
+        # kept). As for holds, only where the latency
         # model's arrays give its scalars' numbers (such runs were recorded step by step); not
         # under vLLM's scheduler, whose budget and blocks may trim, skip or preempt a request's
         # step after its walker's state moved to its end (docs/speed.md)
@@ -323,6 +324,7 @@ class Replica:
                 return
             summed = self._sync_running()  # every request read up to date, stepped as below
             overruled = self.walks
+            self._overruled = self.checks_walks  # (the next segment checks before walking)
         if not decode:
             ks = []
         elif self.walks and walked and not overruled:
@@ -372,6 +374,8 @@ class Replica:
             k_max, name = self.config.k_max, self.policy.name
             for request in decode:
                 if not request.summed:  # its first decode step, or it left the sums
+                    if request.chain_k != -1:
+                        raise RuntimeError(f"request {request.request_id} walked twice")
                     walk_alone(request, self._walker(request), k_max, name)
                     self._add_walk(request, WALKED)
             self._walked_k = WALKED
@@ -1009,15 +1013,18 @@ class Replica:
     def _step_unwalked(self, batch: list[RequestState]):
         """A step where the policy's batch overrules its walks (`Policy.walks_agree`), taken
         one at a time through `choose`: every request read from its walk first and taken out
-        of the kept sums, its walk marked stale, so the next segment walks each anew."""
-        columns = self.columns
-        for request in batch:
-            if request.summed:
-                if self.lazy:
-                    self._sync(request)
-                columns.remove(request)
-                request.summed = False
-            request.chain_k = -1  # (walk_alone walks it again from where it is)
+        of the kept sums, its walk marked stale, so the next segment walks each anew (under
+        chunked prefill the step itself reads them, and keeps in the sums those whose step
+        followed their walk: `_mixed_iteration`, `_keep_sums`)."""
+        if not self.chunk_sums:
+            columns = self.columns
+            for request in batch:
+                if request.summed:
+                    if self.lazy:
+                        self._sync(request)
+                    columns.remove(request)
+                    request.summed = False
+                request.chain_k = -1  # (walk_alone walks it again from where it is)
         self._walked_k = None  # the next pricing checks every request's walk
         self._overruled = True  # the next step checked where each request is, before walking
         yield from self._mixed_iteration(every=True, walked=False)
@@ -1033,7 +1040,8 @@ class Replica:
         return self.policy.walks_agree(ctx, positions) > 0
 
     def _walked_ks(self, batch: list[RequestState]) -> list[int]:
-        """A step taken one at a time (with prompt chunks) where requests are walked: each
+        """A step taken one at a time (with prompt chunks) where requests are walked and no
+        sums are kept (a draft model, a tree; else `_chunked_head`): each
         request's drafts there from its walk, which is what `choose`, the draft stop and the
         drafter's cap give it (a request without one walked first: its first decode step, or
         its walk overruled); where the policy's batch overrules the walks at this step
@@ -1316,7 +1324,8 @@ class Replica:
                              ) -> Iterable[tuple[RequestState, int]]:
         """The (request, k) whose walks `_Stretch.priced` checks: every running request, or
         (`lazy`, every k the same as at the last pricing, whose walks were all found current
-        then) those started since: only steps along their walks moved the others. Takes
+        then) those started since (and, under chunked prefill, those that left the sums): only
+        steps along their walks moved the others. Takes
         `_fresh` (emptied) and notes the ks' k for the next pricing."""
         if not self.lazy:
             return zip(batch, ks)

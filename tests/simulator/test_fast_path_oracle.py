@@ -16,6 +16,7 @@ from support.policy_fakes import FakeRequest, context
 from policies import make_policy
 from policies.oracle import Oracle, _best_cap, _cap_times, _overruled_at, cap_sums
 from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator import replica as replica_module
 from simulator.replica import Replica
 from simulator.request import RequestState, walk_alone
 from spectune.simulate import SimulationSpec, build_inputs, build_latency
@@ -89,15 +90,25 @@ def test_a_step_the_batch_cap_binds_in_is_taken_through_choose(loops, monkeypatc
     can cost more than it brings, so some steps cap the runs. Those steps are taken one at a
     time through `choose` and every request walked anew after them, with the step path's
     records: a segment's (`_step_unwalked`), and under chunked prefill (budget > 0) a step
-    with prompt chunks too (`_walked_ks`)."""
+    with prompt chunks too (`_chunked_head` refused: the step reads every request)."""
     loops(compiled)
     spec = SimulationSpec(workload="poisson", rate=60.0, requests=400 if budget else 200,
                           lengths="azure-code", acceptance="beta:7,3~20", draft="none", seed=4,
                           hardware="A100")
     scheduler = SchedulerConfig(max_num_seqs=256, chunked_prefill=bool(budget),
                                 max_batched_tokens=budget or None)
+    walks = []
+    original = replica_module.walk_alone
+
+    def walked(request, walker, k_max, policy=""):
+        walks.append(request.request_id)
+        return original(request, walker, k_max, policy)
+    monkeypatch.setattr(replica_module, "walk_alone", walked)
     fast, slow, unwalked, asked = _runs(monkeypatch, spec, scheduler)
     assert fast.meta["fast_path"] and len(unwalked) >= 1
+    # each request walked once, and again only after a step the cap bound in (a run of them
+    # not walking the batch anew each time)
+    assert len(walks) <= spec.requests + 220 * asked
     assert max(unwalked) > 100  # it bound in a full batch
     if budget:
         assert asked > len(unwalked)  # ... and in a step with prompt chunks

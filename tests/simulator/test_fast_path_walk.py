@@ -17,6 +17,7 @@ from policies import DraftOutcome, Policy, StepContext, make_policy
 from policies.gammatune import GammaTune, GammaTunePlus
 from policies.heuristic import Confidence, below
 from simulator import ClusterConfig, SchedulerConfig, simulate
+from simulator.replica import Replica
 from simulator.request import WALKED, RequestState, walk_alone
 from spectune.simulate import SimulationSpec, build_inputs
 from traces import parametric_trace, parse_acceptance
@@ -93,8 +94,17 @@ def test_walked_requests_under_chunked_prefill_give_the_step_paths_records(
     inputs = build_inputs(spec, {}, scheduler)
     # (the tight budget with a KV cache that holds a few requests: they wait for room)
     kv = 12_000 if budget == 256 else inputs.kv_capacity_tokens
+    from_sums = []
+    original = Replica._chunked_step
+
+    def counted(self, head):
+        from_sums.append(head.size)
+        return (yield from original(self, head))
+    monkeypatch.setattr(Replica, "_chunked_step", counted)
     fast = _walked_as_stepped(monkeypatch, inputs, make_policy(policy, params), kv, scheduler,
                               replicas)
+    # a model-free drafter's steps with prompt chunks read the walks' share from the kept sums
+    assert (len(from_sums) > 10) == (draft == "none" and "tree" not in acceptance)
     chunked = fast.steps[(fast.steps.decode_seqs > 0) & (fast.steps.prefill_seqs > 0)]
     assert len(chunked) > 10  # steps with prompt chunks drafted from the walks
     assert fast.steps.drafted.nunique() > 3  # ks moved from step to step
