@@ -371,12 +371,9 @@ class Replica:
         if self.walks:
             if self.checks_walks and not self._walks_agree_now(decode):
                 return None
-            k_max, name = self.config.k_max, self.policy.name
             for request in decode:
                 if not request.summed:  # its first decode step, or it left the sums
-                    if request.chain_k != -1:
-                        raise RuntimeError(f"request {request.request_id} walked twice")
-                    walk_alone(request, self._walker(request), k_max, name)
+                    self._walk_alone(request)
                     self._add_walk(request, WALKED)
             self._walked_k = WALKED
             return self._sums_step(len(decode))
@@ -988,8 +985,8 @@ class Replica:
             n = min(int(clock[1:].searchsorted(horizon, side="left")) + 1, stretch.steps)
             if self.checks_walks:  # up to the first step the batch overrules the walks in
                 self._overruled = False
-                ctx = scheduler.context(batch, start, Lookahead(batch, self.acceptance))
-                n = min(n, self.policy.walks_agree(ctx, stretch.positions(n)))
+                n = min(n, self.policy.walks_agree(self._foreseen(batch, start),
+                                                   stretch.positions(n)))
                 if not n:
                     yield from self._step_unwalked(batch)
                     return
@@ -1029,10 +1026,15 @@ class Replica:
         self._overruled = True  # the next step checked where each request is, before walking
         yield from self._mixed_iteration(every=True, walked=False)
 
+    def _foreseen(self, batch: list[RequestState], now: float):
+        """The step's context with the requests' futures (`StepContext.lookahead`): what a
+        policy whose batch can overrule its walks checks them with."""
+        return self.scheduler.context(batch, now, Lookahead(batch, self.acceptance))
+
     def _walks_agree_now(self, batch: list[RequestState]) -> bool:
         """Whether the policy's batch leaves this step to the walks (`Policy.walks_agree` of
         one step, from where each request is: its walk says where, in the kept sums)."""
-        ctx = self.scheduler.context(batch, self.env.now, Lookahead(batch, self.acceptance))
+        ctx = self._foreseen(batch, self.env.now)
         now = self.columns.now if self.lazy else 0
         positions = np.array([[request.chain_list[now - request.chain_origin]
                                if request.summed else request.generated] for request in batch],
@@ -1050,22 +1052,22 @@ class Replica:
             for request in batch:
                 request.chain_k = -1
             return self._choose(batch)
-        k_max, name = self.config.k_max, self.policy.name
         for request in batch:
             if request.chain_k != WALKED or request.chain_g != request.generated:
-                if request.chain_k != -1:
-                    raise RuntimeError(f"request {request.request_id} walked twice")
-                walk_alone(request, self._walker(request), k_max, name)
+                self._walk_alone(request)
         return [int(request.chain_ks[request.chain_at]) for request in batch]
 
-    def _walker(self, request: RequestState):
-        """The policy's walker of a request (`Policy.walker`; a simulation-only policy's
-        given the request's accepted runs)."""
+    def _walk_alone(self, request: RequestState) -> None:
+        """`walk_alone` of a request by the policy's walker (`Policy.walker`; a
+        simulation-only policy's given the request's accepted runs), from where it is: once
+        (a walker's state moves as it walks), or again only where its walk was marked stale
+        (`chain_k` -1, the oracle's overruled steps)."""
+        if request.chain_k != -1:
+            raise RuntimeError(f"request {request.request_id} walked twice")
         policy, k_max = self.policy, self.config.k_max
-        if type(policy).simulation_only:
-            return policy.walker(request.request_id, k_max, request.signals or {},
-                                 run=request.run)
-        return policy.walker(request.request_id, k_max, request.signals or {})
+        extra = {"run": request.run} if type(policy).simulation_only else {}
+        walker = policy.walker(request.request_id, k_max, request.signals or {}, **extra)
+        walk_alone(request, walker, k_max, policy.name)
 
     def _walk_holds(self, batch, ks: list[int], hold: int, n: int, clock: np.ndarray,
                     stretch: _Stretch
@@ -1377,10 +1379,7 @@ class _Stretch:
                         replica._sync(request)
                     columns.remove(request)
                 if k == WALKED:  # once, from its first decode step (chain_k is -1 until then)
-                    if request.chain_k != -1:
-                        raise RuntimeError(f"request {request.request_id} walked twice")
-                    walk_alone(request, replica._walker(request), replica.config.k_max,
-                               replica.policy.name)
+                    replica._walk_alone(request)
                 else:
                     walk_chain(request, k)
                 if columns is not None:
