@@ -136,7 +136,7 @@ class Auto(Policy):
     @staticmethod
     def _rows_scales(states: np.ndarray, ratios: np.ndarray, mean_lift: float
                      ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Each request's row of `_BIN_TABLE` (its state), its ratio times the mean confidence
+        """Each request's row of `BIN_TABLE` (its state), its ratio times the mean confidence
         lift (a draft's own confidence is known only once it is drafted: `stop_chains` uses
         it), and whether any request is outside a streak (new, cold or fresh)."""
         return (np.minimum(states, MAX_STREAK) - NEW, ratios * mean_lift,
@@ -144,9 +144,9 @@ class Auto(Policy):
 
     @staticmethod
     def _acceptance_in(a_pop: np.ndarray, rows, scales: np.ndarray, depth: int) -> np.ndarray:
-        """`acceptance` of requests in the given `_BIN_TABLE` rows with the given scales, from
+        """`acceptance` of requests in the given `BIN_TABLE` rows with the given scales, from
         the population's acceptance per bin `a_pop`."""
-        return np.minimum(a_pop[_BIN_TABLE[rows, :depth]] * scales[:, None], ALPHA_MAX)
+        return np.minimum(a_pop[BIN_TABLE[rows, :depth]] * scales[:, None], ALPHA_MAX)
 
     def _mean_lift(self) -> float:
         """The confidence factor of a draft whose confidence is not known yet: all of them."""
@@ -164,7 +164,7 @@ class Auto(Policy):
         price = self._draft_price(ctx, contexts)
         depth = survival.shape[1]
         # every request as if in a streak of 1: one row of bins for all
-        streak_row = a_pop[_BIN_TABLE[1 - NEW, :depth]]
+        streak_row = a_pop[BIN_TABLE[1 - NEW, :depth]]
         hot = np.minimum(streak_row * scales[:, None], ALPHA_MAX).cumprod(axis=1)
         gain = (_add(np.maximum(hot - price, 0.0), axis=1)
                 - _add(np.maximum(survival - price, 0.0), axis=1))
@@ -238,7 +238,7 @@ class Auto(Policy):
         """`choose` from its rows, scales and reach on, in the compiled loops."""
         price = self._draft_price(ctx, contexts) if outside else 0.0
         alpha, survival, order, ranked = loops.plan(
-            a_pop, _BIN_TABLE, rows, scales, depth,
+            a_pop, BIN_TABLE, rows, scales, depth,
             np.array(reach, dtype=np.int64), price, outside, 1 - NEW, FRESH - NEW, ALPHA_MAX)
         self._plan_alpha = alpha
         totals, times = self._price(ctx, contexts, ranked, order, depth, loops)
@@ -353,7 +353,7 @@ class Auto(Policy):
         if loops is not None:  # the same, compiled (policies/compiled.py)
             counts = (self._seen.copy(), self._accepted.copy(), self._top1_observed.copy(),
                       self._top1_expected.copy())
-            expected, after = loops.observe_step(*counts, a_pop, lift, _BIN_TABLE, states,
+            expected, after = loops.observe_step(*counts, a_pop, lift, BIN_TABLE, states,
                                                  ratios, outcomes.k, outcomes.accepted, top1,
                                                  known, NEW, FRESH, COLD, MAX_STREAK)
             expected, after = expected.tolist(), after.tolist()
@@ -406,6 +406,42 @@ class Auto(Policy):
                   np.array(top1_expected))
         return counts, expected_out, after
 
+    # -- steps run elsewhere (simulator/stepped.py) --------------------------------------
+
+    def request_state(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each request's state (NEW, COLD, FRESH or its streak), accepted drafts and the
+        drafts the population predicted for them: what a run of steps outside `choose` and
+        `observe_columns` starts from (`counts` the population's), and hands back through
+        `took_steps`."""
+        streak, observed, expected = self._streak, self._observed, self._expected
+        return (np.array([streak.get(rid, NEW) for rid in ids], dtype=np.int64),
+                np.array([observed.get(rid, 0.0) for rid in ids]),
+                np.array([expected.get(rid, 0.0) for rid in ids]))
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of the fit's four count arrays: verified positions and accepted drafts by
+        bin, accepted and predicted drafts by confidence tenth."""
+        return (self._seen.copy(), self._accepted.copy(), self._top1_observed.copy(),
+                self._top1_expected.copy())
+
+    def took_steps(self, steps: int, counts: tuple[np.ndarray, ...], ids: Sequence[int],
+                   states: np.ndarray, observed: np.ndarray, expected: np.ndarray,
+                   drafted: np.ndarray) -> None:
+        """`steps` steps of these requests were chosen, stopped and observed outside (as
+        `choose`, `stop_chains` and `observe_columns` would have): take the counts and the
+        requests' states after them (`drafted`: each request's drafts in them; one that
+        drafted none keeps no entry, as `observe_columns` keeps none). The last plan is
+        forgotten: the next step plans afresh."""
+        self._seen, self._accepted, self._top1_observed, self._top1_expected = counts
+        streak, observed_of, expected_of = self._streak, self._observed, self._expected
+        for rid, state, hits, predicted, d in zip(ids, states.tolist(), observed.tolist(),
+                                                   expected.tolist(), drafted.tolist()):
+            if d:
+                streak[rid], observed_of[rid], expected_of[rid] = state, hits, predicted
+        self._revision += steps
+        self._plan_ids, self._plan_at, self._plan_rows = [], -1, None
+        self._threshold = math.inf
+
     def finish(self, request_id: int) -> None:
         self._revision += 1
         self._streak.pop(request_id, None)
@@ -437,9 +473,9 @@ _add = np.add.reduce
 
 #: `_bin` of every state NEW..MAX_STREAK (row state - NEW) at every depth below 64 (a longer
 #: streak's bins are MAX_STREAK's)
-_BIN_TABLE = np.array([[_bin(state, depth) for depth in range(64)]
+BIN_TABLE = np.array([[_bin(state, depth) for depth in range(64)]
                        for state in range(NEW, MAX_STREAK + 1)], dtype=np.int64)
-_BIN_ROWS = _BIN_TABLE.tolist()  # the same, as lists: observe reads it one position at a time
+_BIN_ROWS = BIN_TABLE.tolist()  # the same, as lists: observe reads it one position at a time
 
 
 def _top1_bin(value: float) -> int:

@@ -91,8 +91,10 @@ def _load(forced: bool) -> ModuleType | None:
         try:
             from policies import compiled as policy_loops
             from simulator import compiled as module
+            from simulator import compiled_steps
             module.warm()
             policy_loops.warm()
+            compiled_steps.warm()  # (auto's runs of steps: simulator/stepped.py)
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]

@@ -38,6 +38,7 @@ from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
+from simulator.stepped import run_steps, steps_at_once
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' drafts where k every step
 
@@ -122,6 +123,10 @@ class Replica:
                           and (not kind.uses_draft_stop or self.folds_stop or self.walks)
                           and not (self.capped and self.feeds
                                    and not cost.latency.arrays_match_scalars))
+        # a policy that learns from every step (auto): a fixed batch's decode steps in compiled
+        # runs (simulator/stepped.py), to the step path's records to the bit
+        self.steps_at_once = not self.fast_path and steps_at_once(
+            policy, cost, policy_cost, scheduler.chunked_prefill, self.planned, fast_path)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -238,7 +243,7 @@ class Replica:
             # a list where steps read one position at a time (numpy scalars are slow), an
             # array where only the fast path's chains read it (in slices; and a step where
             # the batch overrules the walks, rarely: `_cut_to_cap` takes its int)
-            request.cap = cap if self.segments_only else cap.tolist()
+            request.cap = cap if self.segments_only or self.steps_at_once else cap.tolist()
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now
@@ -288,6 +293,8 @@ class Replica:
                 raise RuntimeError("replica holds requests it can neither admit nor run")
             elif self.fast_path:
                 yield from self._decode_segment()
+            elif self.steps_at_once:
+                yield from self._compiled_steps()
             else:
                 yield from self._mixed_iteration()
 
@@ -1006,6 +1013,39 @@ class Replica:
             self.policy.observe_held(scheduler.context(batch, self.env.now), last_hold)
         if n == stretch.steps:  # else no request reached its length: nothing to retire
             self._finish_done()
+
+    def _compiled_steps(self):
+        """`_mixed_iteration`s of the running batch, as many as one compiled run takes
+        (simulator/stepped.py: up to the first finish, or the step that ends at or after the
+        next arrival), committed and recorded at once."""
+        scheduler = self.scheduler
+        batch, start = scheduler.running, self.env.now
+        snapshot = scheduler.snapshot()  # (no arrival, admission or finish before the last)
+        done = run_steps(self.policy, batch, self.capped, self.config.k_max, self.cost, start,
+                         self.next_arrival_s(self.index))
+        n = done.steps
+        scheduler.step_index += n
+        for request, after, drafted in zip(batch, done.generated.tolist(),
+                                           done.drafts.tolist()):
+            before = request.generated
+            request.generated = after
+            request.steps += n
+            request.drafted += drafted
+            request.accepted += after - before - n
+        if self.steps.records_rows:
+            block = np.empty((len(STEP_INDEX), n))
+            block[:] = np.array((self.index, 0.0, 0.0, len(batch), 0, 0, 0, 0, 0, 0,
+                                 *snapshot))[:, None]
+            for name, column in (("start_s", done.clock[:n]), ("duration_s", done.durations),
+                                 ("drafted", done.drafted), ("max_k", done.max_k),
+                                 ("accepted", done.accepted), ("emitted", done.emitted)):
+                block[STEP_INDEX[name]] = column
+            self.steps.add_block(block)
+        else:
+            self.steps.add_totals(n, len(batch) * n, n, int(done.emitted.sum()),
+                                  int(done.drafted.sum()))
+        yield _At(self.env, float(done.clock[n]))
+        self._finish_done()
 
     def _step_unwalked(self, batch: list[RequestState]):
         """A step where the policy's batch overrules its walks (`Policy.walks_agree`), taken
