@@ -124,9 +124,10 @@ class Replica:
                           and not (self.capped and self.feeds
                                    and not cost.latency.arrays_match_scalars))
         # a policy that learns from every step (auto): a fixed batch's decode steps in compiled
-        # runs (simulator/stepped.py), to the step path's records to the bit
+        # runs (simulator/stepped.py), to the step path's records to the bit (under chunked
+        # prefill, those with no prompt to chunk, as `chunk_segments`)
         self.steps_at_once = not self.fast_path and steps_at_once(
-            policy, cost, policy_cost, scheduler.chunked_prefill, self.planned, fast_path)
+            policy, cost, policy_cost, self.planned, fast_path)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -281,8 +282,11 @@ class Replica:
                     yield from self._planned_iteration()
                 continue
             if self.config.chunked_prefill:
-                if self.chunk_segments and scheduler.running and not scheduler.prefill_pending():
+                plain = scheduler.running and not scheduler.prefill_pending()  # no prompt chunk
+                if self.chunk_segments and plain:
                     yield from self._decode_segment()
+                elif self.steps_at_once and plain:
+                    yield from self._compiled_steps()
                 else:
                     yield from self._mixed_iteration()
                 continue
@@ -1015,9 +1019,10 @@ class Replica:
             self._finish_done()
 
     def _compiled_steps(self):
-        """`_mixed_iteration`s of the running batch, as many as one compiled run takes
-        (simulator/stepped.py: up to the first finish, or the step that ends at or after the
-        next arrival), committed and recorded at once."""
+        """`_mixed_iteration`s of the running batch with no prompt to chunk, as many as one
+        compiled run takes (simulator/stepped.py: up to the first finish, or the step that
+        ends at or after the next arrival; nothing else changes what a step admits or chunks),
+        committed and recorded at once."""
         scheduler = self.scheduler
         batch, start = scheduler.running, self.env.now
         snapshot = scheduler.snapshot()  # (no arrival, admission or finish before the last)

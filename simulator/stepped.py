@@ -3,8 +3,8 @@ loop: `auto` (simulator/compiled_steps.py).
 
 Such a policy cannot be walked request by request (each step's ks depend on what the whole
 batch's last steps revealed), so the fast path's segments skip it and it stepped one iteration
-at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (whole prompts,
-no arrival, no finish before the last) run in one call that does what that method, the
+at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (no prompt
+to chunk, no arrival, no finish before the last) run in one call that does what that method, the
 policy's `choose`, its draft stop and `observe_columns` do, in the same order and to the bit.
 Where it cannot (a draft model, a tree, a latency model other than the roofline, numba not
 loaded, a policy cost model of its own) the replica steps as before.
@@ -44,15 +44,15 @@ class StepsRun:
     finished: bool
 
 
-def steps_at_once(policy, cost, policy_cost, chunked: bool, planned: bool,
-                  fast_path: bool) -> bool:
+def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool) -> bool:
     """Whether a replica runs this policy's decode steps in compiled runs: `auto` itself (a
-    subclass may change what a step does), with a depth to draft to, whole prompts under the
-    plain scheduler, a model-free chain on the roofline priced from its sums and no idle
-    proposer (the steps' prices are the roofline's passes), the policy reading the engine's
-    cost model, and the compiled loops loaded for this run."""
+    subclass may change what a step does), with a depth to draft to, under the plain
+    scheduler (with chunked prefill, its steps with no prompt to chunk), a model-free chain on
+    the roofline priced from its sums and no idle proposer (the steps' prices are the
+    roofline's passes), the policy reading the engine's cost model, and the compiled loops
+    loaded for this run."""
     roofline = getattr(cost, "_roofline", None)
-    return (fast_path and type(policy) is Auto and policy.k_max > 0 and not chunked
+    return (fast_path and type(policy) is Auto and policy.k_max > 0
             and not planned and policy_cost is None and roofline is not None
             and roofline["target"] is not None and cost.prices_alternatives_at_once
             and not cost.idle_s and kernels.compiled() is not None)

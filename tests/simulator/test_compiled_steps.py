@@ -2,8 +2,9 @@
 same records, to the bit, as stepping them one at a time through `Replica._mixed_iteration`
 with the same compiled loops (and so, tests/policies/test_auto_compiled.py, as numpy), on
 every acceptance source, with the drafter's caps, several replicas, admission held by the batch
-size, step records kept or not, auto's parameters moved; runs that end at every window or
-after a step or two; and the step path where the compiled loop does not stand for it."""
+size, chunked prefill, step records kept or not, auto's parameters moved; runs that end at
+every window or after a step or two; and the step path where the compiled loop does not stand
+for it."""
 
 from __future__ import annotations
 
@@ -148,7 +149,22 @@ class _Subclass(Auto):
     name = "auto-subclass-for-a-test"
 
 
-@pytest.mark.parametrize("case", ["draft model", "chunked", "vllm", "subclass", "numpy",
+@pytest.mark.parametrize("budget,replicas", [(2048, 1), (256, 2)])
+def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, budget, replicas):
+    """Under chunked prefill the steps with no prompt to chunk run at once, the others one at
+    a time: the same records, with either budget (a small one chunks a prompt over several
+    steps)."""
+    spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=5)
+    scheduler = SchedulerConfig(max_num_seqs=24, chunked_prefill=True, max_batched_tokens=budget)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler=scheduler,
+                                            replicas=replicas)
+    with_chunks = int((fast.steps["prefill_seqs"] > 0).sum())
+    assert runs and one_at_a_time >= with_chunks > 0
+    _same(fast, slow)
+
+
+@pytest.mark.parametrize("case", ["draft model", "vllm", "subclass", "numpy",
                                   "policy cost", "k_max 0", "profile", "no fast path"])
 def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(monkeypatch, loops, case):
     loops(case != "numpy")
@@ -157,23 +173,21 @@ def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(monkeypatch
                           draft=("Llama-68M" if case == "draft model"
                                  else None if case == "profile" else "none"),
                           profile="cpu-smollm2-135m" if case == "profile" else None)
-    scheduler = (SchedulerConfig(scheduler="vllm-v1") if case == "vllm"
-                 else SchedulerConfig(chunked_prefill=case == "chunked",
-                                      max_batched_tokens=512 if case == "chunked" else None))
+    scheduler = SchedulerConfig(scheduler="vllm-v1" if case == "vllm" else "fcfs-reserve")
     inputs = build_inputs(spec, {}, scheduler)
     from simulator.step_cost import StepCostModel
 
     cost = StepCostModel(inputs.latency)
     policy = (_Subclass() if case == "subclass"
               else Auto(k_max=0) if case == "k_max 0" else Auto())
-    args = (policy, cost, cost if case == "policy cost" else None, case == "chunked",
-            case == "vllm", case != "no fast path")
+    args = (policy, cost, cost if case == "policy cost" else None, case == "vllm",
+            case != "no fast path")
     assert not stepped.steps_at_once(*args)
-    if case in ("numpy", "chunked", "vllm", "draft model", "profile"):  # the others: above
+    if case in ("numpy", "vllm", "draft model", "profile"):  # the others: above
         assert stepped.steps_at_once(Auto(), StepCostModel(build_inputs(
             SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
                            acceptance="smollm2-ngram", seed=1, draft="none"), {},
-            SchedulerConfig()).latency), None, False, False, True) == (case != "numpy")
+            SchedulerConfig()).latency), None, False, True) == (case != "numpy")
 
 
 def _roofline(gpu: str = "H100-SXM", tp: int = 1, flops_efficiency: float = 0.7):
