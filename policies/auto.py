@@ -273,7 +273,7 @@ class Auto(Policy):
             n = len(worth)
             totals = np.unique(np.concatenate((
                 [0, n], np.searchsorted(-worth, _BELOW_THRESHOLDS, side="right"),
-                _geometric_totals(n))))
+                geometric_totals(n))))
             totals = totals[totals <= n]
             ks_rows = (prefix_counts(order // depth, totals, b) if loops is None
                        else loops.prefix_counts(order // depth, totals, b))  # (as an array)
@@ -454,7 +454,7 @@ _BELOW_THRESHOLDS.flags.writeable = False
 
 
 @lru_cache(maxsize=1024)
-def _geometric_totals(n: int) -> np.ndarray:
+def geometric_totals(n: int) -> np.ndarray:
     """TOTALS_TRIED draft totals spaced geometrically from 1 to n (at least 1), rounded."""
     totals = np.geomspace(1, max(n, 1), TOTALS_TRIED).round().astype(np.int64)
     totals.flags.writeable = False  # shared by every step with n drafts worth something

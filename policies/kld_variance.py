@@ -53,13 +53,13 @@ _add = np.add.reduce
 
 def weighted_variance(values: np.ndarray, decay: float) -> float:
     """Variance with weights decay^age, age 0 = the last (newest) value."""
-    weights, total = _weights(decay, len(values))
+    weights, total = history_weights(decay, len(values))
     mean = float(_add(weights * values) / total)
     return float(_add(weights * (values - mean) ** 2) / total)
 
 
 @functools.lru_cache(maxsize=1024)
-def _weights(decay: float, n: int) -> tuple[np.ndarray, np.float64]:
+def history_weights(decay: float, n: int) -> tuple[np.ndarray, np.float64]:
     """decay^age for ages n - 1 .. 0, and their sum: the same for every history of n values,
     so computed once (observe weighs two histories per request per step)."""
     weights = decay ** np.arange(n - 1, -1, -1, dtype=np.float64)
@@ -76,7 +76,8 @@ def variance_ratio(history: np.ndarray, decay: float) -> float:
     loops = compiled()
     if loops is not None and n <= COMPILED_HISTORY:  # the same floats, compiled
         return loops.variance_ratio(np.ascontiguousarray(history, dtype=np.float64),
-                                    *_weights(decay, n), *_weights(decay, short), RATIO_IF_FLAT)
+                                    *history_weights(decay, n), *history_weights(decay, short),
+                                    RATIO_IF_FLAT)
     v_long = weighted_variance(history, decay)
     if v_long < 1e-6:
         return RATIO_IF_FLAT
@@ -118,6 +119,81 @@ class _Request:
     warm_accepted: list = field(default_factory=list)
     warm_kl: list = field(default_factory=list)
     bounds: tuple[int, int] | None = None  # (k_min_r, k_max_r) once warm-up is over
+
+
+class RequestRows:
+    """Requests' DSDE state as arrays, a row each: what a compiled run of steps reads and
+    updates in place (simulator/stepped.py). The warm-up's accepted counts are kept as their
+    count and largest, all `warmup_bounds` reads of them."""
+
+    def __init__(self, width: int, rows: int = 64) -> None:
+        self.width = width  # activation_tokens: the history's and the warm-up KL's length
+        self.row_of: dict[int, int] = {}
+        self._free: list[int] = []
+        self._grow(rows)
+
+    def _grow(self, rows: int) -> None:
+        old = getattr(self, "k", np.zeros(0, dtype=np.int64))
+        n = len(old)
+        self._free += range(rows - 1, n - 1, -1)  # (taken from the end: lowest first)
+        for name, dtype, shape in (("k", np.int64, ()), ("ready", np.bool_, ()),
+                                   ("k_min", np.int64, ()), ("k_max", np.int64, ()),
+                                   ("history", np.float64, (self.width,)),
+                                   ("history_len", np.int64, ()),
+                                   ("warm_kl", np.float64, (self.width,)),
+                                   ("warm_kl_len", np.int64, ()),
+                                   ("warm_count", np.int64, ()),
+                                   ("warm_most", np.int64, ())):
+            grown = np.zeros((rows, *shape), dtype=dtype)
+            if n:
+                grown[:n] = getattr(self, name)
+            setattr(self, name, grown)
+
+    def rows(self, st_of: dict[int, _Request], ids: Sequence[int], k_init: int) -> np.ndarray:
+        """Each request's row, a new one (at k_init) for one without state; a state kept as a
+        `_Request` (`st_of`) moves into its row."""
+        out = np.empty(len(ids), dtype=np.int64)
+        row_of = self.row_of
+        for i, rid in enumerate(ids):
+            row = row_of.get(rid)
+            if row is None:
+                if not self._free:
+                    self._grow(2 * len(self.k))
+                row = row_of[rid] = self._free.pop()
+                self._put(row, st_of.pop(rid, None) or _Request(k_init, deque()))
+            out[i] = row
+        return out
+
+    def _put(self, row: int, st: _Request) -> None:
+        history, warm_kl = list(st.history), st.warm_kl
+        self.k[row] = st.k
+        self.ready[row] = st.bounds is not None
+        self.k_min[row], self.k_max[row] = st.bounds or (0, 0)
+        self.history[row, :len(history)] = history
+        self.history_len[row] = len(history)
+        self.warm_kl[row, :len(warm_kl)] = warm_kl
+        self.warm_kl_len[row] = len(warm_kl)
+        self.warm_count[row] = len(st.warm_accepted)
+        self.warm_most[row] = max(st.warm_accepted, default=0)
+
+    def drop(self, request_id: int) -> None:
+        """Free a request's row (it finished)."""
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self._free.append(row)
+
+    def take(self, request_id: int, maxlen: int) -> _Request | None:
+        """A request's state out of its row, as a `_Request` (None: it has no row)."""
+        row = self.row_of.pop(request_id, None)
+        if row is None:
+            return None
+        self._free.append(row)
+        n, warm = int(self.history_len[row]), int(self.warm_kl_len[row])
+        return _Request(int(self.k[row]), deque(self.history[row, :n].tolist(), maxlen=maxlen),
+                        [int(self.warm_most[row])] * int(self.warm_count[row]),
+                        self.warm_kl[row, :warm].tolist(),
+                        (int(self.k_min[row]), int(self.k_max[row])) if self.ready[row]
+                        else None)
 
 
 @register
@@ -169,23 +245,40 @@ class KldVariance(Policy):
         if not isinstance(self.cap, bool):
             raise ValueError(f"cap must be true or false, got {self.cap!r}")
         self._requests: dict[int, _Request] = {}
+        #: the states a compiled run of steps keeps (`request_rows`), a request's in one place
+        self._rows: RequestRows | None = None
 
     def _state(self, request_id: int) -> _Request:
-        st = self._requests.get(request_id)
+        st = self._held(request_id)
         if st is None:
             st = _Request(self.k_init, deque(maxlen=self.activation_tokens))
             self._requests[request_id] = st
         return st
 
+    def _held(self, request_id: int) -> _Request | None:
+        """A request's state as a `_Request` (taken out of its row if it is in one)."""
+        st = self._requests.get(request_id)
+        if st is None and self._rows is not None and request_id in self._rows.row_of:
+            st = self._requests[request_id] = self._rows.take(request_id,
+                                                              self.activation_tokens)
+        return st
+
+    def request_rows(self, ids: Sequence[int]) -> tuple[RequestRows, np.ndarray]:
+        """The states of these requests as arrays, and their rows: a compiled run of steps
+        decides, observes and updates them there (simulator/stepped.py)."""
+        if self._rows is None:
+            self._rows = RequestRows(self.activation_tokens)
+        return self._rows, self._rows.rows(self._requests, ids, self.k_init)
+
     def bounds(self, request_id: int) -> tuple[int, int] | None:
         """(k_min_r, k_max_r) of a request past warm-up, else None."""
-        st = self._requests.get(request_id)
+        st = self._held(request_id)
         return None if st is None else st.bounds
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         out = []
         for r in ctx.requests:
-            st = self._requests.get(r.request_id)
+            st = self._held(r.request_id)
             k = self.k_init if st is None else st.k
             out.append(max(0, min(k, self.k_max_cfg, ctx.k_max)))
         return out
@@ -231,3 +324,5 @@ class KldVariance(Policy):
 
     def finish(self, request_id: int) -> None:
         self._requests.pop(request_id, None)
+        if self._rows is not None:
+            self._rows.drop(request_id)

@@ -16,11 +16,23 @@ the compiled loops.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
-from policies.compiled import _sum, observe_step, pick, plan, stop_lengths, verify_pairs
-from simulator.compiled import _pass_s
+from policies.compiled import (
+    _sum,
+    clean_kl,
+    observe_step,
+    pick,
+    plan,
+    prefix_counts,
+    stop_lengths,
+    variance_ratio,
+    verify_pairs,
+)
+from simulator.compiled import _pass_s, alternatives_times, chain_step_time
 
 #: why a run of steps ended (`auto_steps`' first result)
 FINISHED, ARRIVAL, WINDOW, STEPS = 0, 1, 2, 3
@@ -45,19 +57,58 @@ def draft_price(contexts, cached_sum: int, target, overhead: float) -> float:
     return b * (t1 - t0) / t0
 
 
+@njit(cache=True)
+def next_feeds(feeds, ks, emitted, rule: int) -> None:
+    """`draft_feed.next_feed` of each request, in place (`rule`: simulator.compiled.RULES)."""
+    for r in range(feeds.shape[0]):
+        if rule == 2:  # one
+            feeds[r] = 1
+        elif ks[r] == 0:  # no chain: the committed tokens pile up for the next
+            feeds[r] += emitted[r]
+        elif rule == 1:  # committed
+            feeds[r] = emitted[r]
+        else:  # bonus
+            feeds[r] = (1 if emitted[r] > ks[r] else 0) + 1
+
+
+@njit(cache=True)
+def _draft_totals(ranked, thresholds, geometric) -> np.ndarray:
+    """`Auto._price`'s draft totals where a step is not priced from its sums (a draft model):
+    0 and all, the drafts at or above each survival threshold, and the geometric totals of
+    this many drafts (`geometric`: `geometric_totals`), each once, ascending."""
+    n = ranked.shape[0]
+    candidates = np.empty(2 + thresholds.shape[0] + geometric.shape[0], dtype=np.int64)
+    candidates[0], candidates[1] = 0, n
+    for t in range(thresholds.shape[0]):  # searchsorted(-ranked, -threshold, "right")
+        above = 0
+        while above < n and ranked[above] >= thresholds[t]:
+            above += 1
+        candidates[2 + t] = above
+    for i in range(geometric.shape[0]):
+        candidates[2 + thresholds.shape[0] + i] = geometric[i]
+    totals = np.unique(candidates)
+    return totals[totals <= n]
+
+
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped: bool,
                seen_bins, accepted_bins, top1_observed, top1_expected, states, observed,
                expected, weight: float, k0_bonus: float, stop_slack: float, depth: int,
                bin_table, target, overhead: float, start: float, horizon: float,
                max_steps: int, new: int, fresh: int, cold: int, max_streak: int,
-               alpha_max: float):
+               alpha_max: float, draft_model: bool, draft, feeds, rule: int, thresholds,
+               geometric):
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
     and draft confidences at positions base[r] + i are run/cap/top1[offsets[r] + i], for i
     below its window (offsets[r + 1] - offsets[r]); a step whose positions pass a window
     (short of the request's end) is not taken. auto's counts (`seen_bins` .. `top1_expected`)
     and each request's state, accepted and expected drafts are updated in place.
+
+    `draft_model`: the drafter is a model whose passes (`draft`'s numbers) each step pays,
+    its chain's first pass feeding each request's `feeds` (updated in place by `rule`); auto
+    then prices the draft totals of `thresholds` and `geometric` (row n: those of n drafts
+    worth something) as each one's ks, not from the verify pass's sums.
 
     Returns (why it ended, steps taken, the clock before each step and after the last, each
     step's time, drafts, most drafts, accepted and emitted tokens, each request's tokens generated
@@ -84,6 +135,9 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
     hits = np.empty(b, dtype=np.int64)
     seen = np.empty(b, dtype=np.int64)
     top1_rows = np.full((b, depth), np.nan)
+    held = np.empty(b, dtype=np.int64)
+    emits = np.empty(b, dtype=np.int64)
+    two = np.zeros((2, b), dtype=np.int64)  # no drafts, and one for the first request
     why = STEPS
     n = 0
     while n < max_steps:
@@ -119,14 +173,27 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
         for i in range(a_pop.shape[0]):
             a_pop[i] = accepted_bins[i] / seen_bins[i]
         cached_sum -= b  # the requests' KV before the verify
-        price = draft_price(contexts, cached_sum, target, overhead) if outside else 0.0
+        for r in range(b):
+            held[r] = contexts[r] - 1  # each request's KV before the verify
+        price = 0.0
+        if outside and draft_model:  # (`Auto._draft_price` of the draft model's steps)
+            two[1, 0] = 1
+            paid = alternatives_times(two, held, target, draft, overhead)
+            price = b * (paid[1] - paid[0]) / paid[0]
+        elif outside:
+            price = draft_price(contexts, cached_sum, target, overhead)
         alpha, survival, order, ranked = plan(a_pop, bin_table, rows, scales, depth, reach,
                                               price, outside, 1 - new, fresh - new, alpha_max)
-        totals = np.arange(ranked.shape[0] + 1)
-        pairs = verify_pairs(order, depth, contexts, cached_sum + b)
-        times = np.empty(totals.shape[0])
-        for i in range(totals.shape[0]):
-            times[i] = _step_s(cached_sum, totals[i], pairs[i], b, target, overhead)
+        if draft_model:  # some totals, each priced as its ks
+            totals = _draft_totals(ranked, thresholds, geometric[ranked.shape[0]])
+            times = alternatives_times(prefix_counts(order // depth, totals, b), held, target,
+                                       draft, overhead)
+        else:  # every total, from the verify pass's sums
+            totals = np.arange(ranked.shape[0] + 1)
+            pairs = verify_pairs(order, depth, contexts, cached_sum + b)
+            times = np.empty(totals.shape[0])
+            for i in range(totals.shape[0]):
+                times[i] = _step_s(cached_sum, totals[i], pairs[i], b, target, overhead)
         _, threshold, ks = pick(ranked, totals, times, b, k0_bonus, survival, stop_slack)
         # -- the draft stop (`Auto.stop_chains`), then the drafter's cap -------------------
         width = 0
@@ -154,7 +221,10 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
             step_drafts += k
             step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
             most = k if k > most else most
-        durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+        if draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
+            durations[n] = chain_step_time(ks, held, feeds, True, target, draft, overhead)
+        else:
+            durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
         clock[n + 1] = clock[n] + durations[n]  # (as the clock adds each step's timeout)
         # -- verification (`Replica._apply_decode`) and auto's fit of it --------------------
         accepted_total = 0
@@ -174,10 +244,13 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
             for i in range(shown):
                 top1_rows[r, i] = top1[at + i]
             gen[r] = g + emit
+            emits[r] = emit
             drafted_by[r] += k
             accepted_total += emit - 1
             emitted_total += emit
             finished = finished or gen[r] >= output[r]
+        if draft_model:
+            next_feeds(feeds, ks, emits, rule)
         expected_now, after = observe_step(seen_bins, accepted_bins, top1_observed,
                                            top1_expected, a_pop, lift, bin_table, states,
                                            ratios, ks, hits, top1_rows, seen, new, fresh, cold,
@@ -202,6 +275,202 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
             accepted_at[:n], emitted_at[:n], gen, drafted_by)
 
 
+
+@njit(cache=True)
+def _round_half_even(x: float) -> int:
+    """Python's round(x) of a float to an int: halves to the even neighbour."""
+    floor = math.floor(x)
+    diff = x - floor  # (exact)
+    if diff > 0.5 or (diff == 0.5 and floor % 2 == 1):
+        return floor + 1
+    return floor
+
+
+@njit(cache=True)
+def _warmup_bounds(count: int, most: int, warm_kl, n: int, k_min_cfg: int, k_max_cfg: int):
+    """`kld_variance.warmup_bounds` of a warm-up's `count` accepted counts (`most` the
+    largest) and its first n KL values in `warm_kl`."""
+    if count == 0:
+        return k_min_cfg, k_max_cfg
+    mean_kl = _sum(warm_kl, n) / n if n else 0.0  # np.mean: the pairwise sum over the count
+    max_kl = 1.0
+    if n:
+        max_kl = warm_kl[0]
+        for i in range(1, n):
+            max_kl = warm_kl[i] if warm_kl[i] > max_kl else max_kl
+    if max_kl == 0.0:
+        max_kl = 1.0
+    k_max_r = min(k_max_cfg, max(k_min_cfg, _round_half_even(most * (1 + 0.5 * mean_kl / max_kl))))
+    k_min_r = min(k_max_r, max(k_min_cfg, math.ceil(k_max_r * 0.1)))
+    return k_min_r, k_max_r
+
+
+@njit(cache=True)
+def _dsl_step(ratio: float, mean_kl: float, k_min: int, k_max: int, alpha: float,
+              temperature: float) -> int:
+    """`kld_variance.dsl_step`."""
+    d = mean_kl if abs(temperature) < 1e-8 else mean_kl / (temperature + 1e-8)
+    x = alpha * d
+    scale = math.exp(x) - 1.0 if x < 700.0 else math.inf
+    product = 0.0 if ratio == 0.0 else ratio * scale
+    if product <= 1.0:
+        return max(k_min, math.ceil((k_max - k_min) * (1.0 - product) + k_min))
+    return k_min
+
+
+@njit(cache=True, error_model="numpy")
+def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bool, rows,
+              k_state, ready, k_min, k_max, history, history_len, warm_kl, warm_kl_len,
+              warm_count, warm_most, k_init: int, k_min_cfg: int, k_max_cfg: int,
+              engine_k_max: int, weights, totals, alpha: float, temperature: float,
+              batch_cap: bool, if_flat: float, ceiling: float, target, overhead: float,
+              start: float, horizon: float, max_steps: int):
+    """`auto_steps` for kld_variance: each step its ks (`KldVariance.choose`, the drafter's
+    cap), time and verdicts, then its fit of each request's outcome (`KldVariance.observe`,
+    request after request: the KL history, the warm-up, the bounds, the variance ratio and the
+    next k, capped by the batch's mean). Request r's state is row rows[r] of the state arrays
+    (`kld_variance.RequestRows`), updated in place; `weights` and `totals`: row n the weights
+    of a history of n values and their sum. The same results as `auto_steps`' (no confidences:
+    the KL windows in `kl`)."""
+    b = prompt.shape[0]
+    width = history.shape[1]
+    depth = k_max_cfg if k_max_cfg < engine_k_max else engine_k_max
+    depth = depth if depth > 0 else 0
+    gen = generated.copy()
+    drafted_by = np.zeros(b, dtype=np.int64)
+    clock = np.empty(max_steps + 1)
+    clock[0] = start
+    durations = np.empty(max_steps)
+    drafted_at = np.zeros(max_steps, dtype=np.int64)
+    max_k_at = np.zeros(max_steps, dtype=np.int64)
+    accepted_at = np.zeros(max_steps, dtype=np.int64)
+    emitted_at = np.zeros(max_steps, dtype=np.int64)
+    ks = np.empty(b, dtype=np.int64)
+    proposed = np.empty(b, dtype=np.int64)
+    kept = np.empty(width)
+    why = STEPS
+    n = 0
+    while n < max_steps:
+        for r in range(b):
+            end = base[r] + offsets[r + 1] - offsets[r]
+            if gen[r] < base[r] or (end < output[r] and gen[r] + depth > end):
+                why = WINDOW
+                break
+        if why == WINDOW:
+            break
+        # -- ks: each request's k within the bounds, then the drafter's cap ----------------
+        cached_sum = 0
+        step_drafts = 0
+        step_pairs = 0
+        most = 0
+        for r in range(b):
+            k = k_state[rows[r]]
+            k = k if k < k_max_cfg else k_max_cfg
+            k = k if k < engine_k_max else engine_k_max
+            k = k if k > 0 else 0
+            g = gen[r]
+            if capped:
+                can = cap[offsets[r] + g - base[r]]
+                k = k if k <= can else can
+            ks[r] = k
+            c = prompt[r] + g - 1
+            cached_sum += c
+            step_drafts += k
+            step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
+            most = k if k > most else most
+        durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+        clock[n + 1] = clock[n] + durations[n]
+        # -- verification, then each request's fit ------------------------------------------
+        accepted_total = 0
+        emitted_total = 0
+        finished = False
+        pool_sum = 0
+        pool_n = 0
+        for r in range(b):
+            g, k, row = gen[r], ks[r], rows[r]
+            at = offsets[r] + g - base[r]
+            accepted = 0
+            if k:
+                accepted = k if k <= run[at] else run[at]
+            left = output[r] - g
+            emit = accepted + 1 if accepted < left else left
+            hits = emit - 1
+            shown = emit if emit < k else k  # min(accepted + 1, k, left)
+            gen[r] = g + emit
+            drafted_by[r] += k
+            accepted_total += hits
+            emitted_total += emit
+            finished = finished or gen[r] >= output[r]
+            proposed[r] = -1
+            kls = clean_kl(kl[at: at + shown], ceiling)
+            m = kls.shape[0]
+            was_ready = ready[row]
+            held = history_len[row]  # the history, extended and cut to its newest `width`
+            keep = held + m if held + m < width else width
+            first = held + m - keep
+            for i in range(keep):
+                j = first + i
+                kept[i] = history[row, j] if j < held else kls[j - held]
+            history[row, :keep] = kept[:keep]
+            history_len[row] = keep
+            if not was_ready:
+                if keep < width:  # still warming up
+                    warm_most[row] = hits if warm_count[row] == 0 or hits > warm_most[row] \
+                        else warm_most[row]
+                    warm_count[row] += 1
+                    w = warm_kl_len[row]
+                    if w + m > width:
+                        raise IndexError("kld_steps: a warm-up past its history's length")
+                    warm_kl[row, w: w + m] = kls
+                    warm_kl_len[row] = w + m
+                    if hits >= k_state[row]:
+                        doubled = k_state[row] * 2 if k_state[row] > 0 else 1
+                        k_state[row] = doubled if doubled < k_max_cfg else k_max_cfg
+                    elif k_state[row] < k_min_cfg:
+                        k_state[row] = k_min_cfg
+                    continue
+                k_min[row], k_max[row] = _warmup_bounds(warm_count[row], warm_most[row],
+                                                        warm_kl[row], warm_kl_len[row],
+                                                        k_min_cfg, k_max_cfg)
+                ready[row] = True
+                warm_count[row] = 0
+                warm_most[row] = 0
+                warm_kl_len[row] = 0
+            if m == 0:
+                continue  # nothing usable observed: keep k
+            ratio = 0.0
+            if keep >= 2:
+                short = keep // 3 if keep // 3 > 1 else 1
+                ratio = variance_ratio(history[row, :keep], weights[keep, :keep], totals[keep],
+                                       weights[short, :short], totals[short], if_flat)
+            mean_kl = _sum(kls, m) / m
+            proposed[r] = _dsl_step(ratio, mean_kl, k_min[row], k_max[row], alpha,
+                                    temperature)
+            if was_ready and k > 0:
+                pool_sum += proposed[r]
+                pool_n += 1
+        if batch_cap and pool_n:  # no k above the mean of those past warm-up that drafted
+            ceiling_k = math.ceil(pool_sum / pool_n)
+            for r in range(b):
+                if proposed[r] >= 0 and proposed[r] > ceiling_k:
+                    proposed[r] = ceiling_k
+        for r in range(b):
+            if proposed[r] >= 0:
+                k_state[rows[r]] = proposed[r]
+        drafted_at[n] = step_drafts
+        max_k_at[n] = most
+        accepted_at[n] = accepted_total
+        emitted_at[n] = emitted_total
+        n += 1
+        if finished:
+            why = FINISHED
+            break
+        if clock[n] >= horizon:
+            why = ARRIVAL
+            break
+    return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
+            accepted_at[:n], emitted_at[:n], gen, drafted_by)
+
 def warm() -> None:
     """Call the loop once on the types `simulator.stepped` gives it (numba's one-time load,
     from its cache, here and not inside a run)."""
@@ -209,9 +478,19 @@ def warm() -> None:
 
     ones = np.ones(2, dtype=np.int64)
     window = np.ones(8, dtype=np.int64)
-    auto_steps(ones * 4, ones * 4, ones, ones, np.array([0, 4, 8], dtype=np.int64), window,
-               window, np.full(8, 0.5), True, np.ones(19), np.ones(19), np.zeros(10),
-               np.zeros(10), ones * NEW, np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2,
-               BIN_TABLE, (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0), 0.0, 0.0, np.inf, 4,
-               NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX)
-    draft_price(ones, 0, (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0), 0.0)
+    numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
+    for draft_model in (False, True):
+        auto_steps(ones * 4, ones * 4, ones, ones, np.array([0, 4, 8], dtype=np.int64),
+                   window, window, np.full(8, 0.5), True, np.ones(19), np.ones(19),
+                   np.zeros(10), np.zeros(10), ones * NEW, np.zeros(2), np.zeros(2), 4.0, 1.0,
+                   0.5, 2, BIN_TABLE, numbers, 0.0, 0.0, np.inf, 4, NEW, FRESH, COLD,
+                   MAX_STREAK, ALPHA_MAX, draft_model, numbers, ones.copy(), 0,
+                   np.array([0.5]), np.zeros((9, 12), dtype=np.int64))
+    draft_price(ones, 0, numbers, 0.0)
+    rows = np.zeros(4, dtype=np.int64)
+    history = np.zeros((4, 3))
+    kld_steps(ones * 4, ones * 4, ones, ones, np.array([0, 4, 8], dtype=np.int64), window,
+              window, np.full(8, 0.5), True, ones, rows.copy(), np.zeros(4, dtype=np.bool_),
+              rows.copy(), rows.copy(), history, rows.copy(), history.copy(), rows.copy(),
+              rows.copy(), rows.copy(), 2, 1, 4, 4, np.ones((4, 3)), np.ones(4), 2.0, 0.0,
+              True, 20.0, 18.4, numbers, 0.0, 0.0, np.inf, 4)

@@ -123,11 +123,11 @@ class Replica:
                           and (not kind.uses_draft_stop or self.folds_stop or self.walks)
                           and not (self.capped and self.feeds
                                    and not cost.latency.arrays_match_scalars))
-        # a policy that learns from every step (auto): a fixed batch's decode steps in compiled
-        # runs (simulator/stepped.py), to the step path's records to the bit (under chunked
-        # prefill, those with no prompt to chunk, as `chunk_segments`)
+        # a policy that learns from every step (auto, kld_variance): a fixed batch's decode
+        # steps in compiled runs (simulator/stepped.py), to the step path's records to the bit
+        # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`)
         self.steps_at_once = not self.fast_path and steps_at_once(
-            policy, cost, policy_cost, self.planned, fast_path)
+            policy, cost, policy_cost, self.planned, scheduler.chunked_prefill, fast_path)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned

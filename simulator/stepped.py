@@ -1,22 +1,43 @@
 """Decode steps of a policy that learns from every step, run many at a time in one compiled
-loop: `auto` (simulator/compiled_steps.py).
+loop: `auto` and `kld_variance` (simulator/compiled_steps.py).
 
 Such a policy cannot be walked request by request (each step's ks depend on what the whole
 batch's last steps revealed), so the fast path's segments skip it and it stepped one iteration
-at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (no prompt
-to chunk, no arrival, no finish before the last) run in one call that does what that method, the
-policy's `choose`, its draft stop and `observe_columns` do, in the same order and to the bit.
-Where it cannot (a draft model, a tree, a latency model other than the roofline, numba not
-loaded, a policy cost model of its own) the replica steps as before.
+at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (no prompt to
+chunk, no arrival, no finish before the last) run in one call that does what that method and
+the policy's `choose`, draft stop and fit of the outcomes do, in the same order and to the bit.
+Where it cannot (a tree, a latency model other than the roofline, numba not loaded, a policy
+cost model of its own; a draft model for kld_variance) the replica steps as before. `RUNNERS`
+says which policies have such a loop; each runner gathers the batch's windows of the trace and
+the policy's state for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from policies.auto import ALPHA_MAX, BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW, Auto
+from policies.auto import (
+    ALPHA_MAX,
+    BIN_TABLE,
+    COLD,
+    FRESH,
+    MAX_STREAK,
+    NEW,
+    THRESHOLDS,
+    TOTALS_TRIED,
+    Auto,
+    geometric_totals,
+)
+from policies.kld_variance import (
+    COMPILED_HISTORY,
+    KL_CEILING,
+    RATIO_IF_FLAT,
+    KldVariance,
+    history_weights,
+)
 from simulator import kernels
 
 #: steps of positions each request's window holds, beyond the deepest draft: a run of steps
@@ -29,8 +50,9 @@ MAX_STEPS = 4096
 @dataclass
 class StepsRun:
     """What a run of steps did: how many, the clock before each and after the last, each
-    step's time and records (drafts, most drafts, accepted and emitted tokens), and each request's
-    tokens generated and drafts after it; `finished`: its last step finished a request."""
+    step's time and records (drafts, most drafts, accepted and emitted tokens), and each
+    request's tokens generated and drafts after it; `finished`: its last step finished a
+    request."""
 
     steps: int
     clock: np.ndarray
@@ -44,53 +66,181 @@ class StepsRun:
     finished: bool
 
 
-def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool) -> bool:
-    """Whether a replica runs this policy's decode steps in compiled runs: `auto` itself (a
-    subclass may change what a step does), with a depth to draft to, under the plain
-    scheduler (with chunked prefill, its steps with no prompt to chunk), a model-free chain on
-    the roofline priced from its sums and no idle proposer (the steps' prices are the
-    roofline's passes), the policy reading the engine's cost model, and the compiled loops
-    loaded for this run."""
-    roofline = getattr(cost, "_roofline", None)
-    return (fast_path and type(policy) is Auto and policy.k_max > 0
-            and not planned and policy_cost is None and roofline is not None
-            and roofline["target"] is not None and cost.prices_alternatives_at_once
-            and not cost.idle_s and kernels.compiled() is not None)
+@dataclass(frozen=True)
+class Runner:
+    """A policy's runs of steps: whether they stand for its steps here (the policy, and
+    whether the scheduler chunks prompts), and a run (`run_steps`' arguments)."""
+
+    applies: Callable[[object, bool], bool]
+    run: Callable[..., StepsRun]
+    draft_model: bool = False  # it runs with a draft model's chain too
 
 
-def run_steps(policy: Auto, batch, acceptance_capped: bool, k_max: int, cost,
-              start: float, horizon: float) -> StepsRun:
-    """Up to the step that finishes a request, or the first that ends at or after `horizon`
-    (the next arrival), or the end of a window, of these running requests under `policy`;
-    the policy's counts and the requests' states move with them."""
-    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+@dataclass(frozen=True)
+class _Windows:
+    """The batch's numbers a run reads: each request's prompt and output tokens and tokens
+    generated, and its trace from there to its window's end (accepted runs, the drafter's
+    caps, a signal) in flat arrays, request r's from offsets[r]."""
 
+    prompt: np.ndarray
+    output: np.ndarray
+    generated: np.ndarray
+    offsets: np.ndarray
+    run: np.ndarray
+    cap: np.ndarray
+    signal: np.ndarray
+
+
+def _windows(batch, depth: int, capped: bool, signal: str) -> _Windows:
     b = len(batch)
-    depth = min(policy.k_max, k_max)
-    window = (depth + 1) * WINDOW_STEPS
-    ids = [request.request_id for request in batch]
     generated = np.fromiter((request.generated for request in batch), np.int64, b)
     output = np.fromiter((request.output_tokens for request in batch), np.int64, b)
     prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, b)
-    ends = np.minimum(generated + window, output)
+    ends = np.minimum(generated + (depth + 1) * WINDOW_STEPS, output)
     offsets = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(ends - generated, out=offsets[1:])
-    spans = list(zip(generated.tolist(), ends.tolist()))
-    run = np.concatenate([request.run[g:e] for request, (g, e) in zip(batch, spans)])
-    top1 = np.concatenate([request.signals["draft_top1"][g:e]
-                           for request, (g, e) in zip(batch, spans)]).astype(np.float64,
-                                                                             copy=False)
-    cap = (np.concatenate([request.cap[g:e] for request, (g, e) in zip(batch, spans)])
-           if acceptance_capped else run[:0])
+    spans = list(zip(batch, generated.tolist(), ends.tolist()))
+    run = np.concatenate([request.run[g:e] for request, g, e in spans])
+    values = np.concatenate([request.signals[signal][g:e] for request, g, e in spans])
+    cap = np.concatenate([request.cap[g:e] for request, g, e in spans]) if capped else run[:0]
+    return _Windows(prompt, output, generated, offsets, run, cap,
+                    values.astype(np.float64, copy=False))
+
+
+def _pricing(cost, b: int) -> tuple:
+    """The roofline's verify-pass numbers, and the host's overhead of a step of b requests."""
+    return cost._roofline["target"], float(cost.latency.step_overhead_s(b))
+
+
+def _draft_model(cost, batch) -> tuple:
+    """Whether the drafter is a model, its passes' numbers (the target's where it is none: a
+    placeholder the loop does not read), each request's first-pass feed, and the catch-up rule
+    (simulator.compiled.RULES)."""
+    from simulator.compiled import RULES
+
+    numbers = cost._roofline["draft"]
+    if numbers is None:
+        return False, cost._roofline["target"], np.zeros(len(batch), dtype=np.int64), 0
+    feeds = np.fromiter((request.draft_feed for request in batch), np.int64, len(batch))
+    return True, numbers, feeds, RULES[cost.latency.draft_catch_up]
+
+
+_geometric = np.zeros((0, TOTALS_TRIED), dtype=np.int64)
+
+
+def _geometric_table(n: int) -> np.ndarray:
+    """Row m: auto's `geometric_totals(m)`, for m up to n at least (grown as asked)."""
+    global _geometric
+    if len(_geometric) <= n:
+        size = max(n + 1, 2 * len(_geometric), 64)
+        _geometric = np.array([geometric_totals(m) for m in range(size)], dtype=np.int64)
+    return _geometric
+
+
+def _finished(result: tuple) -> StepsRun:
+    from simulator import compiled_steps
+
+    why, *rest = result
+    return StepsRun(*rest, why == compiled_steps.FINISHED)
+
+
+def _run_auto(policy: Auto, batch, capped: bool, k_max: int, cost, start: float,
+              horizon: float) -> StepsRun:
+    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+
+    depth = min(policy.k_max, k_max)
+    w = _windows(batch, depth, capped, "draft_top1")
+    ids = [request.request_id for request in batch]
     states, observed, expected = policy.request_state(ids)
     counts = policy.counts()
-    why, n, clock, durations, drafted, max_k, accepted, emitted, after, drafts = (
-        compiled_steps.auto_steps(
-            prompt, output, generated, generated, offsets, run, cap, top1, acceptance_capped,
-            *counts, states, observed, expected, float(policy.prior_weight),
-            float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
-            cost._roofline["target"], float(cost.latency.step_overhead_s(b)), start, horizon,
-            MAX_STEPS, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX))
-    policy.took_steps(n, counts, ids, states, observed, expected, drafts)
-    return StepsRun(n, clock, durations, drafted, max_k, accepted, emitted, after, drafts,
-                    why == compiled_steps.FINISHED)
+    draft_model, draft, feeds, rule = _draft_model(cost, batch)
+    result = compiled_steps.auto_steps(
+        w.prompt, w.output, w.generated, w.generated, w.offsets, w.run, w.cap, w.signal, capped,
+        *counts, states, observed, expected, float(policy.prior_weight),
+        float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
+        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, NEW, FRESH, COLD, MAX_STREAK,
+        ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
+        _geometric_table(len(batch) * depth if draft_model else 0))
+    done = _finished(result)
+    policy.took_steps(done.steps, counts, ids, states, observed, expected, done.drafts)
+    if draft_model:
+        for request, feed in zip(batch, feeds.tolist()):
+            request.draft_feed = feed
+    return done
+
+
+_THRESHOLDS = np.array(THRESHOLDS)
+
+
+def _run_kld(policy: KldVariance, batch, capped: bool, k_max: int, cost, start: float,
+             horizon: float) -> StepsRun:
+    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+
+    depth = max(min(policy.k_max_cfg, k_max), 0)
+    w = _windows(batch, depth, capped, "kl")
+    rows, at = policy.request_rows([request.request_id for request in batch])
+    weights, totals = _weight_table(policy.decay, policy.activation_tokens)
+    return _finished(compiled_steps.kld_steps(
+        w.prompt, w.output, w.generated, w.generated, w.offsets, w.run, w.cap, w.signal, capped,
+        at, rows.k, rows.ready, rows.k_min, rows.k_max, rows.history, rows.history_len,
+        rows.warm_kl, rows.warm_kl_len, rows.warm_count, rows.warm_most, policy.k_init,
+        policy.k_min_cfg, policy.k_max_cfg, k_max, weights, totals, float(policy.alpha),
+        float(policy.temperature), policy.cap, RATIO_IF_FLAT, KL_CEILING,
+        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS))
+
+
+_tables: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row n: kld_variance's weights of a history of n values (`_weights`), and their sums."""
+    key = (decay, width)
+    if key not in _tables:
+        weights, totals = np.zeros((width + 1, width)), np.zeros(width + 1)
+        for n in range(1, width + 1):
+            weights[n, :n], totals[n] = history_weights(decay, n)
+        _tables[key] = weights, totals
+    return _tables[key]
+
+
+#: the policies whose steps run at once, by class (a subclass may change what a step does):
+#: auto with a depth to draft to, model-free or with a draft model; kld_variance model-free
+#: with whole prompts (under chunked prefill its
+#: steps with prompt chunks would move each request's state out of its row and back) and a
+#: history its compiled variances sum
+RUNNERS: dict[type, Runner] = {
+    Auto: Runner(lambda policy, chunked: policy.k_max > 0, _run_auto, draft_model=True),
+    KldVariance: Runner(lambda policy, chunked: (not chunked and policy.activation_tokens
+                                                 <= COMPILED_HISTORY), _run_kld),
+}
+
+
+def steps_at_once(policy, cost, policy_cost, planned: bool, chunked: bool,
+                  fast_path: bool) -> bool:
+    """Whether a replica runs this policy's decode steps in compiled runs: one `RUNNERS`
+    stands for here, under the plain scheduler (with chunked prefill, its steps with no
+    prompt to chunk), a model-free chain on the roofline priced from its sums and no idle
+    proposer (the steps' prices are the roofline's passes), the policy reading the engine's
+    cost model, and the compiled loops loaded for this run."""
+    runner = RUNNERS.get(type(policy))
+    roofline = getattr(cost, "_roofline", None)
+    if not (fast_path and runner is not None and runner.applies(policy, chunked) and not planned
+            and policy_cost is None and roofline is not None and roofline["target"] is not None
+            and not cost.idle_s and kernels.compiled() is not None):
+        return False
+    if cost.prices_alternatives_at_once:  # a model-free chain, priced from its sums
+        return True
+    # a draft model's chain, each step and each alternative priced by its passes (auto's
+    # alternatives as `StepCostModel.steps_s` prices them with the compiled loops)
+    latency = cost.latency
+    return (runner.draft_model and cost.draft_tree is None and roofline["draft"] is not None
+            and latency.arrays_match_scalars and latency.batch_pricing)
+
+
+def run_steps(policy, batch, capped: bool, k_max: int, cost, start: float,
+              horizon: float) -> StepsRun:
+    """Up to the step that finishes a request, or the first that ends at or after `horizon`
+    (the next arrival), or the end of a window, of these running requests under `policy`
+    (`capped`: the drafter's caps bind; `k_max`: the engine's); the policy's state and the
+    requests' move with them."""
+    return RUNNERS[type(policy)].run(policy, batch, capped, k_max, cost, start, horizon)

@@ -1,10 +1,11 @@
-"""`auto`'s decode steps run many at a time in one compiled loop (simulator/stepped.py): the
-same records, to the bit, as stepping them one at a time through `Replica._mixed_iteration`
-with the same compiled loops (and so, tests/policies/test_auto_compiled.py, as numpy), on
-every acceptance source, with the drafter's caps, several replicas, admission held by the batch
-size, chunked prefill, step records kept or not, auto's parameters moved; runs that end at
-every window or after a step or two; and the step path where the compiled loop does not stand
-for it."""
+"""`auto`'s and kld_variance's decode steps run many at a time in one compiled loop
+(simulator/stepped.py): the same records, to the bit, as stepping them one at a time through
+`Replica._mixed_iteration` with the same compiled loops (and so, tests/policies/
+test_auto_compiled.py, as numpy), on every acceptance source, with the drafter's caps, several
+replicas, admission held by the batch size, chunked prefill, step records kept or not, the
+policies' parameters moved; runs that end at every window or after a step or two; kld_variance's
+pieces (its warm-up bounds, its next k, Python's rounding) against its Python; and the step
+path where the compiled loop does not stand for it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from policies import make_policy
 from policies.auto import Auto
+from policies.kld_variance import KldVariance
 from simulator import ClusterConfig, SchedulerConfig, simulate, stepped
 from simulator import replica as replica_module
 from simulator.replica import Replica
@@ -22,15 +24,16 @@ pytest.importorskip("numba")
 
 
 def _run(spec: SimulationSpec, scheduler: SchedulerConfig, params: dict, replicas: int,
-         keep_steps: bool = True, latency=None):
+         keep_steps: bool = True, latency=None, policy: str = "auto", trace=None):
     inputs = build_inputs(spec, {}, scheduler)
-    return simulate(inputs.workload, latency or inputs.latency, inputs.acceptance,
-                    make_policy("auto", params), inputs.kv_capacity_tokens, scheduler,
+    acceptance = inputs.acceptance if trace is None else trace(inputs.workload)
+    return simulate(inputs.workload, latency or inputs.latency, acceptance,
+                    make_policy(policy, params), inputs.kv_capacity_tokens, scheduler,
                     ClusterConfig(replicas), keep_steps=keep_steps)
 
 
 def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, keep_steps=True,
-          latency=None):
+          latency=None, policy="auto", trace=None):
     """The run through compiled runs of steps, and stepped one at a time; how many runs of
     steps the first took, and how many steps it took one at a time."""
     loops(True)
@@ -54,18 +57,22 @@ def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, kee
     monkeypatch.setattr(Replica, "_compiled_steps", counted)
     monkeypatch.setattr(Replica, "_mixed_iteration", one)
     monkeypatch.setattr(Replica, "__init__", kept)
-    fast = _run(spec, scheduler, params or {}, replicas, keep_steps, latency)
+    fast = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
     taken, one_at_a_time = len(runs), len(mixed)
     monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
-    slow = _run(spec, scheduler, params or {}, replicas, keep_steps, latency)
+    slow = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
     # each replica's policy learnt the same, to the bit
     for at_once, one_by_one in zip(policies[:replicas], policies[replicas:], strict=True):
         assert _learnt(at_once) == _learnt(one_by_one)
     return fast, slow, taken, one_at_a_time
 
 
-def _learnt(policy: Auto) -> tuple:
-    """A policy's fit: its counts as bits, and its running requests' states."""
+def _learnt(policy) -> tuple:
+    """auto's fit: its counts as bits, and its running requests' states; kld_variance's
+    requests' states (none once all finished, in rows or not)."""
+    if isinstance(policy, KldVariance):
+        rows = policy._rows
+        return (sorted(policy._requests), sorted(rows.row_of) if rows else [])
     return (tuple(count.tobytes() for count in policy.counts()), policy._streak,
             policy._observed, policy._expected)
 
@@ -98,6 +105,33 @@ def test_compiled_runs_of_steps_give_the_step_paths_records(monkeypatch, loops, 
     _same(fast, slow)
 
 
+DRAFT_CASES = [("beta:7,3~20", "bonus", 1, None), ("smollm2-ngram", "committed", 1, None),
+               ("smollm2-eagle-ngram", "one", 2, None), ("beta:3.5,6.5~20", "bonus", 3, None),
+               ("beta:7,3~20", "bonus", 1, 0.1), ("smollm2-ngram", "committed", 2, 0.1)]
+
+
+@pytest.mark.parametrize("acceptance,catch_up,replicas,flops", DRAFT_CASES,
+                         ids=[f"{a}-{c}-{r}-{f or 'default'}" for a, c, r, f in DRAFT_CASES])
+def test_auto_with_a_draft_models_chain(monkeypatch, loops, acceptance, catch_up, replicas,
+                                        flops):
+    """A draft model's passes in every step's time, each request's first pass feeding its
+    catch-up (every rule), and auto's alternatives priced as their ks; with the n-gram
+    recording's caps too. `flops`: a larger draft (Qwen2.5-0.5B) on a roofline at that flops
+    efficiency, under load, where the first draft pass is compute-bound and what it feeds
+    prices it (with Llama-68M at the defaults it does not)."""
+    spec = SimulationSpec(workload="poisson", rate=30.0 if flops else 12.0, requests=160,
+                          lengths="azure-conv", acceptance=acceptance, draft="Llama-68M",
+                          seed=4)
+    latency = (_roofline(flops_efficiency=flops, draft="Qwen2.5-0.5B") if flops
+               else build_inputs(spec, {}, SchedulerConfig()).latency)
+    latency.draft_catch_up = catch_up
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, replicas=replicas,
+                                            latency=latency,
+                                            scheduler=SchedulerConfig(max_num_seqs=64))
+    assert runs and not one_at_a_time and fast.steps.drafted.sum() > 1000
+    _same(fast, slow)
+
+
 def test_compute_bound_steps(monkeypatch, loops):
     """A roofline whose verify passes are compute-bound: the causal pairs price each step and
     each draft total."""
@@ -107,6 +141,121 @@ def test_compute_bound_steps(monkeypatch, loops):
     fast, slow, runs, _ = _both(monkeypatch, loops, spec, latency=latency)
     assert runs
     _same(fast, slow)
+
+
+KLD_CASES = [("beta:7,3~20", 1, {}), ("beta:3.5,6.5~20", 3, {"cap": "false"}),
+             ("iid:0.6", 1, {"activation_tokens": "12", "k_max_cfg": "8", "decay": "0.8"}),
+             ("beta:7,3~20", 2, {"activation_tokens": "1", "k_init": "0", "k_min_cfg": "0"}),
+             ("beta:5,3~20", 1, {"activation_tokens": "128", "temperature": "0.7",
+                                 "alpha": "1.0", "k_min_cfg": "2"})]
+
+
+@pytest.mark.parametrize("acceptance,replicas,params", KLD_CASES,
+                         ids=[f"{a}-{r}-" + (",".join(p) or "default")
+                              for a, r, p in KLD_CASES])
+def test_kld_variances_runs_of_steps_give_the_step_paths_records(monkeypatch, loops, acceptance,
+                                                                replicas, params):
+    """Warm-ups of one value to the longest compiled history, the batch cap off, a
+    temperature, a k of 0 at first."""
+    spec = SimulationSpec(workload="poisson", rate=12.0, requests=160, lengths="azure-conv",
+                          acceptance=acceptance, draft="none", seed=4)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, params=params,
+                                            replicas=replicas, policy="kld_variance")
+    assert one_at_a_time == 0 and runs
+    _same(fast, slow)
+
+
+def _capped_with_signals(workload):
+    """beta:7,3~20 with every signal, and a drafter's cap of 0..5 drafts per position (the
+    runs cut to it): a proposer that runs out, as an n-gram lookup does, and reads KL."""
+    import dataclasses
+
+    import numpy as np
+
+    from traces import SpeculationTrace, parametric_trace, parse_acceptance
+
+    rng = np.random.default_rng(9)
+    base = parametric_trace(parse_acceptance("beta:7,3~20"), workload.output_tokens, rng)
+    capped = []
+    for record in base.requests:
+        cap = rng.integers(0, 6, len(record.run))
+        capped.append(dataclasses.replace(record, run=np.minimum(record.run, cap),
+                                          proposable=cap))
+    return SpeculationTrace(tuple(capped), {"source": "test: capped, with signals",
+                                            "parametric": True})
+
+
+@pytest.mark.parametrize("policy", ["auto", "kld_variance"])
+def test_a_drafters_caps_with_every_signal(monkeypatch, loops, policy):
+    spec = SimulationSpec(workload="poisson", rate=12.0, requests=120, lengths="azure-conv",
+                          acceptance="beta:7,3~20", draft="none", seed=2)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, policy=policy,
+                                            trace=_capped_with_signals)
+    decode = fast.steps.loc[fast.steps.decode_seqs > 0]
+    assert runs and not one_at_a_time and (decode.max_k < 5).any()
+    _same(fast, slow)
+
+
+def test_kld_variance_steps_one_at_a_time_where_its_history_is_too_long_to_compile(
+        monkeypatch, loops):
+    spec = SimulationSpec(workload="poisson", rate=12.0, requests=40, lengths="azure-conv",
+                          acceptance="beta:7,3~20", draft="none", seed=4)
+    _, _, runs, one_at_a_time = _both(monkeypatch, loops, spec, policy="kld_variance",
+                                      params={"activation_tokens": "129"})
+    assert runs == 0 and one_at_a_time
+
+
+def test_kld_variances_pieces_are_its_python(loops):
+    """Its warm-up bounds, its next k and Python's round, on random inputs (the bounds' and
+    rounding's ties among them)."""
+    import numpy as np
+
+    from policies.kld_variance import dsl_step, warmup_bounds
+    from simulator.compiled_steps import _dsl_step, _round_half_even, _warmup_bounds
+
+    loops(True)
+    for x in (0.5, 1.5, 2.5, 3.5, 2.4999999999999996, 7.0, 0.0, 12.500000000000002):
+        assert _round_half_even(x) == round(x)
+    rng = np.random.default_rng(11)
+    for _ in range(2000):
+        n = int(rng.integers(0, 40))
+        kls = np.where(rng.random(n) < 0.2, 0.0, rng.exponential(rng.choice([0.01, 1, 30]), n))
+        accepted = rng.integers(0, 12, size=int(rng.integers(0, 6))).tolist()
+        k_min_cfg = int(rng.integers(0, 4))
+        k_max_cfg = int(rng.integers(k_min_cfg, 21))
+        row = np.zeros(64)
+        row[:n] = kls
+        assert _warmup_bounds(len(accepted), max(accepted, default=0), row, n, k_min_cfg,
+                              k_max_cfg) == warmup_bounds(accepted, kls.tolist(), k_min_cfg,
+                                                          k_max_cfg)
+        ratio = float(rng.choice([0.0, rng.exponential(2.0), 20.0]))
+        mean_kl, alpha = float(rng.exponential(0.5)), float(rng.uniform(0.5, 4.0))
+        temperature = float(rng.choice([0.0, 1e-9, 0.7]))
+        k_min, k_max = sorted(int(v) for v in rng.integers(0, 21, size=2))
+        assert (_dsl_step(ratio, mean_kl, k_min, k_max, alpha, temperature)
+                == dsl_step(ratio, mean_kl, k_min, k_max, alpha, temperature))
+
+
+def test_kld_variance_states_move_between_rows_and_objects():
+    """A state taken out of its row is the one put in (the warm-up's accepted counts as
+    their count and largest), and a finished request's row is freed for the next."""
+    from collections import deque
+
+    from policies.kld_variance import RequestRows, _Request
+
+    rows = RequestRows(width=5, rows=1)
+    states = {7: _Request(3, deque([0.5, 0.25], maxlen=5), [2, 4, 1], [0.5, 0.25]),
+              8: _Request(2, deque([0.1] * 5, maxlen=5), [], [], (1, 6))}
+    at = rows.rows(states, [7, 8, 9], k_init=4)
+    assert not states and sorted(at.tolist()) == [0, 1, 2]  # (grown past its one row)
+    back = rows.take(7, 5)
+    assert (back.k, list(back.history), back.history.maxlen, back.warm_kl, back.bounds,
+            len(back.warm_accepted), max(back.warm_accepted)) == (3, [0.5, 0.25], 5,
+                                                                    [0.5, 0.25], None, 3, 4)
+    assert rows.take(8, 5).bounds == (1, 6) and rows.take(9, 5).k == 4
+    rows.drop(10)  # (no row: nothing to free)
+    size = len(rows.k)
+    assert rows.rows({}, [11], k_init=1)[0] in at and len(rows.k) == size
 
 
 def test_the_same_totals_where_no_step_records_are_kept(monkeypatch, loops):
@@ -164,39 +313,58 @@ def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, budg
     _same(fast, slow)
 
 
-@pytest.mark.parametrize("case", ["draft model", "vllm", "subclass", "numpy",
-                                  "policy cost", "k_max 0", "profile", "no fast path"])
-def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(monkeypatch, loops, case):
-    loops(case != "numpy")
-    spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
-                          acceptance="smollm2-ngram", seed=1,
-                          draft=("Llama-68M" if case == "draft model"
-                                 else None if case == "profile" else "none"),
-                          profile="cpu-smollm2-135m" if case == "profile" else None)
-    scheduler = SchedulerConfig(scheduler="vllm-v1" if case == "vllm" else "fcfs-reserve")
-    inputs = build_inputs(spec, {}, scheduler)
+def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool = False,
+             idle: bool = False, policy_cost: bool = False, planned: bool = False,
+             chunked: bool = False, fast_path: bool = True) -> bool:
+    """`steps_at_once` of one replica's setting (auto on the n-gram recording by default)."""
+    from simulator.draft_tree import TreeShape
     from simulator.step_cost import StepCostModel
 
-    cost = StepCostModel(inputs.latency)
-    policy = (_Subclass() if case == "subclass"
-              else Auto(k_max=0) if case == "k_max 0" else Auto())
-    args = (policy, cost, cost if case == "policy cost" else None, case == "vllm",
-            case != "no fast path")
-    assert not stepped.steps_at_once(*args)
-    if case in ("numpy", "vllm", "draft model", "profile"):  # the others: above
-        assert stepped.steps_at_once(Auto(), StepCostModel(build_inputs(
-            SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
-                           acceptance="smollm2-ngram", seed=1, draft="none"), {},
-            SchedulerConfig()).latency), None, False, True) == (case != "numpy")
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
+                          acceptance="smollm2-ngram", seed=1, draft=None if profile else draft,
+                          profile="cpu-smollm2-135m" if profile else None)
+    latency = build_inputs(spec, {}, SchedulerConfig()).latency
+    if idle:
+        latency.idle_proposer_s = 1e-4
+    cost = StepCostModel(latency, draft_tree=TreeShape(((0,), (1,), (0, 0))) if tree else None,
+                         speculating=True)
+    return stepped.steps_at_once(policy or Auto(), cost, cost if policy_cost else None, planned,
+                                 chunked, fast_path)
 
 
-def _roofline(gpu: str = "H100-SXM", tp: int = 1, flops_efficiency: float = 0.7):
-    """Llama-3.1-8B on `gpu`'s roofline; a low `flops_efficiency` makes its steps
-    compute-bound (where a verify pass's causal pairs price it)."""
+@pytest.mark.parametrize("case", ["tree", "vllm", "subclass", "numpy", "policy cost",
+                                  "k_max 0", "profile", "no fast path", "kld draft model",
+                                  "kld chunked", "kld long history", "idle proposer"])
+def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case):
+    """Each setting the runs of steps do not stand for, beside the same setting without what
+    rules them out."""
+    loops(case != "numpy")
+    kld = case.startswith("kld")
+    policy = (_Subclass() if case == "subclass" else Auto(k_max=0) if case == "k_max 0"
+              else KldVariance(activation_tokens=129 if case == "kld long history" else 100)
+              if kld else Auto())
+    setting = dict(draft="Llama-68M" if case in ("tree", "kld draft model") else "none",
+                   tree=case == "tree", idle=case == "idle proposer", planned=case == "vllm",
+                   policy_cost=case == "policy cost", profile=case == "profile",
+                   chunked=case == "kld chunked", fast_path=case != "no fast path")
+    assert not _applies(policy, **setting)
+    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model",
+                "kld chunked"):  # (the others differ from the default in the policy alone)
+        loops(True)
+        assert _applies(KldVariance() if kld else Auto(),
+                        draft="Llama-68M" if case == "tree" else "none")
+
+
+def _roofline(gpu: str = "H100-SXM", tp: int = 1, flops_efficiency: float = 0.7,
+              draft: str | None = None):
+    """Llama-3.1-8B (and `draft`) on `gpu`'s roofline; a low `flops_efficiency` makes its
+    passes compute-bound (where a verify pass's causal pairs, and a draft pass's catch-up,
+    price it)."""
     from simulator.catalog import get_gpu, get_model
     from simulator.roofline import RooflineLatency, RooflineParams
 
-    return RooflineLatency(get_model("Llama-3.1-8B"), None, get_gpu(gpu), tp=tp,
+    return RooflineLatency(get_model("Llama-3.1-8B"), get_model(draft) if draft else None,
+                           get_gpu(gpu), tp=tp,
                            params=RooflineParams(flops_efficiency=flops_efficiency))
 
 
