@@ -68,10 +68,10 @@ class StepsRun:
 
 @dataclass(frozen=True)
 class Runner:
-    """A policy's runs of steps: whether they stand for its steps here (the policy, and
-    whether the scheduler chunks prompts), and a run (`run_steps`' arguments)."""
+    """A policy's runs of steps: whether they stand for this policy's steps, and a run
+    (`run_steps`' arguments)."""
 
-    applies: Callable[[object, bool], bool]
+    applies: Callable[[object], bool]
     run: Callable[..., StepsRun]
     draft_model: bool = False  # it runs with a draft model's chain too
 
@@ -204,19 +204,16 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 #: the policies whose steps run at once, by class (a subclass may change what a step does):
-#: auto with a depth to draft to, model-free or with a draft model; kld_variance model-free
-#: with whole prompts (under chunked prefill its
-#: steps with prompt chunks would move each request's state out of its row and back) and a
-#: history its compiled variances sum
+#: auto with a depth to draft to, model-free or with a draft model; kld_variance model-free,
+#: with a history its compiled variances sum (under chunked prefill its steps with prompt
+#: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
-    Auto: Runner(lambda policy, chunked: policy.k_max > 0, _run_auto, draft_model=True),
-    KldVariance: Runner(lambda policy, chunked: (not chunked and policy.activation_tokens
-                                                 <= COMPILED_HISTORY), _run_kld),
+    Auto: Runner(lambda policy: policy.k_max > 0, _run_auto, draft_model=True),
+    KldVariance: Runner(lambda policy: policy.activation_tokens <= COMPILED_HISTORY, _run_kld),
 }
 
 
-def steps_at_once(policy, cost, policy_cost, planned: bool, chunked: bool,
-                  fast_path: bool) -> bool:
+def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool) -> bool:
     """Whether a replica runs this policy's decode steps in compiled runs: one `RUNNERS`
     stands for here, under the plain scheduler (with chunked prefill, its steps with no
     prompt to chunk), a model-free chain on the roofline priced from its sums and no idle
@@ -224,7 +221,7 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, chunked: bool,
     cost model, and the compiled loops loaded for this run."""
     runner = RUNNERS.get(type(policy))
     roofline = getattr(cost, "_roofline", None)
-    if not (fast_path and runner is not None and runner.applies(policy, chunked) and not planned
+    if not (fast_path and runner is not None and runner.applies(policy) and not planned
             and policy_cost is None and roofline is not None and roofline["target"] is not None
             and not cost.idle_s and kernels.compiled() is not None):
         return False

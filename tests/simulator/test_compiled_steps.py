@@ -298,16 +298,20 @@ class _Subclass(Auto):
     name = "auto-subclass-for-a-test"
 
 
-@pytest.mark.parametrize("budget,replicas", [(2048, 1), (256, 2)])
-def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, budget, replicas):
+@pytest.mark.parametrize("policy,budget,replicas", [("auto", 2048, 1), ("auto", 256, 2),
+                                                    ("kld_variance", 2048, 1),
+                                                    ("kld_variance", 256, 2)])
+def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, policy, budget,
+                                                       replicas):
     """Under chunked prefill the steps with no prompt to chunk run at once, the others one at
     a time: the same records, with either budget (a small one chunks a prompt over several
-    steps)."""
+    steps; kld_variance's states move out of their rows for those steps, and back)."""
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
-                          acceptance="smollm2-ngram", draft="none", seed=5)
+                          acceptance="smollm2-ngram" if policy == "auto" else "beta:7,3~20",
+                          draft="none", seed=5)
     scheduler = SchedulerConfig(max_num_seqs=24, chunked_prefill=True, max_batched_tokens=budget)
     fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler=scheduler,
-                                            replicas=replicas)
+                                            replicas=replicas, policy=policy)
     with_chunks = int((fast.steps["prefill_seqs"] > 0).sum())
     assert runs and one_at_a_time >= with_chunks > 0
     _same(fast, slow)
@@ -315,7 +319,7 @@ def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, budg
 
 def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool = False,
              idle: bool = False, policy_cost: bool = False, planned: bool = False,
-             chunked: bool = False, fast_path: bool = True) -> bool:
+             fast_path: bool = True) -> bool:
     """`steps_at_once` of one replica's setting (auto on the n-gram recording by default)."""
     from simulator.draft_tree import TreeShape
     from simulator.step_cost import StepCostModel
@@ -329,12 +333,12 @@ def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool
     cost = StepCostModel(latency, draft_tree=TreeShape(((0,), (1,), (0, 0))) if tree else None,
                          speculating=True)
     return stepped.steps_at_once(policy or Auto(), cost, cost if policy_cost else None, planned,
-                                 chunked, fast_path)
+                                 fast_path)
 
 
 @pytest.mark.parametrize("case", ["tree", "vllm", "subclass", "numpy", "policy cost",
                                   "k_max 0", "profile", "no fast path", "kld draft model",
-                                  "kld chunked", "kld long history", "idle proposer"])
+                                  "kld long history", "idle proposer"])
 def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case):
     """Each setting the runs of steps do not stand for, beside the same setting without what
     rules them out."""
@@ -346,10 +350,10 @@ def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case
     setting = dict(draft="Llama-68M" if case in ("tree", "kld draft model") else "none",
                    tree=case == "tree", idle=case == "idle proposer", planned=case == "vllm",
                    policy_cost=case == "policy cost", profile=case == "profile",
-                   chunked=case == "kld chunked", fast_path=case != "no fast path")
+                   fast_path=case != "no fast path")
     assert not _applies(policy, **setting)
-    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model",
-                "kld chunked"):  # (the others differ from the default in the policy alone)
+    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model"):
+        # (the others differ from the default in the policy alone)
         loops(True)
         assert _applies(KldVariance() if kld else Auto(),
                         draft="Llama-68M" if case == "tree" else "none")
