@@ -35,7 +35,7 @@ from policies.compiled import (
 from simulator.compiled import _pass_s, alternatives_times, chain_step_time
 
 #: why a run of steps ended (`auto_steps`' first result)
-FINISHED, ARRIVAL, WINDOW, STEPS = 0, 1, 2, 3
+FINISHED, ARRIVAL, STEPS = 0, 1, 2
 
 
 @njit(cache=True)
@@ -91,7 +91,7 @@ def _draft_totals(ranked, thresholds, geometric) -> np.ndarray:
 
 
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
-def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped: bool,
+def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                seen_bins, accepted_bins, top1_observed, top1_expected, states, observed,
                expected, weight: float, k0_bonus: float, stop_slack: float, depth: int,
                bin_table, target, overhead: float, start: float, horizon: float,
@@ -100,10 +100,9 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
                geometric):
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
-    and draft confidences at positions base[r] + i are run/cap/top1[offsets[r] + i], for i
-    below its window (offsets[r + 1] - offsets[r]); a step whose positions pass a window
-    (short of the request's end) is not taken. auto's counts (`seen_bins` .. `top1_expected`)
-    and each request's state, accepted and expected drafts are updated in place.
+    and draft confidences at its position g are run/cap/top1[at[r] + g] (`TraceStore`). auto's
+    counts (`seen_bins` .. `top1_expected`) and each request's state, accepted and expected
+    drafts are updated in place.
 
     `draft_model`: the drafter is a model whose passes (`draft`'s numbers) each step pays,
     its chain's first pass feeding each request's `feeds` (updated in place by `rule`); auto
@@ -141,13 +140,6 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
     why = STEPS
     n = 0
     while n < max_steps:
-        for r in range(b):  # every position this step reads inside the request's window
-            end = base[r] + offsets[r + 1] - offsets[r]
-            if gen[r] < base[r] or (end < output[r] and gen[r] + depth > end):
-                why = WINDOW
-                break
-        if why == WINDOW:
-            break
         # -- choose: each request's state and ratio, the confidence lift ------------------
         mean_lift = (_sum(top1_observed, bins) + weight) / (_sum(top1_expected, bins) + weight)
         for t in range(bins):
@@ -167,7 +159,7 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
             left = output[r] - g - 1
             most = depth if depth < left else left
             if capped:
-                can = cap[offsets[r] + g - base[r]]
+                can = cap[at[r] + g]
                 most = most if most < can else can
             reach[r] = most
         for i in range(a_pop.shape[0]):
@@ -206,11 +198,11 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
                 for d in range(width):
                     p = gen[r] + d
                     p = p if p < last else last
-                    rows_at[r, d] = top1[offsets[r] + p - base[r]]
+                    rows_at[r, d] = top1[at[r] + p]
             ks = stop_lengths(alpha, confidence, rows_at, ks, threshold, alpha_max)
         if capped:
             for r in range(b):
-                can = cap[offsets[r] + gen[r] - base[r]]
+                can = cap[at[r] + gen[r]]
                 ks[r] = ks[r] if ks[r] <= can else can
         # -- the step's time (`StepCostModel.iteration_s` of a model-free chain) ------------
         step_drafts = 0
@@ -232,17 +224,17 @@ def auto_steps(prompt, output, generated, base, offsets, run, cap, top1, capped:
         finished = False
         for r in range(b):
             g, k = gen[r], ks[r]
-            at = offsets[r] + g - base[r]
+            i = at[r] + g  # the request's position g in the trace's arrays
             accepted = 0
             if k:
-                accepted = k if k <= run[at] else run[at]
+                accepted = k if k <= run[i] else run[i]
             left = output[r] - g
             emit = accepted + 1 if accepted < left else left
             hits[r] = emit - 1
             shown = emit if emit < k else k  # min(accepted + 1, k, left)
             seen[r] = shown
-            for i in range(shown):
-                top1_rows[r, i] = top1[at + i]
+            for j in range(shown):
+                top1_rows[r, j] = top1[i + j]
             gen[r] = g + emit
             emits[r] = emit
             drafted_by[r] += k
@@ -319,7 +311,7 @@ def _dsl_step(ratio: float, mean_kl: float, k_min: int, k_max: int, alpha: float
 
 
 @njit(cache=True, error_model="numpy")
-def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bool, rows,
+def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
               k_state, ready, k_min, k_max, history, history_len, warm_kl, warm_kl_len,
               warm_count, warm_most, k_init: int, k_min_cfg: int, k_max_cfg: int,
               engine_k_max: int, weights, totals, alpha: float, temperature: float,
@@ -351,13 +343,6 @@ def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bo
     why = STEPS
     n = 0
     while n < max_steps:
-        for r in range(b):
-            end = base[r] + offsets[r + 1] - offsets[r]
-            if gen[r] < base[r] or (end < output[r] and gen[r] + depth > end):
-                why = WINDOW
-                break
-        if why == WINDOW:
-            break
         # -- ks: each request's k within the bounds, then the drafter's cap ----------------
         cached_sum = 0
         step_drafts = 0
@@ -370,7 +355,7 @@ def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bo
             k = k if k > 0 else 0
             g = gen[r]
             if capped:
-                can = cap[offsets[r] + g - base[r]]
+                can = cap[at[r] + g]
                 k = k if k <= can else can
             ks[r] = k
             c = prompt[r] + g - 1
@@ -388,10 +373,10 @@ def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bo
         pool_n = 0
         for r in range(b):
             g, k, row = gen[r], ks[r], rows[r]
-            at = offsets[r] + g - base[r]
+            i = at[r] + g  # the request's position g in the trace's arrays
             accepted = 0
             if k:
-                accepted = k if k <= run[at] else run[at]
+                accepted = k if k <= run[i] else run[i]
             left = output[r] - g
             emit = accepted + 1 if accepted < left else left
             hits = emit - 1
@@ -402,7 +387,7 @@ def kld_steps(prompt, output, generated, base, offsets, run, cap, kl, capped: bo
             emitted_total += emit
             finished = finished or gen[r] >= output[r]
             proposed[r] = -1
-            kls = clean_kl(kl[at: at + shown], ceiling)
+            kls = clean_kl(kl[i: i + shown], ceiling)
             m = kls.shape[0]
             was_ready = ready[row]
             held = history_len[row]  # the history, extended and cut to its newest `width`
@@ -477,20 +462,19 @@ def warm() -> None:
     from policies.auto import ALPHA_MAX, BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW
 
     ones = np.ones(2, dtype=np.int64)
-    window = np.ones(8, dtype=np.int64)
+    trace = np.ones(8, dtype=np.int64)
     numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
     for draft_model in (False, True):
-        auto_steps(ones * 4, ones * 4, ones, ones, np.array([0, 4, 8], dtype=np.int64),
-                   window, window, np.full(8, 0.5), True, np.ones(19), np.ones(19),
-                   np.zeros(10), np.zeros(10), ones * NEW, np.zeros(2), np.zeros(2), 4.0, 1.0,
-                   0.5, 2, BIN_TABLE, numbers, 0.0, 0.0, np.inf, 4, NEW, FRESH, COLD,
-                   MAX_STREAK, ALPHA_MAX, draft_model, numbers, ones.copy(), 0,
-                   np.array([0.5]), np.zeros((9, 12), dtype=np.int64))
+        auto_steps(ones * 4, ones * 4, ones, ones * 0, trace, trace, np.full(8, 0.5), True,
+                   np.ones(19), np.ones(19), np.zeros(10), np.zeros(10), ones * NEW,
+                   np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
+                   np.inf, 4, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX, draft_model, numbers,
+                   ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64))
     draft_price(ones, 0, numbers, 0.0)
     rows = np.zeros(4, dtype=np.int64)
     history = np.zeros((4, 3))
-    kld_steps(ones * 4, ones * 4, ones, ones, np.array([0, 4, 8], dtype=np.int64), window,
-              window, np.full(8, 0.5), True, ones, rows.copy(), np.zeros(4, dtype=np.bool_),
+    kld_steps(ones * 4, ones * 4, ones, ones * 0, trace, trace, np.full(8, 0.5), True, ones,
+              rows.copy(), np.zeros(4, dtype=np.bool_),
               rows.copy(), rows.copy(), history, rows.copy(), history.copy(), rows.copy(),
               rows.copy(), rows.copy(), 2, 1, 4, 4, np.ones((4, 3)), np.ones(4), 2.0, 0.0,
               True, 20.0, 18.4, numbers, 0.0, 0.0, np.inf, 4)

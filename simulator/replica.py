@@ -38,7 +38,7 @@ from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
-from simulator.stepped import run_steps, steps_at_once
+from simulator.stepped import run_steps, steps_at_once, trace_store
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' drafts where k every step
 
@@ -128,6 +128,7 @@ class Replica:
         # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`)
         self.steps_at_once = not self.fast_path and steps_at_once(
             policy, cost, policy_cost, self.planned, fast_path)
+        self.traces = trace_store(policy, self.capped) if self.steps_at_once else None
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -245,6 +246,8 @@ class Replica:
             # array where only the fast path's chains read it (in slices; and a step where
             # the batch overrules the walks, rarely: `_cut_to_cap` takes its int)
             request.cap = cap if self.segments_only or self.steps_at_once else cap.tolist()
+        if self.traces is not None:  # (what runs of steps read of it)
+            self.traces.add(request)
         self.requests.replica[request.index] = self.index
         # the clock's value: never after admission
         self.requests.arrival_s[request.index] = self.env.now
@@ -1026,7 +1029,7 @@ class Replica:
         scheduler = self.scheduler
         batch, start = scheduler.running, self.env.now
         snapshot = scheduler.snapshot()  # (no arrival, admission or finish before the last)
-        done = run_steps(self.policy, batch, self.capped, self.config.k_max, self.cost, start,
+        done = run_steps(self.policy, batch, self.traces, self.config.k_max, self.cost, start,
                          self.next_arrival_s(self.index))
         n = done.steps
         scheduler.step_index += n
@@ -1340,6 +1343,8 @@ class Replica:
                 self.columns.remove(request)
                 request.summed = False
                 left += 1
+            if self.traces is not None:
+                self.traces.drop(request)
             request.run = request.cap = request.chain = request.chain_ks = request.signals = None
             request.chain_list = request.chain_drafted = request.chain_feeds = None
             request.chain_blocks = None

@@ -42,6 +42,7 @@ class RequestState:
         "signals",
         "steps",
         "summed",
+        "trace_at",
     )
 
     def __init__(self, index: int, request_id: int, arrival_s: float, prompt: int, output: int):
@@ -78,6 +79,7 @@ class RequestState:
         #: its walk, and after the last (simulator/batch_columns.py)
         self.chain_blocks: np.ndarray | None = None
         self.summed = False  # its walk is in the replica's kept sums (simulator/batch_columns.py)
+        self.trace_at = -1  # where its trace starts in the replica's TraceStore (stepped.py)
         #: where the replica keeps the batch's sums: the decode step (of the replica's count)
         #: its walk started at, and the one it ends at (its last entry)
         self.chain_origin = self.chain_end = 0

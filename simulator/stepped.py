@@ -8,8 +8,8 @@ chunk, no arrival, no finish before the last) run in one call that does what tha
 the policy's `choose`, draft stop and fit of the outcomes do, in the same order and to the bit.
 Where it cannot (a tree, a latency model other than the roofline, numba not loaded, a policy
 cost model of its own; a draft model for kld_variance) the replica steps as before. `RUNNERS`
-says which policies have such a loop; each runner gathers the batch's windows of the trace and
-the policy's state for it.
+says which policies have such a loop; each runner gathers the batch's numbers and the policy's
+state for it, the requests' traces being kept in a `TraceStore` from submit to finish.
 """
 
 from __future__ import annotations
@@ -40,11 +40,63 @@ from policies.kld_variance import (
 )
 from simulator import kernels
 
-#: steps of positions each request's window holds, beyond the deepest draft: a run of steps
-#: ends where a window does (and goes on in the next), so this bounds what one run copies
-WINDOW_STEPS = 16
 #: the most steps one run takes (its records' arrays are this long)
 MAX_STEPS = 4096
+#: a `TraceStore`'s first length, in output positions
+STORE_TOKENS = 1 << 15
+
+
+class TraceStore:
+    """Every request's trace a run of steps reads (accepted runs, the drafter's caps, the
+    policy's signal), from submit to finish, in three flat arrays: a run is handed where each
+    of its requests starts (`RequestState.trace_at`), with nothing copied per run. A finished
+    request's space is reclaimed when the arrays fill: the live traces are copied to the front
+    of arrays at least twice their length (so each token is copied a bounded number of times on
+    average), and memory follows the requests in flight."""
+
+    def __init__(self, signal: str, capped: bool) -> None:
+        self.signal, self.capped = signal, capped
+        size = STORE_TOKENS
+        self.run = np.zeros(size, dtype=np.int64)
+        self.cap = np.zeros(size if capped else 0, dtype=np.int64)
+        self.values = np.zeros(size)
+        self.used = 0
+        self._live: dict[int, object] = {}  # id(request) -> request
+
+    def add(self, request) -> None:
+        """Copy a request's trace in (its `run`, `cap` and signal, one entry per output
+        position)."""
+        n = len(request.run)
+        if self.used + n > len(self.run):
+            self._make_room(n)
+        at, end = self.used, self.used + n
+        self.run[at:end] = request.run
+        if self.capped:
+            self.cap[at:end] = request.cap
+        self.values[at:end] = request.signals[self.signal]
+        request.trace_at, self.used = at, end
+        self._live[id(request)] = request
+
+    def drop(self, request) -> None:
+        """A finished request's trace is no longer read (its space is taken back later)."""
+        self._live.pop(id(request), None)
+
+    def _make_room(self, n: int) -> None:
+        live = list(self._live.values())
+        need = sum(len(request.run) for request in live) + n
+        size = max(len(self.run), 2 * need)
+        run, values = np.zeros(size, dtype=np.int64), np.zeros(size)
+        cap = np.zeros(size if self.capped else 0, dtype=np.int64)
+        used = 0
+        for request in live:
+            at, m = request.trace_at, len(request.run)
+            run[used:used + m] = self.run[at:at + m]
+            values[used:used + m] = self.values[at:at + m]
+            if self.capped:
+                cap[used:used + m] = self.cap[at:at + m]
+            request.trace_at = used
+            used += m
+        self.run, self.cap, self.values, self.used = run, cap, values, used
 
 
 @dataclass
@@ -68,43 +120,23 @@ class StepsRun:
 
 @dataclass(frozen=True)
 class Runner:
-    """A policy's runs of steps: whether they stand for this policy's steps, and a run
-    (`run_steps`' arguments)."""
+    """A policy's runs of steps: whether they stand for this policy's steps, a run
+    (`run_steps`' arguments), and the signal of the trace it reads."""
 
     applies: Callable[[object], bool]
     run: Callable[..., StepsRun]
+    signal: str
     draft_model: bool = False  # it runs with a draft model's chain too
 
 
-@dataclass(frozen=True)
-class _Windows:
-    """The batch's numbers a run reads: each request's prompt and output tokens and tokens
-    generated, and its trace from there to its window's end (accepted runs, the drafter's
-    caps, a signal) in flat arrays, request r's from offsets[r]."""
-
-    prompt: np.ndarray
-    output: np.ndarray
-    generated: np.ndarray
-    offsets: np.ndarray
-    run: np.ndarray
-    cap: np.ndarray
-    signal: np.ndarray
-
-
-def _windows(batch, depth: int, capped: bool, signal: str) -> _Windows:
+def _batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's prompt and output tokens, tokens generated, and where each request's trace
+    starts in the store."""
     b = len(batch)
-    generated = np.fromiter((request.generated for request in batch), np.int64, b)
-    output = np.fromiter((request.output_tokens for request in batch), np.int64, b)
-    prompt = np.fromiter((request.prompt_tokens for request in batch), np.int64, b)
-    ends = np.minimum(generated + (depth + 1) * WINDOW_STEPS, output)
-    offsets = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(ends - generated, out=offsets[1:])
-    spans = list(zip(batch, generated.tolist(), ends.tolist()))
-    run = np.concatenate([request.run[g:e] for request, g, e in spans])
-    values = np.concatenate([request.signals[signal][g:e] for request, g, e in spans])
-    cap = np.concatenate([request.cap[g:e] for request, g, e in spans]) if capped else run[:0]
-    return _Windows(prompt, output, generated, offsets, run, cap,
-                    values.astype(np.float64, copy=False))
+    return (np.fromiter((request.prompt_tokens for request in batch), np.int64, b),
+            np.fromiter((request.output_tokens for request in batch), np.int64, b),
+            np.fromiter((request.generated for request in batch), np.int64, b),
+            np.fromiter((request.trace_at for request in batch), np.int64, b))
 
 
 def _pricing(cost, b: int) -> tuple:
@@ -144,18 +176,18 @@ def _finished(result: tuple) -> StepsRun:
     return StepsRun(*rest, why == compiled_steps.FINISHED)
 
 
-def _run_auto(policy: Auto, batch, capped: bool, k_max: int, cost, start: float,
+def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
               horizon: float) -> StepsRun:
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
-    w = _windows(batch, depth, capped, "draft_top1")
+    prompt, output, generated, at = _batch(batch)
     ids = [request.request_id for request in batch]
     states, observed, expected = policy.request_state(ids)
     counts = policy.counts()
     draft_model, draft, feeds, rule = _draft_model(cost, batch)
     result = compiled_steps.auto_steps(
-        w.prompt, w.output, w.generated, w.generated, w.offsets, w.run, w.cap, w.signal, capped,
+        prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
         *counts, states, observed, expected, float(policy.prior_weight),
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, NEW, FRESH, COLD, MAX_STREAK,
@@ -172,17 +204,16 @@ def _run_auto(policy: Auto, batch, capped: bool, k_max: int, cost, start: float,
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
-def _run_kld(policy: KldVariance, batch, capped: bool, k_max: int, cost, start: float,
+def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
              horizon: float) -> StepsRun:
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
-    depth = max(min(policy.k_max_cfg, k_max), 0)
-    w = _windows(batch, depth, capped, "kl")
-    rows, at = policy.request_rows([request.request_id for request in batch])
+    prompt, output, generated, at = _batch(batch)
+    rows, row_of = policy.request_rows([request.request_id for request in batch])
     weights, totals = _weight_table(policy.decay, policy.activation_tokens)
     return _finished(compiled_steps.kld_steps(
-        w.prompt, w.output, w.generated, w.generated, w.offsets, w.run, w.cap, w.signal, capped,
-        at, rows.k, rows.ready, rows.k_min, rows.k_max, rows.history, rows.history_len,
+        prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
+        row_of, rows.k, rows.ready, rows.k_min, rows.k_max, rows.history, rows.history_len,
         rows.warm_kl, rows.warm_kl_len, rows.warm_count, rows.warm_most, policy.k_init,
         policy.k_min_cfg, policy.k_max_cfg, k_max, weights, totals, float(policy.alpha),
         float(policy.temperature), policy.cap, RATIO_IF_FLAT, KL_CEILING,
@@ -208,8 +239,9 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: with a history its compiled variances sum (under chunked prefill its steps with prompt
 #: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
-    Auto: Runner(lambda policy: policy.k_max > 0, _run_auto, draft_model=True),
-    KldVariance: Runner(lambda policy: policy.activation_tokens <= COMPILED_HISTORY, _run_kld),
+    Auto: Runner(lambda policy: policy.k_max > 0, _run_auto, "draft_top1", draft_model=True),
+    KldVariance: Runner(lambda policy: policy.activation_tokens <= COMPILED_HISTORY, _run_kld,
+                        "kl"),
 }
 
 
@@ -234,10 +266,16 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool) -> 
             and latency.arrays_match_scalars and latency.batch_pricing)
 
 
-def run_steps(policy, batch, capped: bool, k_max: int, cost, start: float,
+def trace_store(policy, capped: bool) -> TraceStore:
+    """The store a replica keeps its requests' traces in for this policy's runs (`capped`: the
+    drafter's caps bind)."""
+    return TraceStore(RUNNERS[type(policy)].signal, capped)
+
+
+def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,
               horizon: float) -> StepsRun:
     """Up to the step that finishes a request, or the first that ends at or after `horizon`
-    (the next arrival), or the end of a window, of these running requests under `policy`
-    (`capped`: the drafter's caps bind; `k_max`: the engine's); the policy's state and the
-    requests' move with them."""
-    return RUNNERS[type(policy)].run(policy, batch, capped, k_max, cost, start, horizon)
+    (the next arrival), or `MAX_STEPS`, of these running requests under `policy` (their
+    traces in `store`; `k_max`: the engine's); the policy's state and the requests' move with
+    them."""
+    return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon)
