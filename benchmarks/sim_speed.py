@@ -16,9 +16,10 @@ the wall of the `spectune simulate` command; 100k of them (fixed k=4) by engine 
 default `spectune tune` by its wall on every core. `--target-requests N` scales the rows (N,
 10N; the tune row then runs N/33 requests per seed instead of its default 300).
 Fourth table (`--every-policy N`): every registered policy with its defaults (fixed: k=4) on
-the path the simulator takes for it, on the shipped n-gram recording and on a parametric
-acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per simulated
-iteration.
+the path the simulator takes for it (fast: segments; runs: compiled runs of steps, auto's and
+kld_variance's; step: one iteration at a time), on the shipped n-gram recording and on a
+parametric acceptance, N requests at 8 req/s, and whether it meets the scale issue's 10 us per
+simulated iteration.
 Fourth table's companion (`--every-scheduler N`): every registered policy with its defaults on
 the shipped n-gram recording (kld_variance, which reads KL, on beta:7,3~20), model-free, 8
 req/s, under chunked prefill (a 2,048-token budget) and under vLLM's scheduler, the path it
@@ -93,6 +94,8 @@ def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
         "records_s": (t2 - t1) - engine_s + (t3 - t2), "total_s": t3 - t0,
         "iterations": summary["iterations"], "mean_batch": summary["mean_batch_size"],
         "sim_seconds": summary["duration_s"], "fast_path": result.meta["fast_path"],
+        "path": ("fast" if result.meta["fast_path"] else "runs"
+                 if result.meta["steps_at_once"] else "step"),
         "e2e_mean": summary["e2e_s"]["mean"],
     }
 
@@ -121,8 +124,7 @@ def recorded_table(n: int, repeats: int) -> None:
         r = dict(results[0])
         r["engine_s"] = float(np.median([x["engine_s"] for x in results]))
         r["total_s"] = float(np.median([x["total_s"] for x in results]))
-        path = "fast" if r["fast_path"] else "step"
-        print(f"{policy:>15} {k if policy == 'fixed' else '':>2} {path:>5} "
+        print(f"{policy:>15} {k if policy == 'fixed' else '':>2} {r['path']:>5} "
               f"{r['engine_s']:>9.2f} {r['total_s']:>8.2f} {r['iterations']:>11,} "
               f"{r['engine_s'] / r['iterations'] * 1e6:>8.1f} {r['mean_batch']:>6.2f} "
               f"{r['e2e_mean']:>11.6f}", flush=True)
@@ -161,7 +163,7 @@ def every_policy_table(n: int, repeats: int) -> None:
         r = results[0]
         engine_s = float(np.median([x["engine_s"] for x in results]))
         us = engine_s / r["iterations"] * 1e6
-        print(f"{policy:>15} {acceptance:>14} {'fast' if r['fast_path'] else 'step':>5} "
+        print(f"{policy:>15} {acceptance:>14} {r['path']:>5} "
               f"{engine_s:>9.2f} {r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
               f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
 
@@ -193,7 +195,7 @@ def every_scheduler_table(n: int, repeats: int) -> None:
         engine_s = float(np.median([x["engine_s"] for x in results]))
         us = engine_s / r["iterations"] * 1e6
         print(f"{policy:>15} {acceptance:>14} {EVERY_SCHEDULER[i][0]:>16} "
-              f"{'fast' if r['fast_path'] else 'step':>5} {engine_s:>9.2f} "
+              f"{r['path']:>5} {engine_s:>9.2f} "
               f"{r['iterations']:>11,} {us:>8.1f} {r['mean_batch']:>6.2f} "
               f"{'yes' if us <= TARGET_US else 'no':>9}", flush=True)
 
@@ -269,7 +271,7 @@ def paths_table(n: int, repeats: int) -> None:
             r = results[0]
             us = float(np.median([x["engine_s"] for x in results])) / r["iterations"] * 1e6
             if i == 0:
-                line += f"{'fast' if r['fast_path'] else 'step':>5} "
+                line += f"{r['path']:>5} "
             line += f"{us:>8.1f} {r['mean_batch']:>6.1f} "
         print(line.rstrip(), flush=True)
 

@@ -175,6 +175,9 @@ def simulate(
         "cluster": cluster.__dict__,
         "kv_capacity_tokens": int(kv_capacity_tokens),
         "fast_path": router.replicas[0].takes_segments,
+        # decode steps run many at a time in compiled runs (simulator/stepped.py): what ran
+        # them, not what they gave (the same records either way)
+        "steps_at_once": router.replicas[0].steps_at_once,
         "engine_s": engine_s,
     }
     steps.close()

@@ -26,8 +26,11 @@ import pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 #: fields that measure the machine, not the simulation, or say what dispatched the simulations
-#: (a local pool or Ray: the results are the same, tests/spectune/test_ray_executor.py)
-VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address"}
+#: (a local pool or Ray: the results are the same, tests/spectune/test_ray_executor.py) or ran
+#: their steps (compiled runs of steps where numba is loaded: tests/simulator/
+#: test_compiled_steps.py)
+VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address",
+            "steps_at_once"}
 
 #: cases whose latency model is fitted at load time (a profile: least squares through BLAS,
 #: numpy's log and exp), whose last bits depend on the CPU's vector units. Their record files
