@@ -205,7 +205,6 @@ class KldVariance(Policy):
     description: ClassVar[str] = (
         "DSDE: per-request k from KL level and short/long variance ratio, batch SL cap")
     signals: ClassVar[frozenset[str]] = frozenset({"kl"})
-    compiled_steps: ClassVar[bool] = True
 
     k_init: int | None = field(default=None, metadata={
         "help": "k of a new request during warm-up (unset: min(5, k_max_cfg))"})

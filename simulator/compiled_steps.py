@@ -1,13 +1,16 @@
-"""A fixed batch's decode steps under `auto`, run in one compiled loop (numba): each step its
-plan, pricing and pick (`Auto.choose`), its draft stop (`Auto.stop_chains`), the drafter's cap,
-the step's time on the roofline, the replay's verdicts and `Auto.observe_columns`' fit, until a
+"""A fixed batch's decode steps under a policy that learns from every step, run in one compiled
+loop (numba). `auto_steps`: each step auto's plan, pricing and pick (`Auto.choose`), its draft
+stop (`Auto.stop_chains`), the drafter's cap, the step's time on the roofline (with a draft
+model's chain and catch-up), the replay's verdicts and `Auto.observe_columns`' fit.
+`kld_steps`: kld_variance's ks, the step, and its fit (`KldVariance.observe`). Both run until a
 request finishes or the step that ends at or after the next arrival.
 
-Why: `auto` learns from every step's outcomes, so no request can be walked ahead alone; one
-step at a time through `Replica._mixed_iteration` cost 60-75 us of Python per step, against the
-few us its arithmetic takes (docs/speed.md, "auto's steps in one compiled loop"). The loop calls
-auto's own compiled pieces (policies/compiled.py) and the roofline's pass (`_pass_s`), with the
-step path's numbers in its order, so a run's records are the same to the bit;
+Why: such a policy cannot be walked one request at a time (each step's ks depend on what the
+whole batch's last steps revealed), and one step at a time through `Replica._mixed_iteration`
+cost 40-75 us of Python per step against the few us its arithmetic takes (docs/speed.md, "Runs
+of steps: auto and kld_variance"). The loops call the policies' own compiled pieces
+(policies/compiled.py) and the roofline's passes (simulator/compiled.py) with the step path's
+numbers in its order, so a run's records are the same to the bit;
 tests/simulator/test_compiled_steps.py compares them with the step path's.
 
 Imported where a run takes these steps (simulator/stepped.py), after `simulator.kernels` loaded
