@@ -121,11 +121,11 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     drafted_by = np.zeros(b, dtype=np.int64)
     clock = np.empty(max_steps + 1)
     clock[0] = start
-    durations = np.empty(max_steps)
-    drafted_at = np.zeros(max_steps, dtype=np.int64)
-    max_k_at = np.zeros(max_steps, dtype=np.int64)
-    accepted_at = np.zeros(max_steps, dtype=np.int64)
-    emitted_at = np.zeros(max_steps, dtype=np.int64)
+    durations = np.empty(max_steps)  # (these five: written at every step taken)
+    drafted_at = np.empty(max_steps, dtype=np.int64)
+    max_k_at = np.empty(max_steps, dtype=np.int64)
+    accepted_at = np.empty(max_steps, dtype=np.int64)
+    emitted_at = np.empty(max_steps, dtype=np.int64)
     rows = np.empty(b, dtype=np.int64)
     ratios = np.empty(b)
     scales = np.empty(b)
@@ -329,17 +329,15 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
     the KL windows in `kl`)."""
     b = prompt.shape[0]
     width = history.shape[1]
-    depth = k_max_cfg if k_max_cfg < engine_k_max else engine_k_max
-    depth = depth if depth > 0 else 0
     gen = generated.copy()
     drafted_by = np.zeros(b, dtype=np.int64)
     clock = np.empty(max_steps + 1)
     clock[0] = start
-    durations = np.empty(max_steps)
-    drafted_at = np.zeros(max_steps, dtype=np.int64)
-    max_k_at = np.zeros(max_steps, dtype=np.int64)
-    accepted_at = np.zeros(max_steps, dtype=np.int64)
-    emitted_at = np.zeros(max_steps, dtype=np.int64)
+    durations = np.empty(max_steps)  # (these five: written at every step taken)
+    drafted_at = np.empty(max_steps, dtype=np.int64)
+    max_k_at = np.empty(max_steps, dtype=np.int64)
+    accepted_at = np.empty(max_steps, dtype=np.int64)
+    emitted_at = np.empty(max_steps, dtype=np.int64)
     ks = np.empty(b, dtype=np.int64)
     proposed = np.empty(b, dtype=np.int64)
     kept = np.empty(width)
@@ -460,7 +458,7 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
             accepted_at[:n], emitted_at[:n], gen, drafted_by)
 
 def warm() -> None:
-    """Call the loop once on the types `simulator.stepped` gives it (numba's one-time load,
+    """Call the loops once on the types `simulator.stepped` gives them (numba's one-time load,
     from its cache, here and not inside a run)."""
     from policies.auto import ALPHA_MAX, BIN_TABLE, COLD, FRESH, MAX_STREAK, NEW
 

@@ -97,7 +97,7 @@ def _load(forced: bool) -> ModuleType | None:
             from simulator import compiled_steps
             module.warm()
             policy_loops.warm()
-            compiled_steps.warm()  # (auto's runs of steps: simulator/stepped.py)
+            compiled_steps.warm()  # (auto's and kld_variance's runs of steps: stepped.py)
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]

@@ -127,7 +127,7 @@ class Replica:
         # steps in compiled runs (simulator/stepped.py), to the step path's records to the bit
         # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`)
         self.steps_at_once = not self.fast_path and steps_at_once(
-            policy, cost, policy_cost, self.planned, fast_path)
+            policy, cost, policy_cost, self.planned, fast_path, scheduler.k_max)
         self.traces = trace_store(policy, self.capped) if self.steps_at_once else None
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)

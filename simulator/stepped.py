@@ -6,8 +6,10 @@ batch's last steps revealed), so the fast path's segments skip it and it stepped
 at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (no prompt to
 chunk, no arrival, no finish before the last) run in one call that does what that method and
 the policy's `choose`, draft stop and fit of the outcomes do, in the same order and to the bit.
-Where it cannot (a tree, a latency model other than the roofline, numba not loaded, a policy
-cost model of its own; a draft model for kld_variance) the replica steps as before. `RUNNERS`
+Where it cannot (`steps_at_once`: a subclass, no fast path, vLLM's scheduler, a draft tree, a
+latency model other than the roofline, an idle proposer, numba not loaded, no depth to draft
+to; for auto a policy cost model of its own; for kld_variance a draft model or a history over
+128) the replica steps as before. `RUNNERS`
 says which policies have such a loop; each runner gathers the batch's numbers and the policy's
 state for it, the requests' traces being kept in a `TraceStore` from submit to finish.
 """
@@ -120,13 +122,14 @@ class StepsRun:
 
 @dataclass(frozen=True)
 class Runner:
-    """A policy's runs of steps: whether they stand for this policy's steps, a run
-    (`run_steps`' arguments), and the signal of the trace it reads."""
+    """A policy's runs of steps: whether they stand for this policy's steps under the engine's
+    k_max, a run (`run_steps`' arguments), and the signal of the trace it reads."""
 
-    applies: Callable[[object], bool]
+    applies: Callable[[object, int], bool]
     run: Callable[..., StepsRun]
     signal: str
     draft_model: bool = False  # it runs with a draft model's chain too
+    reads_cost: bool = True  # it prices steps (so its policy cost model must be the engine's)
 
 
 def _batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -235,27 +238,31 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 #: the policies whose steps run at once, by class (a subclass may change what a step does):
-#: auto with a depth to draft to, model-free or with a draft model; kld_variance model-free,
+#: auto with a depth to draft to (its own k_max and the engine's: with none, its `choose`
+#: plans nothing), model-free or with a draft model; kld_variance model-free,
 #: with a history its compiled variances sum (under chunked prefill its steps with prompt
 #: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
-    Auto: Runner(lambda policy: policy.k_max > 0, _run_auto, "draft_top1", draft_model=True),
-    KldVariance: Runner(lambda policy: policy.activation_tokens <= COMPILED_HISTORY, _run_kld,
-                        "kl"),
+    Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
+                 draft_model=True),
+    KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
+                        _run_kld, "kl", reads_cost=False),
 }
 
 
-def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool) -> bool:
+def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
+                  k_max: int) -> bool:
     """Whether a replica runs this policy's decode steps in compiled runs: one `RUNNERS`
-    stands for here, under the plain scheduler (with chunked prefill, its steps with no
-    prompt to chunk), a model-free chain on the roofline priced from its sums and no idle
-    proposer (the steps' prices are the roofline's passes), the policy reading the engine's
-    cost model, and the compiled loops loaded for this run."""
+    stands for here (under the engine's `k_max`), under the plain scheduler (with chunked
+    prefill, its steps with no prompt to chunk), a chain on the roofline with no idle proposer
+    (the steps' prices are the roofline's passes), the policy reading the engine's cost model
+    where it prices steps, and the compiled loops loaded for this run."""
     runner = RUNNERS.get(type(policy))
     roofline = getattr(cost, "_roofline", None)
-    if not (fast_path and runner is not None and runner.applies(policy) and not planned
-            and policy_cost is None and roofline is not None and roofline["target"] is not None
-            and not cost.idle_s and kernels.compiled() is not None):
+    if not (fast_path and runner is not None and runner.applies(policy, k_max) and not planned
+            and (policy_cost is None or not runner.reads_cost) and roofline is not None
+            and roofline["target"] is not None and not cost.idle_s
+            and kernels.compiled() is not None):
         return False
     if cost.prices_alternatives_at_once:  # a model-free chain, priced from its sums
         return True

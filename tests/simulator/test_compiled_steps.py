@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from policies import make_policy
-from policies.auto import Auto
+from policies.auto import NEW, Auto
 from policies.kld_variance import KldVariance
 from simulator import ClusterConfig, SchedulerConfig, simulate, stepped
 from simulator import replica as replica_module
@@ -35,46 +35,71 @@ def _run(spec: SimulationSpec, scheduler: SchedulerConfig, params: dict, replica
 def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, keep_steps=True,
           latency=None, policy="auto", trace=None):
     """The run through compiled runs of steps, and stepped one at a time; how many runs of
-    steps the first took, and how many steps it took one at a time."""
+    steps the first took, and how many steps it took one at a time. After every run of steps
+    the policy's fit (its counts, and each of the run's requests' state) is checked against the
+    step path's after the same step, to the bit."""
     loops(True)
     scheduler = scheduler or SchedulerConfig(max_num_seqs=24)
     runs, mixed = [], []
     compiled_steps, mixed_iteration = Replica._compiled_steps, Replica._mixed_iteration
+    after_runs, after_steps = {}, {}  # (replica, step index) -> the fit of these requests
 
     def counted(self):
-        runs.append(len(self.scheduler.running))
-        return (yield from compiled_steps(self))
+        ids = [request.request_id for request in self.scheduler.running]
+        runs.append(len(ids))
+        yield from compiled_steps(self)
+        after_runs[self.index, self.scheduler.step_index] = _learnt(self.policy, ids)
 
     def one(self, *args, **kwargs):
+        ids = [request.request_id for request in self.scheduler.running]
         mixed.append(1)
-        return (yield from mixed_iteration(self, *args, **kwargs))
-    policies = []
-    init = Replica.__init__
-
-    def kept(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        policies.append(self.policy)
+        yield from mixed_iteration(self, *args, **kwargs)
+        after_steps[self.index, self.scheduler.step_index] = _learnt(self.policy, ids)
     monkeypatch.setattr(Replica, "_compiled_steps", counted)
     monkeypatch.setattr(Replica, "_mixed_iteration", one)
-    monkeypatch.setattr(Replica, "__init__", kept)
     fast = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
     taken, one_at_a_time = len(runs), len(mixed)
     monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
+    after_runs_fast = dict(after_runs)
+    after_steps.clear()
     slow = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
-    # each replica's policy learnt the same, to the bit
-    for at_once, one_by_one in zip(policies[:replicas], policies[replicas:], strict=True):
-        assert _learnt(at_once) == _learnt(one_by_one)
+    for at, fit in after_runs_fast.items():
+        counts, states = fit
+        slow_counts, slow_states = after_steps[at]
+        assert counts == slow_counts and states.items() <= slow_states.items(), at
     return fast, slow, taken, one_at_a_time
 
 
-def _learnt(policy) -> tuple:
-    """auto's fit: its counts as bits, and its running requests' states; kld_variance's
-    requests' states (none once all finished, in rows or not)."""
+def _learnt(policy, ids) -> tuple:
+    """A policy's fit after a step: auto's counts as bits and each of these requests' state,
+    accepted and expected drafts (bits); kld_variance's each request's state, wherever it is
+    kept (a row or a `_Request`; none yet: its k_init)."""
+    import numpy as np
+
+    bits = np.float64
     if isinstance(policy, KldVariance):
-        rows = policy._rows
-        return (sorted(policy._requests), sorted(rows.row_of) if rows else [])
-    return (tuple(count.tobytes() for count in policy.counts()), policy._streak,
-            policy._observed, policy._expected)
+        return (), {rid: _kld_state(policy, rid) for rid in ids}
+    return (tuple(count.tobytes() for count in policy.counts()),
+            {rid: (policy._streak.get(rid, NEW), bits(policy._observed.get(rid, 0.0)).tobytes(),
+                   bits(policy._expected.get(rid, 0.0)).tobytes()) for rid in ids})
+
+
+def _kld_state(policy: KldVariance, rid: int) -> tuple:
+    import numpy as np
+
+    rows, st = policy._rows, policy._requests.get(rid)
+    if st is None and rows is not None and rid in rows.row_of:
+        r = rows.row_of[rid]
+        ready, count = bool(rows.ready[r]), int(rows.warm_count[r])
+        return (int(rows.k[r]), (int(rows.k_min[r]), int(rows.k_max[r])) if ready else None,
+                rows.history[r, :rows.history_len[r]].tobytes(),
+                rows.warm_kl[r, :rows.warm_kl_len[r]].tobytes(), count,
+                int(rows.warm_most[r]) if count else 0)
+    if st is None:
+        return (policy.k_init, None, b"", b"", 0, 0)
+    return (st.k, st.bounds, np.array(st.history, dtype=np.float64).tobytes(),
+            np.array(st.warm_kl, dtype=np.float64).tobytes(), len(st.warm_accepted),
+            max(st.warm_accepted, default=0))
 
 
 def _same(fast, slow) -> None:
@@ -329,7 +354,7 @@ def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, poli
 
 def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool = False,
              idle: bool = False, policy_cost: bool = False, planned: bool = False,
-             fast_path: bool = True) -> bool:
+             fast_path: bool = True, k_max: int = 10) -> bool:
     """`steps_at_once` of one replica's setting (auto on the n-gram recording by default)."""
     from simulator.draft_tree import TreeShape
     from simulator.step_cost import StepCostModel
@@ -343,15 +368,16 @@ def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool
     cost = StepCostModel(latency, draft_tree=TreeShape(((0,), (1,), (0, 0))) if tree else None,
                          speculating=True)
     return stepped.steps_at_once(policy or Auto(), cost, cost if policy_cost else None, planned,
-                                 fast_path)
+                                 fast_path, k_max)
 
 
 @pytest.mark.parametrize("case", ["tree", "vllm", "subclass", "numpy", "policy cost",
-                                  "k_max 0", "profile", "no fast path", "kld draft model",
-                                  "kld long history", "idle proposer"])
+                                  "k_max 0", "engine k_max 0", "profile", "no fast path",
+                                  "kld draft model", "kld long history", "idle proposer"])
 def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case):
     """Each setting the runs of steps do not stand for, beside the same setting without what
-    rules them out."""
+    rules them out (auto with no depth to draft to, its own k_max or the engine's, would plan
+    over no drafts: its `choose` plans nothing there)."""
     loops(case != "numpy")
     kld = case.startswith("kld")
     policy = (_Subclass() if case == "subclass" else Auto(k_max=0) if case == "k_max 0"
@@ -360,13 +386,21 @@ def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case
     setting = dict(draft="Llama-68M" if case in ("tree", "kld draft model") else "none",
                    tree=case == "tree", idle=case == "idle proposer", planned=case == "vllm",
                    policy_cost=case == "policy cost", profile=case == "profile",
-                   fast_path=case != "no fast path")
+                   fast_path=case != "no fast path", k_max=0 if case == "engine k_max 0" else 10)
     assert not _applies(policy, **setting)
-    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model"):
-        # (the others differ from the default in the policy alone)
+    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model",
+                "engine k_max 0"):  # (the others differ from the default in the policy alone)
         loops(True)
         assert _applies(KldVariance() if kld else Auto(),
                         draft="Llama-68M" if case == "tree" else "none")
+
+
+def test_kld_variance_reads_no_cost_so_a_policy_cost_model_does_not_rule_it_out(loops):
+    """(validate hands the live engine's cost model to the policies: auto prices steps with
+    it, kld_variance does not), and the engine's k_max of 0 leaves it its ks of 0."""
+    loops(True)
+    assert _applies(KldVariance(), policy_cost=True)
+    assert _applies(KldVariance(), k_max=0)
 
 
 def _roofline(gpu: str = "H100-SXM", tp: int = 1, flops_efficiency: float = 0.7,
