@@ -439,6 +439,12 @@ class Auto(Policy):
             if d:
                 streak[rid], observed_of[rid], expected_of[rid] = state, hits, predicted
         self._revision += steps
+        self.forget_plan()
+
+    def forget_plan(self) -> None:
+        """Forget the last plan (its requests, rows and threshold): a step was chosen outside
+        `choose` (simulator/stepped.py), so the next fit reads the states afresh and the draft
+        stop reads no plan of another step."""
         self._plan_ids, self._plan_at, self._plan_rows = [], -1, None
         self._threshold = math.inf
 

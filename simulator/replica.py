@@ -38,7 +38,14 @@ from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
-from simulator.stepped import run_steps, steps_at_once, trace_store
+from simulator.stepped import (
+    choose_once,
+    chooses_once,
+    run_steps,
+    steps_at_once,
+    trace_store,
+    verify_once,
+)
 
 _NO_DRAFTS = np.zeros(0, dtype=np.int64)  # the compiled feeds' drafts where k every step
 
@@ -129,6 +136,9 @@ class Replica:
         self.steps_at_once = not self.fast_path and steps_at_once(
             policy, cost, policy_cost, self.planned, fast_path, scheduler.k_max)
         self.traces = trace_store(policy, self.capped) if self.steps_at_once else None
+        #: ... and its steps taken one at a time (with prompt chunks) have their ks, and their
+        #: verification and fit, compiled
+        self.chooses_once = self.steps_at_once and chooses_once(policy)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -454,6 +464,9 @@ class Replica:
         return sum((k if tree is None else tree.draft_tokens(k)) + 1 for k in ks)
 
     def _choose(self, batch: list[RequestState]) -> list[int]:
+        if self.chooses_once:  # (the same ks, compiled: simulator/stepped.py)
+            self._stop_rows = None
+            return choose_once(self.policy, batch, self.traces, self.config.k_max, self.cost)
         return self._cut_to_cap(batch, self._choose_uncapped(batch))
 
     def _cut_to_cap(self, batch: list[RequestState], ks: list[int]) -> list[int]:
@@ -520,6 +533,8 @@ class Replica:
 
     def _apply_decode(self, batch: list[RequestState], ks: list[int]) -> tuple[int, int]:
         """Verification: accept min(k, run[t]) drafts per request; tell the policy."""
+        if self.chooses_once:  # (the same, compiled: simulator/stepped.py)
+            return self._verify_once(batch, ks)
         total_acc = total_emit = 0
         outcomes = [] if self.observes else None
         feeds, catch_up = self.feeds, self.catch_up
@@ -549,6 +564,23 @@ class Replica:
             outcomes.append((request, g, k, emit - 1, emit))
         if outcomes is not None:
             self._report(batch, outcomes)
+        return total_acc, total_emit
+
+    def _verify_once(self, batch: list[RequestState], ks: list[int]) -> tuple[int, int]:
+        """`_apply_decode` where the policy's fit of a step runs compiled (`verify_once`: the
+        tokens each request emits, the policy told)."""
+        total_acc = total_emit = 0
+        feeds, catch_up = self.feeds, self.catch_up
+        emitted = verify_once(self.policy, batch, self.traces, ks, self.config.k_max)
+        for request, k, emit in zip(batch, ks, emitted):
+            request.generated += emit
+            request.steps += 1
+            request.drafted += k
+            if feeds:
+                request.draft_feed = next_feed(catch_up, request.draft_feed, k, emit)
+            request.accepted += emit - 1
+            total_acc += emit - 1
+            total_emit += emit
         return total_acc, total_emit
 
     @staticmethod

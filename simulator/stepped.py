@@ -130,6 +130,10 @@ class Runner:
     signal: str
     draft_model: bool = False  # it runs with a draft model's chain too
     reads_cost: bool = True  # it prices steps (so its policy cost model must be the engine's)
+    #: one step's ks, and its verification and fit, compiled, for a step taken one at a time
+    #: (`choose_once`, `verify_once`), or None
+    choose: Callable[..., list[int]] | None = None
+    verify: Callable[..., list[int]] | None = None
 
 
 def _batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -204,6 +208,45 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
     return done
 
 
+def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> list[int]:
+    """One step's ks under auto, compiled (`compiled_steps.auto_choose`): what `choose`, its
+    draft stop and the drafter's cap give a step taken one at a time (one with prompt chunks);
+    the policy's state is unchanged, and its last plan forgotten."""
+    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+
+    depth = min(policy.k_max, k_max)
+    prompt, output, generated, at = _batch(batch)
+    states, observed, expected = policy.request_state([request.request_id for request in batch])
+    draft_model, draft, _, _ = _draft_model(cost, batch)
+    ks = compiled_steps.auto_choose(
+        prompt, output, generated, at, store.cap, store.values, store.capped, *policy.counts(),
+        states, observed, expected, float(policy.prior_weight), float(policy.k0_bonus),
+        float(policy.stop_slack), depth, BIN_TABLE, *_pricing(cost, len(batch)), NEW, FRESH,
+        MAX_STREAK, ALPHA_MAX, draft_model, draft, _THRESHOLDS,
+        _geometric_table(len(batch) * depth if draft_model else 0))
+    policy.forget_plan()
+    return ks.tolist()
+
+
+def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int
+                 ) -> list[int]:
+    """One step's verification and auto's fit of it, compiled (`compiled_steps.auto_verify`):
+    each request's tokens emitted, the policy's state moved as `observe_columns` moves it."""
+    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+
+    _, output, generated, at = _batch(batch)
+    ids = [request.request_id for request in batch]
+    states, observed, expected = policy.request_state(ids)
+    counts = policy.counts()
+    drafts = np.array(ks, dtype=np.int64)
+    emitted = compiled_steps.auto_verify(
+        output, generated, at, store.run, store.values, drafts, *counts, states, observed,
+        expected, float(policy.prior_weight), min(policy.k_max, k_max), BIN_TABLE, NEW, FRESH,
+        COLD, MAX_STREAK)
+    policy.took_steps(1, counts, ids, states, observed, expected, drafts)
+    return emitted.tolist()
+
+
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
@@ -244,7 +287,7 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
-                 draft_model=True),
+                 draft_model=True, choose=_choose_auto, verify=_verify_auto),
     KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
                         _run_kld, "kl", reads_cost=False),
 }
@@ -286,3 +329,22 @@ def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,
     traces in `store`; `k_max`: the engine's); the policy's state and the requests' move with
     them."""
     return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon)
+
+
+def chooses_once(policy) -> bool:
+    """Whether a replica whose steps run at once also has this policy's ks of a step taken one
+    at a time, and its verification and fit, compiled (`choose_once`, `verify_once`)."""
+    runner = RUNNERS[type(policy)]
+    return runner.choose is not None and runner.verify is not None
+
+
+def choose_once(policy, batch, store: TraceStore, k_max: int, cost) -> list[int]:
+    """The ks of one step taken one at a time (a step with prompt chunks), compiled, as the
+    policy's `choose`, its draft stop and the drafter's cap give them (`chooses_once`)."""
+    return RUNNERS[type(policy)].choose(policy, batch, store, k_max, cost)
+
+
+def verify_once(policy, batch, store: TraceStore, ks: list[int], k_max: int) -> list[int]:
+    """One step taken one at a time with these ks: each request's tokens emitted, the policy
+    told what its verification revealed, compiled (`chooses_once`)."""
+    return RUNNERS[type(policy)].verify(policy, batch, store, ks, k_max)

@@ -333,22 +333,39 @@ class _Subclass(Auto):
     name = "auto-subclass-for-a-test"
 
 
-@pytest.mark.parametrize("policy,budget,replicas", [("auto", 2048, 1), ("auto", 256, 2),
-                                                    ("kld_variance", 2048, 1),
-                                                    ("kld_variance", 256, 2)])
+@pytest.mark.parametrize("policy,budget,replicas,draft", [
+    ("auto", 2048, 1, "none"), ("auto", 256, 2, "none"), ("auto", 1024, 2, "Llama-68M"),
+    ("kld_variance", 2048, 1, "none"), ("kld_variance", 256, 2, "none")])
 def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, policy, budget,
-                                                       replicas):
+                                                       replicas, draft):
     """Under chunked prefill the steps with no prompt to chunk run at once, the others one at
     a time: the same records, with either budget (a small one chunks a prompt over several
-    steps; kld_variance's states move out of their rows for those steps, and back)."""
+    steps; kld_variance's states move out of their rows for those steps, and back; auto's
+    steps with prompt chunks have their ks, verification and fit compiled, with a draft model
+    too)."""
     spec = SimulationSpec(workload="poisson", rate=14.0, requests=160, lengths="azure-conv",
                           acceptance="smollm2-ngram" if policy == "auto" else "beta:7,3~20",
-                          draft="none", seed=5)
+                          draft=draft, seed=5)
     scheduler = SchedulerConfig(max_num_seqs=24, chunked_prefill=True, max_batched_tokens=budget)
+    chosen, verified = [], []
+    choose, verify = replica_module.choose_once, replica_module.verify_once
+
+    def counted(*args):
+        chosen.append(1)
+        return choose(*args)
+
+    def told(*args):
+        verified.append(1)
+        return verify(*args)
+    monkeypatch.setattr(replica_module, "choose_once", counted)
+    monkeypatch.setattr(replica_module, "verify_once", told)
     fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler=scheduler,
                                             replicas=replicas, policy=policy)
     with_chunks = int((fast.steps["prefill_seqs"] > 0).sum())
     assert runs and one_at_a_time >= with_chunks > 0
+    # auto's steps with prompt chunks have their ks compiled (`choose_once`); kld_variance's not
+    decoding = int(((fast.steps["prefill_seqs"] > 0) & (fast.steps["decode_seqs"] > 0)).sum())
+    assert len(chosen) == len(verified) == (decoding if policy == "auto" else 0) and decoding
     _same(fast, slow)
 
 
