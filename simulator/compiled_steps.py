@@ -39,6 +39,9 @@ from simulator.compiled import _pass_s, alternatives_times, chain_step_time
 
 #: why a run of steps ended (`auto_steps`' first result)
 FINISHED, ARRIVAL, STEPS = 0, 1, 2
+#: what `auto_steps` takes: runs of steps, or one step's choice alone, or one step's
+#: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks)
+RUNS, CHOOSE, VERIFY = 0, 1, 2
 
 
 @njit(cache=True)
@@ -94,136 +97,13 @@ def _draft_totals(ranked, thresholds, geometric) -> np.ndarray:
 
 
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
-def _auto_choose(prompt, output, gen, at, cap, top1, capped: bool, seen_bins, accepted_bins,
-                 top1_observed, top1_expected, states, observed, expected, weight: float,
-                 k0_bonus: float, stop_slack: float, depth: int, bin_table, target,
-                 overhead: float, new: int, fresh: int, max_streak: int, alpha_max: float,
-                 draft_model: bool, draft, thresholds, geometric, rows, ratios, scales,
-                 contexts, reach, lift, confidence, a_pop, held, two):
-    """One step's ks as `Auto.choose`, its draft stop and the drafter's cap give them, and the
-    batch's KV before the verify; the work arrays (`rows` .. `two`) are left holding the step's
-    states' rows, ratios, contexts, KV, confidence lift and acceptance per bin, which its fit
-    reads (`auto_steps`' arguments otherwise)."""
-    b = prompt.shape[0]
-    bins = top1_observed.shape[0]
-    # -- choose: each request's state and ratio, the confidence lift ------------------
-    mean_lift = (_sum(top1_observed, bins) + weight) / (_sum(top1_expected, bins) + weight)
-    for t in range(bins):
-        lift[t] = (top1_observed[t] + weight) / (top1_expected[t] + weight)
-        confidence[t] = lift[t] / mean_lift
-    outside = False
-    cached_sum = 0
-    for r in range(b):
-        state = states[r]
-        rows[r] = (state if state < max_streak else max_streak) - new
-        ratios[r] = (observed[r] + weight) / (expected[r] + weight)
-        scales[r] = ratios[r] * mean_lift
-        outside = outside or state <= fresh
-        g = gen[r]
-        contexts[r] = prompt[r] + g
-        cached_sum += contexts[r]
-        left = output[r] - g - 1
-        most = depth if depth < left else left
-        if capped:
-            can = cap[at[r] + g]
-            most = most if most < can else can
-        reach[r] = most
-    for i in range(a_pop.shape[0]):
-        a_pop[i] = accepted_bins[i] / seen_bins[i]
-    cached_sum -= b  # the requests' KV before the verify
-    for r in range(b):
-        held[r] = contexts[r] - 1  # each request's KV before the verify
-    price = 0.0
-    if outside and draft_model:  # (`Auto._draft_price` of the draft model's steps)
-        two[1, 0] = 1
-        paid = alternatives_times(two, held, target, draft, overhead)
-        price = b * (paid[1] - paid[0]) / paid[0]
-    elif outside:
-        price = draft_price(contexts, cached_sum, target, overhead)
-    alpha, survival, order, ranked = plan(a_pop, bin_table, rows, scales, depth, reach,
-                                          price, outside, 1 - new, fresh - new, alpha_max)
-    if draft_model:  # some totals, each priced as its ks
-        totals = _draft_totals(ranked, thresholds, geometric[ranked.shape[0]])
-        times = alternatives_times(prefix_counts(order // depth, totals, b), held, target,
-                                   draft, overhead)
-    else:  # every total, from the verify pass's sums
-        totals = np.arange(ranked.shape[0] + 1)
-        pairs = verify_pairs(order, depth, contexts, cached_sum + b)
-        times = np.empty(totals.shape[0])
-        for i in range(totals.shape[0]):
-            times[i] = _step_s(cached_sum, totals[i], pairs[i], b, target, overhead)
-    _, threshold, ks = pick(ranked, totals, times, b, k0_bonus, survival, stop_slack)
-    # -- the draft stop (`Auto.stop_chains`), then the drafter's cap -------------------
-    width = 0
-    for r in range(b):
-        width = ks[r] if ks[r] > width else width
-    if width > 1:
-        rows_at = np.empty((b, width))
-        for r in range(b):
-            last = output[r] - 1
-            for d in range(width):
-                p = gen[r] + d
-                p = p if p < last else last
-                rows_at[r, d] = top1[at[r] + p]
-        ks = stop_lengths(alpha, confidence, rows_at, ks, threshold, alpha_max)
-    if capped:
-        for r in range(b):
-            can = cap[at[r] + gen[r]]
-            ks[r] = ks[r] if ks[r] <= can else can
-    return ks, cached_sum
-
-
-@njit(cache=True)
-def _auto_verify(output, gen, at, run, top1, ks, seen_bins, accepted_bins, top1_observed,
-                 top1_expected, a_pop, lift, bin_table, states, ratios, observed, expected,
-                 new: int, fresh: int, cold: int, max_streak: int, hits, seen, emits, top1_rows):
-    """A step's verification (`Replica._apply_decode`: each request accepts min(k, run[g])
-    drafts and emits one more, cut at its length; `gen` moves in place) and auto's fit of its
-    outcomes (`Auto.observe_columns` from the step's states and ratios, a_pop and lift: its
-    counts and the requests' states, accepted and expected drafts updated in place). The work
-    arrays (`hits` .. `top1_rows`) are left holding each request's accepted drafts, positions
-    revealed and tokens emitted. Returns (accepted drafts, emitted tokens, a request
-    finished)."""
-    accepted_total = 0
-    emitted_total = 0
-    finished = False
-    for r in range(ks.shape[0]):
-        g, k = gen[r], ks[r]
-        i = at[r] + g  # the request's position g in the trace's arrays
-        accepted = 0
-        if k:
-            accepted = k if k <= run[i] else run[i]
-        left = output[r] - g
-        emit = accepted + 1 if accepted < left else left
-        hits[r] = emit - 1
-        shown = emit if emit < k else k  # min(accepted + 1, k, left)
-        seen[r] = shown
-        for j in range(shown):
-            top1_rows[r, j] = top1[i + j]
-        gen[r] = g + emit
-        emits[r] = emit
-        accepted_total += emit - 1
-        emitted_total += emit
-        finished = finished or gen[r] >= output[r]
-    expected_now, after = observe_step(seen_bins, accepted_bins, top1_observed, top1_expected,
-                                       a_pop, lift, bin_table, states, ratios, ks, hits,
-                                       top1_rows, seen, new, fresh, cold, max_streak)
-    for r in range(ks.shape[0]):
-        if ks[r]:
-            observed[r] += hits[r]
-            expected[r] += expected_now[r]
-            states[r] = after[r]
-    return accepted_total, emitted_total, finished
-
-
-@njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                seen_bins, accepted_bins, top1_observed, top1_expected, states, observed,
                expected, weight: float, k0_bonus: float, stop_slack: float, depth: int,
                bin_table, target, overhead: float, start: float, horizon: float,
                max_steps: int, new: int, fresh: int, cold: int, max_streak: int,
                alpha_max: float, draft_model: bool, draft, feeds, rule: int, thresholds,
-               geometric):
+               geometric, mode: int, given_ks):
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
     and draft confidences at its position g are run/cap/top1[at[r] + g] (`TraceStore`). auto's
@@ -235,9 +115,12 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     then prices the draft totals of `thresholds` and `geometric` (row n: those of n drafts
     worth something) as each one's ks, not from the verify pass's sums.
 
+    `mode`: RUNS; CHOOSE returns after the first step's choice, nothing moved; VERIFY takes one
+    step with `given_ks` (its verification and fit; its time is not read).
+
     Returns (why it ended, steps taken, the clock before each step and after the last, each
     step's time, drafts, most drafts, accepted and emitted tokens, each request's tokens generated
-    and drafts after the steps)."""
+    and drafts after the steps, and the last step's ks)."""
     b = prompt.shape[0]
     bins = top1_observed.shape[0]
     gen = generated.copy()
@@ -263,15 +146,80 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     held = np.empty(b, dtype=np.int64)
     emits = np.empty(b, dtype=np.int64)
     two = np.zeros((2, b), dtype=np.int64)  # no drafts, and one for the first request
+    ks = np.zeros(b, dtype=np.int64)
     why = STEPS
     n = 0
     while n < max_steps:
-        ks, cached_sum = _auto_choose(
-            prompt, output, gen, at, cap, top1, capped, seen_bins, accepted_bins,
-            top1_observed, top1_expected, states, observed, expected, weight, k0_bonus,
-            stop_slack, depth, bin_table, target, overhead, new, fresh, max_streak, alpha_max,
-            draft_model, draft, thresholds, geometric, rows, ratios, scales, contexts, reach,
-            lift, confidence, a_pop, held, two)
+        # -- choose: each request's state and ratio, the confidence lift ------------------
+        mean_lift = (_sum(top1_observed, bins) + weight) / (_sum(top1_expected, bins) + weight)
+        for t in range(bins):
+            lift[t] = (top1_observed[t] + weight) / (top1_expected[t] + weight)
+            confidence[t] = lift[t] / mean_lift
+        outside = False
+        cached_sum = 0
+        for r in range(b):
+            state = states[r]
+            rows[r] = (state if state < max_streak else max_streak) - new
+            ratios[r] = (observed[r] + weight) / (expected[r] + weight)
+            scales[r] = ratios[r] * mean_lift
+            outside = outside or state <= fresh
+            g = gen[r]
+            contexts[r] = prompt[r] + g
+            cached_sum += contexts[r]
+            left = output[r] - g - 1
+            most = depth if depth < left else left
+            if capped:
+                can = cap[at[r] + g]
+                most = most if most < can else can
+            reach[r] = most
+        for i in range(a_pop.shape[0]):
+            a_pop[i] = accepted_bins[i] / seen_bins[i]
+        cached_sum -= b  # the requests' KV before the verify
+        for r in range(b):
+            held[r] = contexts[r] - 1  # each request's KV before the verify
+        if mode == VERIFY:  # (its ks given: one step taken one at a time)
+            ks = given_ks.copy()
+        else:
+            price = 0.0
+            if outside and draft_model:  # (`Auto._draft_price` of the draft model's steps)
+                two[1, 0] = 1
+                paid = alternatives_times(two, held, target, draft, overhead)
+                price = b * (paid[1] - paid[0]) / paid[0]
+            elif outside:
+                price = draft_price(contexts, cached_sum, target, overhead)
+            alpha, survival, order, ranked = plan(a_pop, bin_table, rows, scales, depth, reach,
+                                                  price, outside, 1 - new, fresh - new, alpha_max)
+            if draft_model:  # some totals, each priced as its ks
+                totals = _draft_totals(ranked, thresholds, geometric[ranked.shape[0]])
+                times = alternatives_times(prefix_counts(order // depth, totals, b), held, target,
+                                           draft, overhead)
+            else:  # every total, from the verify pass's sums
+                totals = np.arange(ranked.shape[0] + 1)
+                pairs = verify_pairs(order, depth, contexts, cached_sum + b)
+                times = np.empty(totals.shape[0])
+                for i in range(totals.shape[0]):
+                    times[i] = _step_s(cached_sum, totals[i], pairs[i], b, target, overhead)
+            _, threshold, ks = pick(ranked, totals, times, b, k0_bonus, survival, stop_slack)
+            # -- the draft stop (`Auto.stop_chains`), then the drafter's cap -------------------
+            width = 0
+            for r in range(b):
+                width = ks[r] if ks[r] > width else width
+            if width > 1:
+                rows_at = np.empty((b, width))
+                for r in range(b):
+                    last = output[r] - 1
+                    for d in range(width):
+                        p = gen[r] + d
+                        p = p if p < last else last
+                        rows_at[r, d] = top1[at[r] + p]
+                ks = stop_lengths(alpha, confidence, rows_at, ks, threshold, alpha_max)
+            if capped:
+                for r in range(b):
+                    can = cap[at[r] + gen[r]]
+                    ks[r] = ks[r] if ks[r] <= can else can
+            if mode == CHOOSE:  # (nothing moved: the step's choice alone)
+                return (why, 0, clock[:1], durations[:0], drafted_at[:0], max_k_at[:0],
+                        accepted_at[:0], emitted_at[:0], gen, drafted_by, ks)
         # -- the step's time (`StepCostModel.iteration_s` of a model-free chain) ------------
         step_drafts = 0
         step_pairs = 0
@@ -287,14 +235,39 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
             durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
         clock[n + 1] = clock[n] + durations[n]  # (as the clock adds each step's timeout)
         # -- verification (`Replica._apply_decode`) and auto's fit of it --------------------
-        accepted_total, emitted_total, finished = _auto_verify(
-            output, gen, at, run, top1, ks, seen_bins, accepted_bins, top1_observed,
-            top1_expected, a_pop, lift, bin_table, states, ratios, observed, expected, new,
-            fresh, cold, max_streak, hits, seen, emits, top1_rows)
+        accepted_total = 0
+        emitted_total = 0
+        finished = False
         for r in range(b):
-            drafted_by[r] += ks[r]
+            g, k = gen[r], ks[r]
+            i = at[r] + g  # the request's position g in the trace's arrays
+            accepted = 0
+            if k:
+                accepted = k if k <= run[i] else run[i]
+            left = output[r] - g
+            emit = accepted + 1 if accepted < left else left
+            hits[r] = emit - 1
+            shown = emit if emit < k else k  # min(accepted + 1, k, left)
+            seen[r] = shown
+            for j in range(shown):
+                top1_rows[r, j] = top1[i + j]
+            gen[r] = g + emit
+            emits[r] = emit
+            drafted_by[r] += k
+            accepted_total += emit - 1
+            emitted_total += emit
+            finished = finished or gen[r] >= output[r]
         if draft_model:
             next_feeds(feeds, ks, emits, rule)
+        expected_now, after = observe_step(seen_bins, accepted_bins, top1_observed,
+                                           top1_expected, a_pop, lift, bin_table, states,
+                                           ratios, ks, hits, top1_rows, seen, new, fresh, cold,
+                                           max_streak)
+        for r in range(b):
+            if ks[r]:
+                observed[r] += hits[r]
+                expected[r] += expected_now[r]
+                states[r] = after[r]
         drafted_at[n] = step_drafts
         max_k_at[n] = most
         accepted_at[n] = accepted_total
@@ -307,54 +280,8 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
             why = ARRIVAL
             break
     return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
-            accepted_at[:n], emitted_at[:n], gen, drafted_by)
+            accepted_at[:n], emitted_at[:n], gen, drafted_by, ks)
 
-
-
-
-@njit(cache=True, error_model="numpy")
-def auto_choose(prompt, output, generated, at, cap, top1, capped: bool, seen_bins,
-                accepted_bins, top1_observed, top1_expected, states, observed, expected,
-                weight: float, k0_bonus: float, stop_slack: float, depth: int, bin_table,
-                target, overhead: float, new: int, fresh: int, max_streak: int,
-                alpha_max: float, draft_model: bool, draft, thresholds, geometric):
-    """One step's ks under auto (`auto_steps`' choice of a step, with its arguments): what a
-    step taken one at a time (one with prompt chunks) drafts, its state left unchanged."""
-    b = prompt.shape[0]
-    bins = top1_observed.shape[0]
-    ks, _ = _auto_choose(
-        prompt, output, generated, at, cap, top1, capped, seen_bins, accepted_bins,
-        top1_observed, top1_expected, states, observed, expected, weight, k0_bonus, stop_slack,
-        depth, bin_table, target, overhead, new, fresh, max_streak, alpha_max, draft_model,
-        draft, thresholds, geometric, np.empty(b, dtype=np.int64), np.empty(b), np.empty(b),
-        np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64), np.empty(bins),
-        np.empty(bins), np.empty(seen_bins.shape[0]), np.empty(b, dtype=np.int64),
-        np.zeros((2, b), dtype=np.int64))
-    return ks
-
-
-@njit(cache=True)
-def auto_verify(output, generated, at, run, top1, ks, seen_bins, accepted_bins, top1_observed,
-                top1_expected, states, observed, expected, weight: float, depth: int,
-                bin_table, new: int, fresh: int, cold: int, max_streak: int):
-    """One step's verification and auto's fit of it (`auto_steps`' of a step, with its
-    arguments): a step taken one at a time (one with prompt chunks) with these ks. Returns
-    each request's tokens emitted; the policy's counts and the requests' states, accepted and
-    expected drafts move in place."""
-    b, bins = ks.shape[0], top1_observed.shape[0]
-    ratios, lift, a_pop = np.empty(b), np.empty(bins), np.empty(seen_bins.shape[0])
-    for r in range(b):  # as the step's choice read them (nothing moved them since)
-        ratios[r] = (observed[r] + weight) / (expected[r] + weight)
-    for t in range(bins):
-        lift[t] = (top1_observed[t] + weight) / (top1_expected[t] + weight)
-    for i in range(a_pop.shape[0]):
-        a_pop[i] = accepted_bins[i] / seen_bins[i]
-    emits = np.empty(b, dtype=np.int64)
-    _auto_verify(output, generated.copy(), at, run, top1, ks, seen_bins, accepted_bins,
-                 top1_observed, top1_expected, a_pop, lift, bin_table, states, ratios, observed,
-                 expected, new, fresh, cold, max_streak, np.empty(b, dtype=np.int64),
-                 np.empty(b, dtype=np.int64), emits, np.full((b, max(depth, 1)), np.nan))
-    return emits
 
 @njit(cache=True)
 def _round_half_even(x: float) -> int:
@@ -555,15 +482,8 @@ def warm() -> None:
                    np.ones(19), np.ones(19), np.zeros(10), np.zeros(10), ones * NEW,
                    np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
                    np.inf, 4, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX, draft_model, numbers,
-                   ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64))
-        auto_choose(ones * 4, ones * 4, ones, ones * 0, trace, np.full(8, 0.5), True,
-                    np.ones(19), np.ones(19), np.zeros(10), np.zeros(10), ones * NEW,
-                    np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, NEW,
-                    FRESH, MAX_STREAK, ALPHA_MAX, draft_model, numbers, np.array([0.5]),
-                    np.zeros((9, 12), dtype=np.int64))
-    auto_verify(ones * 4, ones, ones * 0, trace, np.full(8, 0.5), ones, np.ones(19),
-                np.ones(19), np.zeros(10), np.zeros(10), ones * NEW, np.zeros(2), np.zeros(2),
-                4.0, 2, BIN_TABLE, NEW, FRESH, COLD, MAX_STREAK)
+                   ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64), RUNS,
+                   ones)
     draft_price(ones, 0, numbers, 0.0)
     rows = np.zeros(4, dtype=np.int64)
     history = np.zeros((4, 3))

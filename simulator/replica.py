@@ -571,7 +571,7 @@ class Replica:
         tokens each request emits, the policy told)."""
         total_acc = total_emit = 0
         feeds, catch_up = self.feeds, self.catch_up
-        emitted = verify_once(self.policy, batch, self.traces, ks, self.config.k_max)
+        emitted = verify_once(self.policy, batch, self.traces, ks, self.config.k_max, self.cost)
         for request, k, emit in zip(batch, ks, emitted):
             request.generated += emit
             request.steps += 1

@@ -9,9 +9,10 @@ the policy's `choose`, draft stop and fit of the outcomes do, in the same order 
 Where it cannot (`steps_at_once`: a subclass, no fast path, vLLM's scheduler, a draft tree, a
 latency model other than the roofline, an idle proposer, numba not loaded, no depth to draft
 to; for auto a policy cost model of its own; for kld_variance a draft model or a history over
-128) the replica steps as before. `RUNNERS`
-says which policies have such a loop; each runner gathers the batch's numbers and the policy's
-state for it, the requests' traces being kept in a `TraceStore` from submit to finish.
+128) the replica steps as before. `RUNNERS` says which policies have such a loop; each runner
+gathers the batch's numbers and the policy's state for it, the requests' traces being kept in a
+`TraceStore` from submit to finish. auto's runner also takes one step at a time
+(`choose_once`, `verify_once`): its steps with prompt chunks under chunked prefill.
 """
 
 from __future__ import annotations
@@ -199,8 +200,9 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0))
-    done = _finished(result)
+        _geometric_table(len(batch) * depth if draft_model else 0), compiled_steps.RUNS,
+        _NO_KS)
+    done = _finished(result[:-1])  # (less the last step's ks)
     policy.took_steps(done.steps, counts, ids, states, observed, expected, done.drafts)
     if draft_model:
         for request, feed in zip(batch, feeds.tolist()):
@@ -208,45 +210,55 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
     return done
 
 
-def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> list[int]:
-    """One step's ks under auto, compiled (`compiled_steps.auto_choose`): what `choose`, its
-    draft stop and the drafter's cap give a step taken one at a time (one with prompt chunks);
-    the policy's state is unchanged, and its last plan forgotten."""
+def _one_step(policy: Auto, batch, store: TraceStore, k_max: int, cost, mode: int,
+              ks: np.ndarray) -> tuple:
+    """`auto_steps` of one step taken one at a time (`mode`: CHOOSE or VERIFY with `ks`): the
+    tokens each request has generated after it, and its ks; the policy's counts and the
+    requests' states (as its ids, states, accepted and expected drafts) in the arrays given,
+    moved where it verified."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
     prompt, output, generated, at = _batch(batch)
-    states, observed, expected = policy.request_state([request.request_id for request in batch])
-    draft_model, draft, _, _ = _draft_model(cost, batch)
-    ks = compiled_steps.auto_choose(
-        prompt, output, generated, at, store.cap, store.values, store.capped, *policy.counts(),
-        states, observed, expected, float(policy.prior_weight), float(policy.k0_bonus),
-        float(policy.stop_slack), depth, BIN_TABLE, *_pricing(cost, len(batch)), NEW, FRESH,
-        MAX_STREAK, ALPHA_MAX, draft_model, draft, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0))
+    ids = [request.request_id for request in batch]
+    states, observed, expected = policy.request_state(ids)
+    counts = policy.counts()
+    draft_model, draft, feeds, rule = _draft_model(cost, batch)
+    result = compiled_steps.auto_steps(
+        prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
+        *counts, states, observed, expected, float(policy.prior_weight),
+        float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
+        *_pricing(cost, len(batch)), 0.0, np.inf, 1, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX,
+        draft_model, draft, feeds, rule, _THRESHOLDS,
+        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks)
+    return generated, result[-3], result[-1], (counts, ids, states, observed, expected)
+
+
+def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> list[int]:
+    """One step's ks under auto, compiled (`auto_steps`' CHOOSE): what `choose`, its draft
+    stop and the drafter's cap give a step taken one at a time (one with prompt chunks); the
+    policy's state is unchanged, and its last plan forgotten."""
+    from simulator import compiled_steps
+
+    *_, ks, _ = _one_step(policy, batch, store, k_max, cost, compiled_steps.CHOOSE, _NO_KS)
     policy.forget_plan()
     return ks.tolist()
 
 
-def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int
+def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int, cost
                  ) -> list[int]:
-    """One step's verification and auto's fit of it, compiled (`compiled_steps.auto_verify`):
-    each request's tokens emitted, the policy's state moved as `observe_columns` moves it."""
-    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
+    """One step's verification and auto's fit of it, compiled (`auto_steps`' VERIFY): each
+    request's tokens emitted, the policy's state moved as `observe_columns` moves it."""
+    from simulator import compiled_steps
 
-    _, output, generated, at = _batch(batch)
-    ids = [request.request_id for request in batch]
-    states, observed, expected = policy.request_state(ids)
-    counts = policy.counts()
     drafts = np.array(ks, dtype=np.int64)
-    emitted = compiled_steps.auto_verify(
-        output, generated, at, store.run, store.values, drafts, *counts, states, observed,
-        expected, float(policy.prior_weight), min(policy.k_max, k_max), BIN_TABLE, NEW, FRESH,
-        COLD, MAX_STREAK)
+    before, after, _, (counts, ids, states, observed, expected) = _one_step(
+        policy, batch, store, k_max, cost, compiled_steps.VERIFY, drafts)
     policy.took_steps(1, counts, ids, states, observed, expected, drafts)
-    return emitted.tolist()
+    return (after - before).tolist()
 
 
+_NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
@@ -344,7 +356,8 @@ def choose_once(policy, batch, store: TraceStore, k_max: int, cost) -> list[int]
     return RUNNERS[type(policy)].choose(policy, batch, store, k_max, cost)
 
 
-def verify_once(policy, batch, store: TraceStore, ks: list[int], k_max: int) -> list[int]:
+def verify_once(policy, batch, store: TraceStore, ks: list[int], k_max: int,
+                cost) -> list[int]:
     """One step taken one at a time with these ks: each request's tokens emitted, the policy
     told what its verification revealed, compiled (`chooses_once`)."""
-    return RUNNERS[type(policy)].verify(policy, batch, store, ks, k_max)
+    return RUNNERS[type(policy)].verify(policy, batch, store, ks, k_max, cost)
