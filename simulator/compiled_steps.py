@@ -64,6 +64,18 @@ def draft_price(contexts, cached_sum: int, target, overhead: float) -> float:
 
 
 @njit(cache=True)
+def _records(steps: int, start: float):
+    """A run's records, for up to `steps` steps: the clock before each step and after the last
+    (from `start`), each step's time, drafts, most drafts, accepted and emitted tokens (each
+    written at every step taken)."""
+    clock = np.empty(steps + 1)
+    clock[0] = start
+    return (clock, np.empty(steps), np.empty(steps, dtype=np.int64),
+            np.empty(steps, dtype=np.int64), np.empty(steps, dtype=np.int64),
+            np.empty(steps, dtype=np.int64))
+
+
+@njit(cache=True)
 def next_feeds(feeds, ks, emitted, rule: int) -> None:
     """`draft_feed.next_feed` of each request, in place (`rule`: simulator.compiled.RULES)."""
     for r in range(feeds.shape[0]):
@@ -125,13 +137,8 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     bins = top1_observed.shape[0]
     gen = generated.copy()
     drafted_by = np.zeros(b, dtype=np.int64)
-    clock = np.empty(max_steps + 1)
-    clock[0] = start
-    durations = np.empty(max_steps)  # (these five: written at every step taken)
-    drafted_at = np.empty(max_steps, dtype=np.int64)
-    max_k_at = np.empty(max_steps, dtype=np.int64)
-    accepted_at = np.empty(max_steps, dtype=np.int64)
-    emitted_at = np.empty(max_steps, dtype=np.int64)
+    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at = _records(max_steps,
+                                                                                start)
     rows = np.empty(b, dtype=np.int64)
     ratios = np.empty(b)
     scales = np.empty(b)
@@ -343,13 +350,8 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
     width = history.shape[1]
     gen = generated.copy()
     drafted_by = np.zeros(b, dtype=np.int64)
-    clock = np.empty(max_steps + 1)
-    clock[0] = start
-    durations = np.empty(max_steps)  # (these five: written at every step taken)
-    drafted_at = np.empty(max_steps, dtype=np.int64)
-    max_k_at = np.empty(max_steps, dtype=np.int64)
-    accepted_at = np.empty(max_steps, dtype=np.int64)
-    emitted_at = np.empty(max_steps, dtype=np.int64)
+    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at = _records(max_steps,
+                                                                                start)
     ks = np.empty(b, dtype=np.int64)
     proposed = np.empty(b, dtype=np.int64)
     kept = np.empty(width)
@@ -468,6 +470,7 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
             break
     return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
             accepted_at[:n], emitted_at[:n], gen, drafted_by)
+
 
 def warm() -> None:
     """Call the loops once on the types `simulator.stepped` gives them (numba's one-time load,

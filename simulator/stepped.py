@@ -184,8 +184,13 @@ def _finished(result: tuple) -> StepsRun:
     return StepsRun(*rest, why == compiled_steps.FINISHED)
 
 
-def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
-              horizon: float) -> StepsRun:
+def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
+                horizon: float, steps: int, mode: int, ks: np.ndarray) -> tuple:
+    """`compiled_steps.auto_steps` of these requests under `policy` (`mode`: RUNS of up to
+    `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`): the tokens each request had
+    generated before, its result, the policy's state as handed to it (counts, ids, states,
+    accepted and expected drafts: moved in place where it verified), and the draft feeds (None
+    where the drafter is no model: moved in place too)."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
@@ -198,40 +203,25 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
         prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
         *counts, states, observed, expected, float(policy.prior_weight),
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
-        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, NEW, FRESH, COLD, MAX_STREAK,
+        *_pricing(cost, len(batch)), start, horizon, steps, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0), compiled_steps.RUNS,
-        _NO_KS)
+        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks)
+    return (generated, result, (counts, ids, states, observed, expected),
+            feeds if draft_model else None)
+
+
+def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
+              horizon: float) -> StepsRun:
+    from simulator import compiled_steps
+
+    _, result, state, feeds = _auto_steps(policy, batch, store, k_max, cost, start, horizon,
+                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS)
     done = _finished(result[:-1])  # (less the last step's ks)
-    policy.took_steps(done.steps, counts, ids, states, observed, expected, done.drafts)
-    if draft_model:
+    policy.took_steps(done.steps, *state, done.drafts)
+    if feeds is not None:
         for request, feed in zip(batch, feeds.tolist()):
             request.draft_feed = feed
     return done
-
-
-def _one_step(policy: Auto, batch, store: TraceStore, k_max: int, cost, mode: int,
-              ks: np.ndarray) -> tuple:
-    """`auto_steps` of one step taken one at a time (`mode`: CHOOSE or VERIFY with `ks`): the
-    tokens each request has generated after it, and its ks; the policy's counts and the
-    requests' states (as its ids, states, accepted and expected drafts) in the arrays given,
-    moved where it verified."""
-    from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
-
-    depth = min(policy.k_max, k_max)
-    prompt, output, generated, at = _batch(batch)
-    ids = [request.request_id for request in batch]
-    states, observed, expected = policy.request_state(ids)
-    counts = policy.counts()
-    draft_model, draft, feeds, rule = _draft_model(cost, batch)
-    result = compiled_steps.auto_steps(
-        prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
-        *counts, states, observed, expected, float(policy.prior_weight),
-        float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
-        *_pricing(cost, len(batch)), 0.0, np.inf, 1, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX,
-        draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks)
-    return generated, result[-3], result[-1], (counts, ids, states, observed, expected)
 
 
 def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> list[int]:
@@ -240,9 +230,10 @@ def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> li
     policy's state is unchanged, and its last plan forgotten."""
     from simulator import compiled_steps
 
-    *_, ks, _ = _one_step(policy, batch, store, k_max, cost, compiled_steps.CHOOSE, _NO_KS)
+    _, result, _, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
+                                  compiled_steps.CHOOSE, _NO_KS)
     policy.forget_plan()
-    return ks.tolist()
+    return result[-1].tolist()
 
 
 def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int, cost
@@ -252,10 +243,10 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
     from simulator import compiled_steps
 
     drafts = np.array(ks, dtype=np.int64)
-    before, after, _, (counts, ids, states, observed, expected) = _one_step(
-        policy, batch, store, k_max, cost, compiled_steps.VERIFY, drafts)
-    policy.took_steps(1, counts, ids, states, observed, expected, drafts)
-    return (after - before).tolist()
+    before, result, state, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
+                                           compiled_steps.VERIFY, drafts)
+    policy.took_steps(1, *state, drafts)
+    return (result[-3] - before).tolist()  # (the tokens each emitted)
 
 
 _NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
