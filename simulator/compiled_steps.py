@@ -37,8 +37,9 @@ from policies.compiled import (
 )
 from simulator.compiled import _pass_s, alternatives_times, chain_step_time
 
-#: why a run of steps ended (`auto_steps`' first result)
-FINISHED, ARRIVAL, STEPS = 0, 1, 2
+#: why a run of steps ended (`auto_steps`' first result; ROOM: under vLLM's scheduler, before a
+#: step whose proposals the budget would trim or the free blocks could not hold)
+FINISHED, ARRIVAL, STEPS, ROOM = 0, 1, 2, 3
 #: what `auto_steps` takes: runs of steps, or one step's choice alone, or one step's
 #: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks)
 RUNS, CHOOSE, VERIFY = 0, 1, 2
@@ -108,6 +109,31 @@ def _draft_totals(ranked, thresholds, geometric) -> np.ndarray:
     return totals[totals <= n]
 
 
+@njit(cache=True)
+def _stop_and_cap(ks, alpha, confidence, threshold: float, alpha_max: float, output, gen, at,
+                  top1, cap, capped: bool):
+    """auto's draft stop of the chosen ks (`Auto.stop_chains`, reading each chain's draft
+    confidences from the position `gen`), then the drafter's cap there."""
+    b = ks.shape[0]
+    width = 0
+    for r in range(b):
+        width = ks[r] if ks[r] > width else width
+    if width > 1:
+        rows_at = np.empty((b, width))
+        for r in range(b):
+            last = output[r] - 1
+            for d in range(width):
+                p = gen[r] + d
+                p = p if p < last else last
+                rows_at[r, d] = top1[at[r] + p]
+        ks = stop_lengths(alpha, confidence, rows_at, ks, threshold, alpha_max)
+    if capped:
+        for r in range(b):
+            can = cap[at[r] + gen[r]]
+            ks[r] = ks[r] if ks[r] <= can else can
+    return ks
+
+
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                seen_bins, accepted_bins, top1_observed, top1_expected, states, observed,
@@ -115,7 +141,8 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                bin_table, target, overhead: float, start: float, horizon: float,
                max_steps: int, new: int, fresh: int, cold: int, max_streak: int,
                alpha_max: float, draft_model: bool, draft, feeds, rule: int, thresholds,
-               geometric, mode: int, given_ks):
+               geometric, mode: int, given_ks, planned: bool, spec, blocks, free: int,
+               budget: int, total_blocks: int, block_size: int):
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
     and draft confidences at its position g are run/cap/top1[at[r] + g] (`TraceStore`). auto's
@@ -130,9 +157,18 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     `mode`: RUNS; CHOOSE returns after the first step's choice, nothing moved; VERIFY takes one
     step with `given_ks` (its verification and fit; its time is not read).
 
+    `planned`: vLLM V1's engine steps (`Replica._planned_iteration` of a steady batch): each
+    step verifies the drafts proposed at the end of the last (`spec`, in place), and the ks
+    chosen before it are proposed at its end, cut by the draft stop (where no request
+    finished: the stop reads the plan of the same batch) and the drafter's cap at the new
+    positions. Before each step the blocks schedule() allocates (`blocks`, each request's, in
+    place; `free` in the pool) are taken; the run ends before a step the budget would trim or
+    the free blocks could not hold.
+
     Returns (why it ended, steps taken, the clock before each step and after the last, each
     step's time, drafts, most drafts, accepted and emitted tokens, each request's tokens generated
-    and drafts after the steps, and the last step's ks)."""
+    and drafts after the steps, the last step's ks (`planned`: the proposals), and each step's
+    KV tokens in allocated blocks (`planned`))."""
     b = prompt.shape[0]
     bins = top1_observed.shape[0]
     gen = generated.copy()
@@ -154,9 +190,29 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     emits = np.empty(b, dtype=np.int64)
     two = np.zeros((2, b), dtype=np.int64)  # no drafts, and one for the first request
     ks = np.zeros(b, dtype=np.int64)
+    # the drafts each step verifies: its ks, or under vLLM those proposed at the last's end
+    verified = spec if planned else ks
+    alpha = np.zeros((b, depth))  # (the plan's, where `planned` cuts the ks after the step)
+    threshold = 0.0
+    kv_at = np.empty(max_steps if planned else 0, dtype=np.int64)
     why = STEPS
     n = 0
     while n < max_steps:
+        if planned:  # schedule(): every proposal whole, its C + n = prompt + g + spec held
+            allocated = 0
+            tokens = b
+            for r in range(b):
+                need = -(-(prompt[r] + gen[r] + spec[r]) // block_size) - blocks[r]
+                allocated += need if need > 0 else 0
+                tokens += spec[r]
+            if allocated > free or tokens > budget:
+                why = ROOM
+                break
+            for r in range(b):
+                need = -(-(prompt[r] + gen[r] + spec[r]) // block_size)
+                blocks[r] = need if need > blocks[r] else blocks[r]
+            free -= allocated
+            kv_at[n] = (total_blocks - free) * block_size
         # -- choose: each request's state and ratio, the confidence lift ------------------
         mean_lift = (_sum(top1_observed, bins) + weight) / (_sum(top1_expected, bins) + weight)
         for t in range(bins):
@@ -207,37 +263,25 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                 for i in range(totals.shape[0]):
                     times[i] = _step_s(cached_sum, totals[i], pairs[i], b, target, overhead)
             _, threshold, ks = pick(ranked, totals, times, b, k0_bonus, survival, stop_slack)
-            # -- the draft stop (`Auto.stop_chains`), then the drafter's cap -------------------
-            width = 0
-            for r in range(b):
-                width = ks[r] if ks[r] > width else width
-            if width > 1:
-                rows_at = np.empty((b, width))
-                for r in range(b):
-                    last = output[r] - 1
-                    for d in range(width):
-                        p = gen[r] + d
-                        p = p if p < last else last
-                        rows_at[r, d] = top1[at[r] + p]
-                ks = stop_lengths(alpha, confidence, rows_at, ks, threshold, alpha_max)
-            if capped:
-                for r in range(b):
-                    can = cap[at[r] + gen[r]]
-                    ks[r] = ks[r] if ks[r] <= can else can
+            if not planned:  # (under vLLM, at the step's end)
+                ks = _stop_and_cap(ks, alpha, confidence, threshold, alpha_max, output, gen,
+                                   at, top1, cap, capped)
             if mode == CHOOSE:  # (nothing moved: the step's choice alone)
                 return (why, 0, clock[:1], durations[:0], drafted_at[:0], max_k_at[:0],
-                        accepted_at[:0], emitted_at[:0], gen, drafted_by, ks)
+                        accepted_at[:0], emitted_at[:0], gen, drafted_by, ks, kv_at[:0])
+        if not planned:
+            verified = ks
         # -- the step's time (`StepCostModel.iteration_s` of a model-free chain) ------------
         step_drafts = 0
         step_pairs = 0
         most = 0
         for r in range(b):
-            k, c = ks[r], contexts[r] - 1
+            k, c = verified[r], contexts[r] - 1
             step_drafts += k
             step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
             most = k if k > most else most
         if draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
-            durations[n] = chain_step_time(ks, held, feeds, True, target, draft, overhead)
+            durations[n] = chain_step_time(verified, held, feeds, True, target, draft, overhead)
         else:
             durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
         clock[n + 1] = clock[n] + durations[n]  # (as the clock adds each step's timeout)
@@ -246,7 +290,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         emitted_total = 0
         finished = False
         for r in range(b):
-            g, k = gen[r], ks[r]
+            g, k = gen[r], verified[r]
             i = at[r] + g  # the request's position g in the trace's arrays
             accepted = 0
             if k:
@@ -265,13 +309,13 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
             emitted_total += emit
             finished = finished or gen[r] >= output[r]
         if draft_model:
-            next_feeds(feeds, ks, emits, rule)
+            next_feeds(feeds, verified, emits, rule)
         expected_now, after = observe_step(seen_bins, accepted_bins, top1_observed,
                                            top1_expected, a_pop, lift, bin_table, states,
-                                           ratios, ks, hits, top1_rows, seen, new, fresh, cold,
-                                           max_streak)
+                                           ratios, verified, hits, top1_rows, seen, new, fresh,
+                                           cold, max_streak)
         for r in range(b):
-            if ks[r]:
+            if verified[r]:
                 observed[r] += hits[r]
                 expected[r] += expected_now[r]
                 states[r] = after[r]
@@ -280,6 +324,17 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         accepted_at[n] = accepted_total
         emitted_at[n] = emitted_total
         n += 1
+        if planned:  # the drafts proposed at the step's end, for the next (`Replica._propose`)
+            if not finished:  # (else the stop reads no plan: its batch is not the plan's)
+                ks = _stop_and_cap(ks, alpha, confidence, threshold, alpha_max, output, gen,
+                                   at, top1, cap, capped)
+            elif capped:
+                for r in range(b):
+                    if gen[r] < output[r]:
+                        can = cap[at[r] + gen[r]]
+                        ks[r] = ks[r] if ks[r] <= can else can
+            for r in range(b):
+                spec[r] = ks[r]
         if finished:
             why = FINISHED
             break
@@ -287,7 +342,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
             why = ARRIVAL
             break
     return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
-            accepted_at[:n], emitted_at[:n], gen, drafted_by, ks)
+            accepted_at[:n], emitted_at[:n], gen, drafted_by, ks, kv_at[:n])
 
 
 @njit(cache=True)
@@ -486,7 +541,7 @@ def warm() -> None:
                    np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
                    np.inf, 4, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX, draft_model, numbers,
                    ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64), RUNS,
-                   ones)
+                   ones, draft_model, ones.copy(), ones.copy(), 8, 64, 8, 16)
     draft_price(ones, 0, numbers, 0.0)
     rows = np.zeros(4, dtype=np.int64)
     history = np.zeros((4, 3))

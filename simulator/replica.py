@@ -291,6 +291,8 @@ class Replica:
             if self.planned:
                 if self.plan_segments and scheduler.steady():
                     yield from self._planned_segment()
+                elif self.steps_at_once and scheduler.steady() and self._runs_fit():
+                    yield from self._compiled_steps()
                 else:
                     yield from self._planned_iteration()
                 continue
@@ -1057,13 +1059,21 @@ class Replica:
         """`_mixed_iteration`s of the running batch with no prompt to chunk, as many as one
         compiled run takes (simulator/stepped.py: up to the first finish, or the step that
         ends at or after the next arrival; nothing else changes what a step admits or chunks),
-        committed and recorded at once."""
+        committed and recorded at once. Under vLLM's scheduler, `_planned_iteration`s of a
+        steady batch, up to the first whose proposals schedule() would not run whole (the
+        budget trims them, or the free blocks cannot hold them: that one is stepped)."""
         scheduler = self.scheduler
         batch, start = scheduler.running, self.env.now
         snapshot = scheduler.snapshot()  # (no arrival, admission or finish before the last)
+        room = scheduler.room() if self.planned else None
         done = run_steps(self.policy, batch, self.traces, self.config.k_max, self.cost, start,
-                         self.next_arrival_s(self.index))
+                         self.next_arrival_s(self.index), room)
         n = done.steps
+        if not n:  # vLLM's first step would trim drafts or preempt: stepped, and so are the
+            # next (a budget that trims them every step) until the running set changes
+            self._stepping_for = tuple(request.request_id for request in batch)
+            yield from self._planned_iteration()
+            return
         scheduler.step_index += n
         for request, after, drafted in zip(batch, done.generated.tolist(),
                                            done.drafts.tolist()):
@@ -1080,12 +1090,26 @@ class Replica:
                                  ("drafted", done.drafted), ("max_k", done.max_k),
                                  ("accepted", done.accepted), ("emitted", done.emitted)):
                 block[STEP_INDEX[name]] = column
+            if done.kv is not None:  # (vLLM's blocks, allocated step by step)
+                block[STEP_INDEX["kv_used_tokens"]] = done.kv
             self.steps.add_block(block)
         else:
             self.steps.add_totals(n, len(batch) * n, n, int(done.emitted.sum()),
                                   int(done.drafted.sum()))
+        if room is not None:  # each request's KV entries, blocks and drafts for its next step
+            scheduler.decoded(done.blocks, done.proposals.tolist())
         yield _At(self.env, float(done.clock[n]))
         self._finish_done()
+
+    def _runs_fit(self) -> bool:
+        """vLLM's scheduler: whether runs of steps are tried (not while the running set is
+        the one whose first step did not fit, `_compiled_steps`)."""
+        if self._stepping_for is None:
+            return True
+        if self._stepping_for == tuple(request.request_id for request in self.scheduler.running):
+            return False
+        self._stepping_for = None
+        return True
 
     def _step_unwalked(self, batch: list[RequestState]):
         """A step where the policy's batch overrules its walks (`Policy.walks_agree`), taken

@@ -73,6 +73,20 @@ class StepPlan:
         return [entry.request for entry in self.scheduled]
 
 
+@dataclass
+class Room:
+    """What vLLM's scheduler holds for a steady batch's runs of steps: each request's drafts
+    proposed for its next step and the blocks it holds, the pool's free blocks, the budget,
+    the pool's usable blocks and the block size (`VllmV1Scheduler.room`; simulator/stepped.py)."""
+
+    proposals: np.ndarray
+    blocks: np.ndarray
+    free: int
+    budget: int
+    total_blocks: int
+    block_size: int
+
+
 class _Seq:
     """vLLM's per-request scheduler state beside the request object (doc 1)."""
 
@@ -393,6 +407,20 @@ class VllmV1Scheduler:
             if blocks > seq.blocks:
                 need += blocks - seq.blocks
         return need if need <= self.free_blocks and tokens <= self.budget else None
+
+    def room(self) -> Room:
+        """Where `steady`: what runs of the running requests' decode steps take their
+        allocations from (simulator/stepped.py): each one's drafts proposed for its next step
+        and the blocks it holds (copies, moved by the run and handed back to `decoded`), the
+        free blocks and the budget. (A steady request's C is its tokens less one, as a
+        decode's.)"""
+        seqs, running = self._seq, self.running
+        proposals = np.fromiter((seqs[request.index].spec for request in running), np.int64,
+                                len(running))
+        blocks = np.fromiter((seqs[request.index].blocks for request in running), np.int64,
+                             len(running))
+        return Room(proposals, blocks, self.free_blocks, self.budget, self.total_blocks,
+                    BLOCK_SIZE)
 
     def proposals(self, requests: Sequence) -> list[int]:
         """The drafts each of `requests` proposed for its next step."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from policies.kld_variance import (
     history_weights,
 )
 from simulator import kernels
+
+if TYPE_CHECKING:
+    from simulator.scheduler_vllm import Room
 
 #: the most steps one run takes (its records' arrays are this long)
 MAX_STEPS = 4096
@@ -119,6 +123,11 @@ class StepsRun:
     generated: np.ndarray
     drafts: np.ndarray
     finished: bool
+    #: under vLLM's scheduler (`Room`): each step's KV tokens in allocated blocks, the drafts
+    #: each request proposed at the last step's end, and the blocks each holds after it
+    kv: np.ndarray | None = None
+    proposals: np.ndarray | None = None
+    blocks: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,7 @@ class Runner:
     run: Callable[..., StepsRun]
     signal: str
     draft_model: bool = False  # it runs with a draft model's chain too
+    planned: bool = False  # it runs vLLM V1's engine steps too (`Room`)
     reads_cost: bool = True  # it prices steps (so its policy cost model must be the engine's)
     #: one step's ks, and its verification and fit, compiled, for a step taken one at a time
     #: (`choose_once`, `verify_once`), or None
@@ -185,12 +195,14 @@ def _finished(result: tuple) -> StepsRun:
 
 
 def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
-                horizon: float, steps: int, mode: int, ks: np.ndarray) -> tuple:
+                horizon: float, steps: int, mode: int, ks: np.ndarray,
+                room: Room | None = None) -> tuple:
     """`compiled_steps.auto_steps` of these requests under `policy` (`mode`: RUNS of up to
-    `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`): the tokens each request had
-    generated before, its result, the policy's state as handed to it (counts, ids, states,
-    accepted and expected drafts: moved in place where it verified), and the draft feeds (None
-    where the drafter is no model: moved in place too)."""
+    `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`; `room`: vLLM's engine steps,
+    its proposals and blocks moved in place): the tokens each request had generated before,
+    its result, the policy's state as handed to it (counts, ids, states, accepted and expected
+    drafts: moved in place where it verified), and the draft feeds (None where the drafter is
+    no model: moved in place too)."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
@@ -205,18 +217,22 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, steps, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks)
+        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks,
+        *(_NO_ROOM if room is None else (True, room.proposals, room.blocks, room.free,
+                                         room.budget, room.total_blocks, room.block_size)))
     return (generated, result, (counts, ids, states, observed, expected),
             feeds if draft_model else None)
 
 
 def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
-              horizon: float) -> StepsRun:
+              horizon: float, room: Room | None = None) -> StepsRun:
     from simulator import compiled_steps
 
     _, result, state, feeds = _auto_steps(policy, batch, store, k_max, cost, start, horizon,
-                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS)
-    done = _finished(result[:-1])  # (less the last step's ks)
+                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS, room)
+    done = _finished(result[:-2])  # (less the last step's ks and the KV records)
+    if room is not None:
+        done.kv, done.proposals, done.blocks = result[-1], room.proposals, room.blocks
     policy.took_steps(done.steps, *state, done.drafts)
     if feeds is not None:
         for request, feed in zip(batch, feeds.tolist()):
@@ -233,7 +249,7 @@ def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> li
     _, result, _, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
                                   compiled_steps.CHOOSE, _NO_KS)
     policy.forget_plan()
-    return result[-1].tolist()
+    return result[-2].tolist()
 
 
 def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int, cost
@@ -246,15 +262,16 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
     before, result, state, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
                                            compiled_steps.VERIFY, drafts)
     policy.took_steps(1, *state, drafts)
-    return (result[-3] - before).tolist()  # (the tokens each emitted)
+    return (result[-4] - before).tolist()  # (the tokens each emitted)
 
 
 _NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
+_NO_ROOM = (False, _NO_KS, _NO_KS, 0, 0, 0, 1)  # (the plain scheduler's steps)
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
 def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
-             horizon: float) -> StepsRun:
+             horizon: float, room: Room | None = None) -> StepsRun:
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     prompt, output, generated, at = _batch(batch)
@@ -290,7 +307,7 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
-                 draft_model=True, choose=_choose_auto, verify=_verify_auto),
+                 draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto),
     KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
                         _run_kld, "kl", reads_cost=False),
 }
@@ -300,12 +317,14 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
                   k_max: int) -> bool:
     """Whether a replica runs this policy's decode steps in compiled runs: one `RUNNERS`
     stands for here (under the engine's `k_max`), under the plain scheduler (with chunked
-    prefill, its steps with no prompt to chunk), a chain on the roofline with no idle proposer
+    prefill, its steps with no prompt to chunk) or, where it runs them (`planned`), vLLM's
+    (its steady batch's steps), a chain on the roofline with no idle proposer
     (the steps' prices are the roofline's passes), the policy reading the engine's cost model
     where it prices steps, and the compiled loops loaded for this run."""
     runner = RUNNERS.get(type(policy))
     roofline = getattr(cost, "_roofline", None)
-    if not (fast_path and runner is not None and runner.applies(policy, k_max) and not planned
+    if not (fast_path and runner is not None and runner.applies(policy, k_max)
+            and (not planned or runner.planned)
             and (policy_cost is None or not runner.reads_cost) and roofline is not None
             and roofline["target"] is not None and not cost.idle_s
             and kernels.compiled() is not None):
@@ -326,12 +345,13 @@ def trace_store(policy, capped: bool) -> TraceStore:
 
 
 def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,
-              horizon: float) -> StepsRun:
+              horizon: float, room: Room | None = None) -> StepsRun:
     """Up to the step that finishes a request, or the first that ends at or after `horizon`
     (the next arrival), or `MAX_STEPS`, of these running requests under `policy` (their
     traces in `store`; `k_max`: the engine's); the policy's state and the requests' move with
-    them."""
-    return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon)
+    them. `room`: vLLM V1's engine steps of a steady batch, up to the first its scheduler
+    would plan otherwise (the run's `kv`, `proposals` and `blocks` then given)."""
+    return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon, room)
 
 
 def chooses_once(policy) -> bool:

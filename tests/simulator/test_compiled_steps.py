@@ -41,22 +41,28 @@ def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, kee
     loops(True)
     scheduler = scheduler or SchedulerConfig(max_num_seqs=24)
     runs, mixed = [], []
-    compiled_steps, mixed_iteration = Replica._compiled_steps, Replica._mixed_iteration
+    compiled_steps = Replica._compiled_steps
+    # (a step taken one at a time: vLLM's engine step under its scheduler)
+    stepper = ("_planned_iteration" if scheduler.scheduler == "vllm-v1"
+               else "_mixed_iteration")
+    step_one = getattr(Replica, stepper)
     after_runs, after_steps = {}, {}  # (replica, step index) -> the fit of these requests
 
     def counted(self):
         ids = [request.request_id for request in self.scheduler.running]
-        runs.append(len(ids))
+        stepped_before = len(mixed)
         yield from compiled_steps(self)
+        if len(mixed) == stepped_before:  # (else vLLM's first step did not fit: stepped)
+            runs.append(len(ids))
         after_runs[self.index, self.scheduler.step_index] = _learnt(self.policy, ids)
 
     def one(self, *args, **kwargs):
         ids = [request.request_id for request in self.scheduler.running]
         mixed.append(1)
-        yield from mixed_iteration(self, *args, **kwargs)
+        yield from step_one(self, *args, **kwargs)
         after_steps[self.index, self.scheduler.step_index] = _learnt(self.policy, ids)
     monkeypatch.setattr(Replica, "_compiled_steps", counted)
-    monkeypatch.setattr(Replica, "_mixed_iteration", one)
+    monkeypatch.setattr(Replica, stepper, one)
     fast = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
     taken, one_at_a_time = len(runs), len(mixed)
     monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
@@ -369,6 +375,51 @@ def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, poli
     _same(fast, slow)
 
 
+VLLM_CASES = [  # (acceptance, lengths, rate, draft, replicas, the scheduler's settings)
+    ("smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
+    ("beta:7,3~20", "azure-conv", 8.0, "Llama-68M", 1, {}),
+    ("beta:7,3~20", "azure-conv", 10.0, "none", 1, {"kv_capacity_tokens": 8000}),  # preempts
+    ("beta:7,3~20", "fixed:200,300", 4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("smollm2-eagle-ngram", "fixed:20,300", 4.0, "none", 1, {"max_batched_tokens": 60}),
+    ("smollm2-ngram", "azure-conv", 20.0, "none", 2, {"max_num_seqs": 16}),
+]
+
+
+@pytest.mark.parametrize("acceptance,lengths,rate,draft,replicas,settings", VLLM_CASES,
+                         ids=[f"{a}-{lg}-{r}-{d}-{n}-" + (",".join(s) or "default")
+                              for a, lg, r, d, n, s in VLLM_CASES])
+def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rate, draft,
+                                    replicas, settings):
+    """auto under vLLM's scheduler: a steady batch's engine steps (each verifying the drafts
+    proposed at the last one's end) run at once, up to the first that the budget would trim
+    or the free blocks could not hold (preempting); the others, with prompt chunks, one at a
+    time: the same records, the KV blocks of every step among them. With a tight KV cache
+    and a small budget, runs end at both (and a run whose first step does not fit is
+    stepped)."""
+    from simulator import compiled_steps
+
+    ends = []
+    auto_steps = compiled_steps.auto_steps
+
+    def counted(*args):
+        result = auto_steps(*args)
+        ends.append((result[0], result[1]))
+        return result
+    monkeypatch.setattr(compiled_steps, "auto_steps", counted)
+    spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
+                          acceptance=acceptance, draft=draft, seed=4)
+    scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler=scheduler,
+                                            replicas=replicas)
+    decode_steps = int(((fast.steps["decode_seqs"] > 0) & (fast.steps["prefill_seqs"] == 0)).sum())
+    assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 2
+    if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
+        assert any(why == compiled_steps.ROOM and n for why, n in ends)  # a run cut before it
+        assert any(why == compiled_steps.ROOM and not n for why, n in ends)  # stepped
+    _same(fast, slow)
+
+
 def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool = False,
              idle: bool = False, policy_cost: bool = False, planned: bool = False,
              fast_path: bool = True, k_max: int = 10) -> bool:
@@ -388,7 +439,7 @@ def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool
                                  fast_path, k_max)
 
 
-@pytest.mark.parametrize("case", ["tree", "vllm", "subclass", "numpy", "policy cost",
+@pytest.mark.parametrize("case", ["tree", "kld vllm", "subclass", "numpy", "policy cost",
                                   "k_max 0", "engine k_max 0", "profile", "no fast path",
                                   "kld draft model", "kld long history", "idle proposer"])
 def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case):
@@ -401,15 +452,17 @@ def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case
               else KldVariance(activation_tokens=129 if case == "kld long history" else 100)
               if kld else Auto())
     setting = dict(draft="Llama-68M" if case in ("tree", "kld draft model") else "none",
-                   tree=case == "tree", idle=case == "idle proposer", planned=case == "vllm",
+                   tree=case == "tree", idle=case == "idle proposer", planned=case == "kld vllm",
                    policy_cost=case == "policy cost", profile=case == "profile",
                    fast_path=case != "no fast path", k_max=0 if case == "engine k_max 0" else 10)
     assert not _applies(policy, **setting)
-    if case in ("tree", "vllm", "numpy", "profile", "idle proposer", "kld draft model",
+    if case in ("tree", "kld vllm", "numpy", "profile", "idle proposer", "kld draft model",
                 "engine k_max 0"):  # (the others differ from the default in the policy alone)
         loops(True)
         assert _applies(KldVariance() if kld else Auto(),
                         draft="Llama-68M" if case == "tree" else "none")
+    if case == "kld vllm":  # (auto runs vLLM's engine steps)
+        assert _applies(Auto(), planned=True)
 
 
 def test_kld_variance_reads_no_cost_so_a_policy_cost_model_does_not_rule_it_out(loops):
