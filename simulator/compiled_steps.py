@@ -41,8 +41,9 @@ from simulator.compiled import _pass_s, alternatives_times, chain_step_time
 #: step whose proposals the budget would trim or the free blocks could not hold)
 FINISHED, ARRIVAL, STEPS, ROOM = 0, 1, 2, 3
 #: what `auto_steps` takes: runs of steps, or one step's choice alone, or one step's
-#: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks)
-RUNS, CHOOSE, VERIFY = 0, 1, 2
+#: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks),
+#: or under vLLM's scheduler one engine step's choice, fit and proposals, its outcomes given
+RUNS, CHOOSE, VERIFY, PROPOSE = 0, 1, 2, 3
 
 
 @njit(cache=True)
@@ -155,7 +156,11 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     worth something) as each one's ks, not from the verify pass's sums.
 
     `mode`: RUNS; CHOOSE returns after the first step's choice, nothing moved; VERIFY takes one
-    step with `given_ks` (its verification and fit; its time is not read).
+    step with `given_ks` (its verification and fit; its time is not read); PROPOSE (with
+    `planned`) one vLLM engine step taken one at a time (with prompt chunks): its choice, the
+    fit of the drafts it verified (`spec`: 0 for a prompt chunk) and each request's tokens
+    sampled (`given_ks`, as the scheduler committed them), and the drafts proposed at its end
+    (in `spec`, read where the request sampled and goes on; its blocks and time not read).
 
     `planned`: vLLM V1's engine steps (`Replica._planned_iteration` of a steady batch): each
     step verifies the drafts proposed at the end of the last (`spec`, in place), and the ks
@@ -198,7 +203,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     why = STEPS
     n = 0
     while n < max_steps:
-        if planned:  # schedule(): every proposal whole, its C + n = prompt + g + spec held
+        if planned and mode == RUNS:  # schedule(): every proposal whole, C + n held
             allocated = 0
             tokens = b
             for r in range(b):
@@ -280,7 +285,9 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
             step_drafts += k
             step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
             most = k if k > most else most
-        if draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
+        if mode == PROPOSE:  # (its time is the caller's)
+            durations[n] = 0.0
+        elif draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
             durations[n] = chain_step_time(verified, held, feeds, True, target, draft, overhead)
         else:
             durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
@@ -292,11 +299,14 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         for r in range(b):
             g, k = gen[r], verified[r]
             i = at[r] + g  # the request's position g in the trace's arrays
-            accepted = 0
-            if k:
-                accepted = k if k <= run[i] else run[i]
-            left = output[r] - g
-            emit = accepted + 1 if accepted < left else left
+            if mode == PROPOSE:  # (the scheduler's: 0 for a chunk short of its prompt)
+                emit = given_ks[r]
+            else:
+                accepted = 0
+                if k:
+                    accepted = k if k <= run[i] else run[i]
+                left = output[r] - g
+                emit = accepted + 1 if accepted < left else left
             hits[r] = emit - 1
             shown = emit if emit < k else k  # min(accepted + 1, k, left)
             seen[r] = shown
@@ -324,13 +334,18 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         accepted_at[n] = accepted_total
         emitted_at[n] = emitted_total
         n += 1
-        if planned:  # the drafts proposed at the step's end, for the next (`Replica._propose`)
-            if not finished:  # (else the stop reads no plan: its batch is not the plan's)
+        if planned:  # the drafts proposed at the step's end, for the next (`Replica._propose`):
+            # by each request that sampled and goes on; the stop reads the plan where that is
+            # every request of the step (the plan's batch), else none
+            every = True
+            for r in range(b):
+                every = every and emits[r] > 0 and gen[r] < output[r]
+            if every:
                 ks = _stop_and_cap(ks, alpha, confidence, threshold, alpha_max, output, gen,
                                    at, top1, cap, capped)
             elif capped:
                 for r in range(b):
-                    if gen[r] < output[r]:
+                    if emits[r] > 0 and gen[r] < output[r]:
                         can = cap[at[r] + gen[r]]
                         ks[r] = ks[r] if ks[r] <= can else can
             for r in range(b):

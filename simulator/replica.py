@@ -41,6 +41,8 @@ from simulator.step_cost import StepCostModel, verify_sums
 from simulator.stepped import (
     choose_once,
     chooses_once,
+    propose_once,
+    proposes_once,
     run_steps,
     steps_at_once,
     trace_store,
@@ -139,6 +141,11 @@ class Replica:
         #: ... and its steps taken one at a time (with prompt chunks) have their ks, and their
         #: verification and fit, compiled
         self.chooses_once = self.steps_at_once and chooses_once(policy)
+        #: ... and under vLLM's scheduler its engine steps taken one at a time have their
+        #: choice, fit and proposals compiled (not near a max_model_len: vLLM's cut at it and
+        #: its zero drafts are the step path's)
+        self.proposes_once = (self.steps_at_once and self.planned and proposes_once(policy)
+                              and getattr(self.scheduler, "max_model_len", None) is None)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -671,7 +678,10 @@ class Replica:
             raise RuntimeError("replica holds requests it can neither admit nor run")
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
-        ks = scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen
+        # (proposes_once: the choice is made after the step, compiled, from the policy's state
+        # before it, with its fit and the proposals)
+        ks = (None if self.proposes_once
+              else scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen)
         decodes, chunks, drafts, computed = [], [], [], []
         for entry in plan.scheduled:  # one pass: this runs once per request and step
             if entry.prefill:
@@ -718,12 +728,15 @@ class Replica:
             for entry, _, emit in decode_emit:
                 entry.request.draft_feed = next_feed(self.catch_up, entry.request.draft_feed,
                                                      entry.drafts, emit)
-        if self.observes and decode_emit:
-            self._report([entry.request for entry in decodes],
-                         [(entry.request, g, entry.drafts, emit - 1, emit)
-                          for entry, g, emit in decode_emit])
         size = 0 if head is None else head.size
-        self._propose(plan, ks[size:], emitted)
+        if self.proposes_once:
+            self._propose_once(plan, before, emitted)
+        else:
+            if self.observes and decode_emit:
+                self._report([entry.request for entry in decodes],
+                             [(entry.request, g, entry.drafts, emit - 1, emit)
+                              for entry, g, emit in decode_emit])
+            self._propose(plan, ks[size:], emitted)
         implicit = head is not None and ks[:size].count(self._walked_k) == size
         if head is not None and not implicit:  # the head proposes drafts at other ks than
             self._propose_head(size, ks[:size])  # its walks': as the step path proposes them
@@ -741,6 +754,18 @@ class Replica:
             self._finish_done(every=self.plan_sums)
             if self.plan_sums:  # the requests that stayed in the sums, where they come first
                 self._head = self._extend_head(ks, self._summed_head())
+
+    def _propose_once(self, plan, before: list[int], emitted: list[int]) -> None:
+        """`proposes_once`: the policy's choice, its fit of the step and the drafts proposed
+        at its end, compiled (simulator/stepped.py), each request that sampled and goes on
+        proposing its own."""
+        batch = plan.requests
+        proposals = propose_once(self.policy, batch, self.traces, self.config.k_max, self.cost,
+                                 before, [entry.drafts for entry in plan.scheduled], emitted)
+        finished = self.scheduler.finished
+        going = [(request, k) for request, k, emit in zip(batch, proposals, emitted)
+                 if emit and not finished(request)]
+        self.scheduler.propose_all([request for request, _ in going], [k for _, k in going])
 
     def _summed_head(self) -> int | None:
         """After a step that read every running request: how many of those in the kept sums

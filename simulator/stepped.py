@@ -145,6 +145,9 @@ class Runner:
     #: (`choose_once`, `verify_once`), or None
     choose: Callable[..., list[int]] | None = None
     verify: Callable[..., list[int]] | None = None
+    #: under vLLM's scheduler, an engine step taken one at a time (with prompt chunks): its
+    #: choice, fit and proposals compiled (`propose_once`), or None
+    propose: Callable[..., list[int]] | None = None
 
 
 def _batch(batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -176,6 +179,7 @@ def _draft_model(cost, batch) -> tuple:
 
 
 _geometric = np.zeros((0, TOTALS_TRIED), dtype=np.int64)
+_NOT_PLANNED = (False, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0, 0, 0, 1)
 
 
 def _geometric_table(n: int) -> np.ndarray:
@@ -196,17 +200,20 @@ def _finished(result: tuple) -> StepsRun:
 
 def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
                 horizon: float, steps: int, mode: int, ks: np.ndarray,
-                room: Room | None = None) -> tuple:
+                planned: tuple = _NOT_PLANNED, before: list[int] | None = None) -> tuple:
     """`compiled_steps.auto_steps` of these requests under `policy` (`mode`: RUNS of up to
-    `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`; `room`: vLLM's engine steps,
-    its proposals and blocks moved in place): the tokens each request had generated before,
-    its result, the policy's state as handed to it (counts, ids, states, accepted and expected
-    drafts: moved in place where it verified), and the draft feeds (None where the drafter is
-    no model: moved in place too)."""
+    `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`, or under vLLM's scheduler its
+    PROPOSE with `ks` the tokens each sampled; `planned`: vLLM's engine steps, `_planned`;
+    `before`: the tokens each had generated before the step, where they moved since): the
+    tokens each request had generated before, its result, the policy's state as handed to it
+    (counts, ids, states, accepted and expected drafts: moved in place where it verified), and
+    the draft feeds (None where the drafter is no model: moved in place too)."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
     prompt, output, generated, at = _batch(batch)
+    if before is not None:
+        generated = np.array(before, dtype=np.int64)
     ids = [request.request_id for request in batch]
     states, observed, expected = policy.request_state(ids)
     counts = policy.counts()
@@ -217,9 +224,7 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, steps, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks,
-        *(_NO_ROOM if room is None else (True, room.proposals, room.blocks, room.free,
-                                         room.budget, room.total_blocks, room.block_size)))
+        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks, *planned)
     return (generated, result, (counts, ids, states, observed, expected),
             feeds if draft_model else None)
 
@@ -229,7 +234,8 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
     from simulator import compiled_steps
 
     _, result, state, feeds = _auto_steps(policy, batch, store, k_max, cost, start, horizon,
-                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS, room)
+                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS,
+                                          _NOT_PLANNED if room is None else _planned(room))
     done = _finished(result[:-2])  # (less the last step's ks and the KV records)
     if room is not None:
         done.kv, done.proposals, done.blocks = result[-1], room.proposals, room.blocks
@@ -265,8 +271,32 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
     return (result[-4] - before).tolist()  # (the tokens each emitted)
 
 
+def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, before: list[int],
+                  drafts: list[int], emitted: list[int]) -> list[int]:
+    """One vLLM engine step's choice, auto's fit of its outcomes and the drafts proposed at its
+    end, compiled (`auto_steps`' PROPOSE), after the scheduler committed it: `batch` its
+    requests, `before` the tokens each had generated, `drafts` those it verified (0 for a
+    prompt chunk), `emitted` those it sampled. Returns the drafts each proposes (read where it
+    sampled and goes on), as `choose` before the step, `observe_columns` and `_propose` (its
+    draft stop and the drafter's cap) give them."""
+    from simulator import compiled_steps
+
+    verified = np.array(drafts, dtype=np.int64)
+    _, result, state, _ = _auto_steps(
+        policy, batch, store, k_max, cost, 0.0, np.inf, 1, compiled_steps.PROPOSE,
+        np.array(emitted, dtype=np.int64), (True, verified.copy(), _NO_KS, 0, 0, 0, 1),
+        before)
+    policy.took_steps(1, *state, verified)
+    return result[-2].tolist()
+
+
+def _planned(room: Room) -> tuple:
+    """`auto_steps`' arguments of vLLM's engine steps from the scheduler's `Room`."""
+    return (True, room.proposals, room.blocks, room.free, room.budget, room.total_blocks,
+            room.block_size)
+
+
 _NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
-_NO_ROOM = (False, _NO_KS, _NO_KS, 0, 0, 0, 1)  # (the plain scheduler's steps)
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
@@ -307,7 +337,8 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: chunks, taken one at a time, move each request's state out of its row and back)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
-                 draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto),
+                 draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,
+                 propose=_propose_auto),
     KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
                         _run_kld, "kl", reads_cost=False),
 }
@@ -372,3 +403,19 @@ def verify_once(policy, batch, store: TraceStore, ks: list[int], k_max: int,
     """One step taken one at a time with these ks: each request's tokens emitted, the policy
     told what its verification revealed, compiled (`chooses_once`)."""
     return RUNNERS[type(policy)].verify(policy, batch, store, ks, k_max, cost)
+
+
+def proposes_once(policy) -> bool:
+    """Whether a replica whose steps run at once under vLLM's scheduler also has this
+    policy's engine steps taken one at a time compiled (`propose_once`)."""
+    return RUNNERS[type(policy)].propose is not None
+
+
+def propose_once(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
+                 drafts: list[int], emitted: list[int]) -> list[int]:
+    """Under vLLM's scheduler, an engine step taken one at a time, after its outcomes were
+    committed: the policy's choice (from its state before the step), its fit of what the
+    step verified, and the drafts each request proposes at its end, compiled
+    (`proposes_once`)."""
+    return RUNNERS[type(policy)].propose(policy, batch, store, k_max, cost, before, drafts,
+                                         emitted)

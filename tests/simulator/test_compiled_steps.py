@@ -394,9 +394,9 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rat
     """auto under vLLM's scheduler: a steady batch's engine steps (each verifying the drafts
     proposed at the last one's end) run at once, up to the first that the budget would trim
     or the free blocks could not hold (preempting); the others, with prompt chunks, one at a
-    time: the same records, the KV blocks of every step among them. With a tight KV cache
-    and a small budget, runs end at both (and a run whose first step does not fit is
-    stepped)."""
+    time, their choice, the fit of their outcomes and their proposals compiled: the same
+    records, the KV blocks of every step among them. With a tight KV cache and a small budget,
+    runs end at both (and a run whose first step does not fit is stepped)."""
     from simulator import compiled_steps
 
     ends = []
@@ -404,9 +404,17 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rat
 
     def counted(*args):
         result = auto_steps(*args)
-        ends.append((result[0], result[1]))
+        if args[-9] == compiled_steps.RUNS:  # (its mode)
+            ends.append((result[0], result[1]))
         return result
     monkeypatch.setattr(compiled_steps, "auto_steps", counted)
+    proposed = []
+    propose = replica_module.propose_once
+
+    def told(*args):
+        proposed.append(1)
+        return propose(*args)
+    monkeypatch.setattr(replica_module, "propose_once", told)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
@@ -414,6 +422,8 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rat
                                             replicas=replicas)
     decode_steps = int(((fast.steps["decode_seqs"] > 0) & (fast.steps["prefill_seqs"] == 0)).sum())
     assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 2
+    # every engine step taken one at a time has its choice, fit and proposals compiled
+    assert len(proposed) == one_at_a_time
     if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
         assert any(why == compiled_steps.ROOM and n for why, n in ends)  # a run cut before it
         assert any(why == compiled_steps.ROOM and not n for why, n in ends)  # stepped
