@@ -36,6 +36,16 @@ from policies.compiled import (
     verify_pairs,
 )
 from simulator.compiled import _pass_s, alternatives_times, chain_step_time
+from simulator.stepped import (
+    ACCEPTED,
+    CLOCK,
+    DRAFTED,
+    DURATION,
+    EMITTED,
+    KV,
+    MAX_K,
+    RECORDS,
+)
 
 #: why a run of steps ended (`auto_steps`' first result; ROOM: under vLLM's scheduler, before a
 #: step whose proposals the budget would trim or the free blocks could not hold)
@@ -44,6 +54,7 @@ FINISHED, ARRIVAL, STEPS, ROOM = 0, 1, 2, 3
 #: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks),
 #: or under vLLM's scheduler one engine step's choice, fit and proposals, its outcomes given
 RUNS, CHOOSE, VERIFY, PROPOSE = 0, 1, 2, 3
+
 
 
 @njit(cache=True)
@@ -66,15 +77,19 @@ def draft_price(contexts, cached_sum: int, target, overhead: float) -> float:
 
 
 @njit(cache=True)
-def _records(steps: int, start: float):
-    """A run's records, for up to `steps` steps: the clock before each step and after the last
-    (from `start`), each step's time, drafts, most drafts, accepted and emitted tokens (each
-    written at every step taken)."""
-    clock = np.empty(steps + 1)
-    clock[0] = start
-    return (clock, np.empty(steps), np.empty(steps, dtype=np.int64),
-            np.empty(steps, dtype=np.int64), np.empty(steps, dtype=np.int64),
-            np.empty(steps, dtype=np.int64))
+def _records(records, drafted_by, b: int, steps: int, start: float):
+    """A run's records in the caller's buffer (`records`: RECORDS rows of at least `steps` + 1),
+    for up to `steps` steps: the clock before each step and after the last (from `start`), each
+    step's time, drafts, most drafts, accepted and emitted tokens and KV tokens in allocated
+    blocks (each written at every step taken, the counts as floats: exact); and each request's
+    drafts (`drafted_by`, at least b, zeroed). (Buffers, not arrays made per run: numba hands
+    each array it returns to Python at about 0.35 us.)"""
+    if records.shape[0] != RECORDS or records.shape[1] < steps + 1 or drafted_by.shape[0] < b:
+        raise IndexError("a run's record buffers are too small")
+    records[CLOCK, 0] = start
+    drafted_by[:b] = 0
+    return (records[CLOCK], records[DURATION], records[DRAFTED], records[MAX_K],
+            records[ACCEPTED], records[EMITTED], records[KV])
 
 
 @njit(cache=True)
@@ -143,7 +158,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                max_steps: int, new: int, fresh: int, cold: int, max_streak: int,
                alpha_max: float, draft_model: bool, draft, feeds, rule: int, thresholds,
                geometric, mode: int, given_ks, planned: bool, spec, blocks, free: int,
-               budget: int, total_blocks: int, block_size: int):
+               budget: int, total_blocks: int, block_size: int, records, drafted_by):
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
     and draft confidences at its position g are run/cap/top1[at[r] + g] (`TraceStore`). auto's
@@ -170,16 +185,16 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     place; `free` in the pool) are taken; the run ends before a step the budget would trim or
     the free blocks could not hold.
 
-    Returns (why it ended, steps taken, the clock before each step and after the last, each
-    step's time, drafts, most drafts, accepted and emitted tokens, each request's tokens generated
-    and drafts after the steps, the last step's ks (`planned`: the proposals), and each step's
-    KV tokens in allocated blocks (`planned`))."""
+    The records go in `records` (`_records`: the clock before each step and after the last, each
+    step's time, drafts, most drafts, accepted and emitted tokens, and under `planned` its KV
+    tokens in allocated blocks), each request's drafts in `drafted_by`, and its tokens
+    generated move in `generated`. Returns (why it ended, steps taken, the last step's ks
+    (`planned`: the proposals))."""
     b = prompt.shape[0]
     bins = top1_observed.shape[0]
-    gen = generated.copy()
-    drafted_by = np.zeros(b, dtype=np.int64)
-    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at = _records(max_steps,
-                                                                                start)
+    gen = generated  # (moved in place)
+    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, kv_at = _records(
+        records, drafted_by, b, max_steps, start)
     rows = np.empty(b, dtype=np.int64)
     ratios = np.empty(b)
     scales = np.empty(b)
@@ -199,7 +214,6 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     verified = spec if planned else ks
     alpha = np.zeros((b, depth))  # (the plan's, where `planned` cuts the ks after the step)
     threshold = 0.0
-    kv_at = np.empty(max_steps if planned else 0, dtype=np.int64)
     why = STEPS
     n = 0
     while n < max_steps:
@@ -272,8 +286,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                 ks = _stop_and_cap(ks, alpha, confidence, threshold, alpha_max, output, gen,
                                    at, top1, cap, capped)
             if mode == CHOOSE:  # (nothing moved: the step's choice alone)
-                return (why, 0, clock[:1], durations[:0], drafted_at[:0], max_k_at[:0],
-                        accepted_at[:0], emitted_at[:0], gen, drafted_by, ks, kv_at[:0])
+                return why, 0, ks
         if not planned:
             verified = ks
         # -- the step's time (`StepCostModel.iteration_s` of a model-free chain) ------------
@@ -356,8 +369,7 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         if clock[n] >= horizon:
             why = ARRIVAL
             break
-    return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
-            accepted_at[:n], emitted_at[:n], gen, drafted_by, ks, kv_at[:n])
+    return why, n, ks
 
 
 @njit(cache=True)
@@ -408,20 +420,19 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
               warm_count, warm_most, k_init: int, k_min_cfg: int, k_max_cfg: int,
               engine_k_max: int, weights, totals, alpha: float, temperature: float,
               batch_cap: bool, if_flat: float, ceiling: float, target, overhead: float,
-              start: float, horizon: float, max_steps: int):
+              start: float, horizon: float, max_steps: int, records, drafted_by):
     """`auto_steps` for kld_variance: each step its ks (`KldVariance.choose`, the drafter's
     cap), time and verdicts, then its fit of each request's outcome (`KldVariance.observe`,
     request after request: the KL history, the warm-up, the bounds, the variance ratio and the
     next k, capped by the batch's mean). Request r's state is row rows[r] of the state arrays
     (`kld_variance.RequestRows`), updated in place; `weights` and `totals`: row n the weights
-    of a history of n values and their sum. The same results as `auto_steps`' (no confidences:
-    the KL windows in `kl`)."""
+    of a history of n values and their sum. The same records and results as `auto_steps`' (no
+    confidences: the KL windows in `kl`; no ks returned)."""
     b = prompt.shape[0]
     width = history.shape[1]
-    gen = generated.copy()
-    drafted_by = np.zeros(b, dtype=np.int64)
-    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at = _records(max_steps,
-                                                                                start)
+    gen = generated  # (moved in place)
+    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, _ = _records(
+        records, drafted_by, b, max_steps, start)
     ks = np.empty(b, dtype=np.int64)
     proposed = np.empty(b, dtype=np.int64)
     kept = np.empty(width)
@@ -538,8 +549,7 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
         if clock[n] >= horizon:
             why = ARRIVAL
             break
-    return (why, n, clock[: n + 1], durations[:n], drafted_at[:n], max_k_at[:n],
-            accepted_at[:n], emitted_at[:n], gen, drafted_by)
+    return why, n
 
 
 def warm() -> None:
@@ -551,17 +561,19 @@ def warm() -> None:
     trace = np.ones(8, dtype=np.int64)
     numbers = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)
     for draft_model in (False, True):
-        auto_steps(ones * 4, ones * 4, ones, ones * 0, trace, trace, np.full(8, 0.5), True,
+        auto_steps(ones * 4, ones * 4, ones.copy(), ones * 0, trace, trace, np.full(8, 0.5), True,
                    np.ones(19), np.ones(19), np.zeros(10), np.zeros(10), ones * NEW,
                    np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
                    np.inf, 4, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX, draft_model, numbers,
                    ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64), RUNS,
-                   ones, draft_model, ones.copy(), ones.copy(), 8, 64, 8, 16)
+                   ones, draft_model, ones.copy(), ones.copy(), 8, 64, 8, 16,
+                   np.zeros((RECORDS, 5)), ones.copy())
     draft_price(ones, 0, numbers, 0.0)
     rows = np.zeros(4, dtype=np.int64)
     history = np.zeros((4, 3))
-    kld_steps(ones * 4, ones * 4, ones, ones * 0, trace, trace, np.full(8, 0.5), True, ones,
+    kld_steps(ones * 4, ones * 4, ones.copy(), ones * 0, trace, trace, np.full(8, 0.5), True, ones,
               rows.copy(), np.zeros(4, dtype=np.bool_),
               rows.copy(), rows.copy(), history, rows.copy(), history.copy(), rows.copy(),
               rows.copy(), rows.copy(), 2, 1, 4, 4, np.ones((4, 3)), np.ones(4), 2.0, 0.0,
-              True, 20.0, 18.4, numbers, 0.0, 0.0, np.inf, 4)
+              True, 20.0, 18.4, numbers, 0.0, 0.0, np.inf, 4, np.zeros((RECORDS, 5)),
+              ones.copy())

@@ -39,6 +39,13 @@ from simulator.request import WALKED, RequestState, walk_alone, walk_chain
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
 from simulator.stepped import (
+    ACCEPTED,
+    CLOCK,
+    DRAFTED,
+    DURATION,
+    EMITTED,
+    KV,
+    MAX_K,
     choose_once,
     chooses_once,
     propose_once,
@@ -1111,19 +1118,18 @@ class Replica:
             block = np.empty((len(STEP_INDEX), n))
             block[:] = np.array((self.index, 0.0, 0.0, len(batch), 0, 0, 0, 0, 0, 0,
                                  *snapshot))[:, None]
-            for name, column in (("start_s", done.clock[:n]), ("duration_s", done.durations),
-                                 ("drafted", done.drafted), ("max_k", done.max_k),
-                                 ("accepted", done.accepted), ("emitted", done.emitted)):
-                block[STEP_INDEX[name]] = column
-            if done.kv is not None:  # (vLLM's blocks, allocated step by step)
-                block[STEP_INDEX["kv_used_tokens"]] = done.kv
+            records = done.records[:, :n]  # (the clock's before each step)
+            for name, row in _RUN_RECORDS:
+                block[STEP_INDEX[name]] = records[row]
+            if room is not None:  # (vLLM's blocks, allocated step by step)
+                block[STEP_INDEX["kv_used_tokens"]] = records[KV]
             self.steps.add_block(block)
         else:
-            self.steps.add_totals(n, len(batch) * n, n, int(done.emitted.sum()),
-                                  int(done.drafted.sum()))
+            self.steps.add_totals(n, len(batch) * n, n, int(done.record(EMITTED).sum()),
+                                  int(done.record(DRAFTED).sum()))
         if room is not None:  # each request's KV entries, blocks and drafts for its next step
             scheduler.decoded(done.blocks, done.proposals.tolist())
-        yield _At(self.env, float(done.clock[n]))
+        yield _At(self.env, float(done.records[CLOCK, n]))
         self._finish_done()
 
     def _runs_fit(self) -> bool:
@@ -1670,6 +1676,11 @@ class _At(simpy.events.Event):
         super().__init__(env)
         self._ok, self._value = True, None
         heappush(env._queue, (at, simpy.events.NORMAL, next(env._eid), self))
+
+
+#: a run of steps' records (simulator/compiled_steps.py) as step columns
+_RUN_RECORDS = (("start_s", CLOCK), ("duration_s", DURATION), ("drafted", DRAFTED),
+                ("max_k", MAX_K), ("accepted", ACCEPTED), ("emitted", EMITTED))
 
 
 def check_fits(request_ids, prompt_tokens, output_tokens, scheduler: SchedulerConfig,

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 
 #: the most steps one run takes (its records' arrays are this long)
 MAX_STEPS = 4096
+#: a run's records (`StepsRun.records`, written by simulator/compiled_steps.py), a row each:
+#: the clock before each step (and after the last), each step's time, drafts, most drafts,
+#: accepted and emitted tokens, and KV tokens in allocated blocks (vLLM's scheduler)
+CLOCK, DURATION, DRAFTED, MAX_K, ACCEPTED, EMITTED, KV = range(7)
+RECORDS = 7
 #: a `TraceStore`'s first length, in output positions
 STORE_TOKENS = 1 << 15
 
@@ -108,26 +113,26 @@ class TraceStore:
 
 @dataclass
 class StepsRun:
-    """What a run of steps did: how many, the clock before each and after the last, each
-    step's time and records (drafts, most drafts, accepted and emitted tokens), and each
-    request's tokens generated and drafts after it; `finished`: its last step finished a
-    request."""
+    """What a run of steps did: how many, its records (`compiled_steps._records`: the clock
+    before each step and after the last, each step's time, drafts, most drafts, accepted and
+    emitted tokens, KV tokens in allocated blocks), and each request's tokens generated and
+    drafts after it; `finished`: its last step finished a request. The records and drafts are
+    views of the runners' buffers: read before the next run."""
 
     steps: int
-    clock: np.ndarray
-    durations: np.ndarray
-    drafted: np.ndarray
-    max_k: np.ndarray
-    accepted: np.ndarray
-    emitted: np.ndarray
+    records: np.ndarray
     generated: np.ndarray
     drafts: np.ndarray
     finished: bool
-    #: under vLLM's scheduler (`Room`): each step's KV tokens in allocated blocks, the drafts
-    #: each request proposed at the last step's end, and the blocks each holds after it
-    kv: np.ndarray | None = None
+    #: under vLLM's scheduler (`Room`): the drafts each request proposed at the last step's
+    #: end, and the blocks each holds after it
     proposals: np.ndarray | None = None
     blocks: np.ndarray | None = None
+
+    def record(self, row: int) -> np.ndarray:
+        """One row of the records (`CLOCK` .. `KV`), one entry per step (the clock's one
+        more)."""
+        return self.records[row, : self.steps + (row == CLOCK)]
 
 
 @dataclass(frozen=True)
@@ -191,11 +196,27 @@ def _geometric_table(n: int) -> np.ndarray:
     return _geometric
 
 
-def _finished(result: tuple) -> StepsRun:
+_records = np.zeros((0, 0))
+_drafted = np.zeros(0, dtype=np.int64)
+
+
+def _buffers(b: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The runs' record buffer (for up to `steps` steps) and drafts buffer (for b requests),
+    grown as asked: one for every run of the process, each run's read before the next."""
+    global _records, _drafted
+    if _records.shape[1] < steps + 1:
+        _records = np.zeros((RECORDS, steps + 1))
+    if len(_drafted) < b:
+        _drafted = np.zeros(max(b, 2 * len(_drafted), 64), dtype=np.int64)
+    return _records, _drafted
+
+
+def _finished(why: int, n: int, generated: np.ndarray, records: np.ndarray,
+              drafted: np.ndarray) -> StepsRun:
     from simulator import compiled_steps
 
-    why, *rest = result
-    return StepsRun(*rest, why == compiled_steps.FINISHED)
+    return StepsRun(n, records, generated, drafted[: len(generated)],
+                    why == compiled_steps.FINISHED)
 
 
 def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
@@ -207,7 +228,8 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
     `before`: the tokens each had generated before the step, where they moved since): the
     tokens each request had generated before, its result, the policy's state as handed to it
     (counts, ids, states, accepted and expected drafts: moved in place where it verified), and
-    the draft feeds (None where the drafter is no model: moved in place too)."""
+    the draft feeds (None where the drafter is no model: moved in place too). The tokens
+    generated move in place, the records and drafts go in `_buffers`."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
@@ -224,7 +246,8 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, steps, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
-        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks, *planned)
+        _geometric_table(len(batch) * depth if draft_model else 0), mode, ks, *planned,
+        *_buffers(len(batch), steps))
     return (generated, result, (counts, ids, states, observed, expected),
             feeds if draft_model else None)
 
@@ -233,12 +256,12 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
               horizon: float, room: Room | None = None) -> StepsRun:
     from simulator import compiled_steps
 
-    _, result, state, feeds = _auto_steps(policy, batch, store, k_max, cost, start, horizon,
-                                          MAX_STEPS, compiled_steps.RUNS, _NO_KS,
-                                          _NOT_PLANNED if room is None else _planned(room))
-    done = _finished(result[:-2])  # (less the last step's ks and the KV records)
+    generated, (why, n, _), state, feeds = _auto_steps(
+        policy, batch, store, k_max, cost, start, horizon, MAX_STEPS, compiled_steps.RUNS,
+        _NO_KS, _NOT_PLANNED if room is None else _planned(room))
+    done = _finished(why, n, generated, *_buffers(0, 0))
     if room is not None:
-        done.kv, done.proposals, done.blocks = result[-1], room.proposals, room.blocks
+        done.proposals, done.blocks = room.proposals, room.blocks
     policy.took_steps(done.steps, *state, done.drafts)
     if feeds is not None:
         for request, feed in zip(batch, feeds.tolist()):
@@ -255,7 +278,7 @@ def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> li
     _, result, _, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
                                   compiled_steps.CHOOSE, _NO_KS)
     policy.forget_plan()
-    return result[-2].tolist()
+    return result[-1].tolist()
 
 
 def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: int, cost
@@ -265,10 +288,10 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
     from simulator import compiled_steps
 
     drafts = np.array(ks, dtype=np.int64)
-    before, result, state, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
-                                           compiled_steps.VERIFY, drafts)
+    after, _, state, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
+                                     compiled_steps.VERIFY, drafts)
     policy.took_steps(1, *state, drafts)
-    return (result[-4] - before).tolist()  # (the tokens each emitted)
+    return [g - request.generated for request, g in zip(batch, after.tolist())]  # (emitted)
 
 
 def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, before: list[int],
@@ -287,7 +310,7 @@ def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, befo
         np.array(emitted, dtype=np.int64), (True, verified.copy(), _NO_KS, 0, 0, 0, 1),
         before)
     policy.took_steps(1, *state, verified)
-    return result[-2].tolist()
+    return result[-1].tolist()
 
 
 def _planned(room: Room) -> tuple:
@@ -307,13 +330,15 @@ def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, st
     prompt, output, generated, at = _batch(batch)
     rows, row_of = policy.request_rows([request.request_id for request in batch])
     weights, totals = _weight_table(policy.decay, policy.activation_tokens)
-    return _finished(compiled_steps.kld_steps(
+    records, drafted = _buffers(len(batch), MAX_STEPS)
+    why, n = compiled_steps.kld_steps(
         prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
         row_of, rows.k, rows.ready, rows.k_min, rows.k_max, rows.history, rows.history_len,
         rows.warm_kl, rows.warm_kl_len, rows.warm_count, rows.warm_most, policy.k_init,
         policy.k_min_cfg, policy.k_max_cfg, k_max, weights, totals, float(policy.alpha),
         float(policy.temperature), policy.cap, RATIO_IF_FLAT, KL_CEILING,
-        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS))
+        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, records, drafted)
+    return _finished(why, n, generated, records, drafted)
 
 
 _tables: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
