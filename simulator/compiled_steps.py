@@ -126,6 +126,27 @@ def _draft_totals(ranked, thresholds, geometric) -> np.ndarray:
 
 
 @njit(cache=True)
+def _schedule(prompt, gen, spec, blocks, free: int, budget: int, block_size: int) -> int:
+    """vLLM's schedule() of a steady batch's next step, where it runs every request's proposal
+    (`spec`) whole: each request's blocks (`blocks`, in place) then hold its C + n = prompt +
+    g + spec tokens. Returns the free blocks after, or -1 (nothing moved) where the budget
+    would trim a proposal or the free blocks could not hold them (it would preempt)."""
+    b = prompt.shape[0]
+    allocated = 0
+    tokens = b
+    for r in range(b):
+        need = -(-(prompt[r] + gen[r] + spec[r]) // block_size) - blocks[r]
+        allocated += need if need > 0 else 0
+        tokens += spec[r]
+    if allocated > free or tokens > budget:
+        return -1
+    for r in range(b):
+        need = -(-(prompt[r] + gen[r] + spec[r]) // block_size)
+        blocks[r] = need if need > blocks[r] else blocks[r]
+    return free - allocated
+
+
+@njit(cache=True)
 def _stop_and_cap(ks, alpha, confidence, threshold: float, alpha_max: float, output, gen, at,
                   top1, cap, capped: bool):
     """auto's draft stop of the chosen ks (`Auto.stop_chains`, reading each chain's draft
@@ -217,20 +238,11 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     why = STEPS
     n = 0
     while n < max_steps:
-        if planned and mode == RUNS:  # schedule(): every proposal whole, C + n held
-            allocated = 0
-            tokens = b
-            for r in range(b):
-                need = -(-(prompt[r] + gen[r] + spec[r]) // block_size) - blocks[r]
-                allocated += need if need > 0 else 0
-                tokens += spec[r]
-            if allocated > free or tokens > budget:
+        if planned and mode == RUNS:  # schedule(): every proposal whole, or the run ends
+            free = _schedule(prompt, gen, spec, blocks, free, budget, block_size)
+            if free < 0:
                 why = ROOM
                 break
-            for r in range(b):
-                need = -(-(prompt[r] + gen[r] + spec[r]) // block_size)
-                blocks[r] = need if need > blocks[r] else blocks[r]
-            free -= allocated
             kv_at[n] = (total_blocks - free) * block_size
         # -- choose: each request's state and ratio, the confidence lift ------------------
         mean_lift = (_sum(top1_observed, bins) + weight) / (_sum(top1_expected, bins) + weight)
@@ -420,26 +432,41 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
               warm_count, warm_most, k_init: int, k_min_cfg: int, k_max_cfg: int,
               engine_k_max: int, weights, totals, alpha: float, temperature: float,
               batch_cap: bool, if_flat: float, ceiling: float, target, overhead: float,
-              start: float, horizon: float, max_steps: int, records, drafted_by):
+              start: float, horizon: float, max_steps: int, records, drafted_by, mode: int,
+              given_emits, decoding, planned: bool, spec, blocks, free: int, budget: int,
+              total_blocks: int, block_size: int):
     """`auto_steps` for kld_variance: each step its ks (`KldVariance.choose`, the drafter's
     cap), time and verdicts, then its fit of each request's outcome (`KldVariance.observe`,
     request after request: the KL history, the warm-up, the bounds, the variance ratio and the
     next k, capped by the batch's mean). Request r's state is row rows[r] of the state arrays
     (`kld_variance.RequestRows`), updated in place; `weights` and `totals`: row n the weights
     of a history of n values and their sum. The same records and results as `auto_steps`' (no
-    confidences: the KL windows in `kl`; no ks returned)."""
+    confidences: the KL windows in `kl`; no ks returned), `planned` and PROPOSE (`mode`) as
+    there (a request's ks capped where proposed, at its new position; under PROPOSE,
+    `decoding`: the request verified a step, the others prefilled a chunk and are not
+    observed)."""
     b = prompt.shape[0]
     width = history.shape[1]
     gen = generated  # (moved in place)
-    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, _ = _records(
+    clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, kv_at = _records(
         records, drafted_by, b, max_steps, start)
+    emits_of = np.empty(b, dtype=np.int64)
     ks = np.empty(b, dtype=np.int64)
+    # the drafts each step verifies: its ks, or under vLLM those proposed at the last's end
+    verified = spec if planned else ks
     proposed = np.empty(b, dtype=np.int64)
     kept = np.empty(width)
     why = STEPS
     n = 0
     while n < max_steps:
-        # -- ks: each request's k within the bounds, then the drafter's cap ----------------
+        if planned and mode == RUNS:  # schedule(): every proposal whole, or the run ends
+            free = _schedule(prompt, gen, spec, blocks, free, budget, block_size)
+            if free < 0:
+                why = ROOM
+                break
+            kv_at[n] = (total_blocks - free) * block_size
+        # -- ks: each request's k within the bounds, then the drafter's cap (under vLLM where
+        # it proposes them, at the step's end) ---------------------------------------------
         cached_sum = 0
         step_drafts = 0
         step_pairs = 0
@@ -450,16 +477,20 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
             k = k if k < engine_k_max else engine_k_max
             k = k if k > 0 else 0
             g = gen[r]
-            if capped:
+            if capped and not planned:
                 can = cap[at[r] + g]
                 k = k if k <= can else can
             ks[r] = k
+            k = verified[r]
             c = prompt[r] + g - 1
             cached_sum += c
             step_drafts += k
             step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
             most = k if k > most else most
-        durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+        if mode == PROPOSE:  # (its time is the caller's)
+            durations[n] = 0.0
+        else:
+            durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
         clock[n + 1] = clock[n] + durations[n]
         # -- verification, then each request's fit ------------------------------------------
         accepted_total = 0
@@ -468,13 +499,22 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
         pool_sum = 0
         pool_n = 0
         for r in range(b):
-            g, k, row = gen[r], ks[r], rows[r]
+            g, k, row = gen[r], verified[r], rows[r]
             i = at[r] + g  # the request's position g in the trace's arrays
-            accepted = 0
-            if k:
-                accepted = k if k <= run[i] else run[i]
-            left = output[r] - g
-            emit = accepted + 1 if accepted < left else left
+            proposed[r] = -1
+            if mode == PROPOSE:  # (the scheduler's: 0 for a chunk short of its prompt)
+                emit = given_emits[r]
+                if not decoding[r]:  # a prompt chunk: sampled (or not), not observed
+                    gen[r] = g + emit
+                    emits_of[r] = emit
+                    continue
+            else:
+                accepted = 0
+                if k:
+                    accepted = k if k <= run[i] else run[i]
+                left = output[r] - g
+                emit = accepted + 1 if accepted < left else left
+            emits_of[r] = emit
             hits = emit - 1
             shown = emit if emit < k else k  # min(accepted + 1, k, left)
             gen[r] = g + emit
@@ -482,7 +522,6 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
             accepted_total += hits
             emitted_total += emit
             finished = finished or gen[r] >= output[r]
-            proposed[r] = -1
             kls = clean_kl(kl[i: i + shown], ceiling)
             m = kls.shape[0]
             was_ready = ready[row]
@@ -543,6 +582,14 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
         accepted_at[n] = accepted_total
         emitted_at[n] = emitted_total
         n += 1
+        if planned:  # the drafts proposed at the step's end (by each request that sampled and
+            # goes on: the others' are not read), cut by the drafter's cap there
+            for r in range(b):
+                k = ks[r]
+                if capped and emits_of[r] > 0 and gen[r] < output[r]:
+                    can = cap[at[r] + gen[r]]
+                    k = k if k <= can else can
+                spec[r] = k
         if finished:
             why = FINISHED
             break
@@ -576,4 +623,5 @@ def warm() -> None:
               rows.copy(), rows.copy(), history, rows.copy(), history.copy(), rows.copy(),
               rows.copy(), rows.copy(), 2, 1, 4, 4, np.ones((4, 3)), np.ones(4), 2.0, 0.0,
               True, 20.0, 18.4, numbers, 0.0, 0.0, np.inf, 4, np.zeros((RECORDS, 5)),
-              ones.copy())
+              ones.copy(), RUNS, ones.copy(), np.ones(2, dtype=np.bool_), False, ones.copy(),
+              ones.copy(), 8, 64, 8, 16)

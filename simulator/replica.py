@@ -767,8 +767,10 @@ class Replica:
         at its end, compiled (simulator/stepped.py), each request that sampled and goes on
         proposing its own."""
         batch = plan.requests
+        scheduled = plan.scheduled
         proposals = propose_once(self.policy, batch, self.traces, self.config.k_max, self.cost,
-                                 before, [entry.drafts for entry in plan.scheduled], emitted)
+                                 before, [entry.drafts for entry in scheduled], emitted,
+                                 [not entry.prefill for entry in scheduled])
         finished = self.scheduler.finished
         going = [(request, k) for request, k, emit in zip(batch, proposals, emitted)
                  if emit and not finished(request)]

@@ -295,13 +295,14 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
 
 
 def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, before: list[int],
-                  drafts: list[int], emitted: list[int]) -> list[int]:
+                  drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
     """One vLLM engine step's choice, auto's fit of its outcomes and the drafts proposed at its
     end, compiled (`auto_steps`' PROPOSE), after the scheduler committed it: `batch` its
     requests, `before` the tokens each had generated, `drafts` those it verified (0 for a
-    prompt chunk), `emitted` those it sampled. Returns the drafts each proposes (read where it
-    sampled and goes on), as `choose` before the step, `observe_columns` and `_propose` (its
-    draft stop and the drafter's cap) give them."""
+    prompt chunk, so auto's fit skips it without `decoding`), `emitted` those it sampled.
+    Returns the drafts each proposes (read where it sampled and goes on), as `choose` before
+    the step, `observe_columns` and `_propose` (its draft stop and the drafter's cap) give
+    them."""
     from simulator import compiled_steps
 
     verified = np.array(drafts, dtype=np.int64)
@@ -320,25 +321,61 @@ def _planned(room: Room) -> tuple:
 
 
 _NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
+_NO_FLAGS = np.zeros(0, dtype=np.bool_)
 _THRESHOLDS = np.array(THRESHOLDS)
 
 
-def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
-             horizon: float, room: Room | None = None) -> StepsRun:
+def _kld_steps(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
+               horizon: float, steps: int, mode: int, emitted: np.ndarray,
+               decoding: np.ndarray, planned: tuple = _NOT_PLANNED,
+               before: list[int] | None = None) -> tuple:
+    """`compiled_steps.kld_steps` of these requests under `policy` (`mode`, `planned` and
+    `before` as `_auto_steps`'; under PROPOSE, `emitted` and `decoding` its outcomes): the
+    tokens each request has generated after, and its result (the records and drafts in
+    `_buffers`, the policy's rows moved in place)."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     prompt, output, generated, at = _batch(batch)
+    if before is not None:
+        generated = np.array(before, dtype=np.int64)
     rows, row_of = policy.request_rows([request.request_id for request in batch])
     weights, totals = _weight_table(policy.decay, policy.activation_tokens)
-    records, drafted = _buffers(len(batch), MAX_STEPS)
-    why, n = compiled_steps.kld_steps(
+    result = compiled_steps.kld_steps(
         prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
         row_of, rows.k, rows.ready, rows.k_min, rows.k_max, rows.history, rows.history_len,
         rows.warm_kl, rows.warm_kl_len, rows.warm_count, rows.warm_most, policy.k_init,
         policy.k_min_cfg, policy.k_max_cfg, k_max, weights, totals, float(policy.alpha),
         float(policy.temperature), policy.cap, RATIO_IF_FLAT, KL_CEILING,
-        *_pricing(cost, len(batch)), start, horizon, MAX_STEPS, records, drafted)
-    return _finished(why, n, generated, records, drafted)
+        *_pricing(cost, len(batch)), start, horizon, steps, *_buffers(len(batch), steps), mode,
+        emitted, decoding, *planned)
+    return generated, result
+
+
+def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
+             horizon: float, room: Room | None = None) -> StepsRun:
+    from simulator import compiled_steps
+
+    generated, (why, n) = _kld_steps(policy, batch, store, k_max, cost, start, horizon,
+                                     MAX_STEPS, compiled_steps.RUNS, _NO_KS, _NO_FLAGS,
+                                     _NOT_PLANNED if room is None else _planned(room))
+    done = _finished(why, n, generated, *_buffers(0, 0))
+    if room is not None:
+        done.proposals, done.blocks = room.proposals, room.blocks
+    return done
+
+
+def _propose_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost,
+                 before: list[int], drafts: list[int], emitted: list[int],
+                 decoding: list[bool]) -> list[int]:
+    """`_propose_auto` for kld_variance (`decoding`: the requests that verified a step, the
+    others prefilled a chunk: not observed)."""
+    from simulator import compiled_steps
+
+    proposals = np.array(drafts, dtype=np.int64)  # (in: those verified; out: those proposed)
+    _kld_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1, compiled_steps.PROPOSE,
+               np.array(emitted, dtype=np.int64), np.array(decoding, dtype=np.bool_),
+               (True, proposals, _NO_KS, 0, 0, 0, 1), before)
+    return proposals.tolist()
 
 
 _tables: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -365,7 +402,7 @@ RUNNERS: dict[type, Runner] = {
                  draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,
                  propose=_propose_auto),
     KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
-                        _run_kld, "kl", reads_cost=False),
+                        _run_kld, "kl", planned=True, reads_cost=False, propose=_propose_kld),
 }
 
 
@@ -437,10 +474,10 @@ def proposes_once(policy) -> bool:
 
 
 def propose_once(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
-                 drafts: list[int], emitted: list[int]) -> list[int]:
+                 drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
     """Under vLLM's scheduler, an engine step taken one at a time, after its outcomes were
     committed: the policy's choice (from its state before the step), its fit of what the
-    step verified, and the drafts each request proposes at its end, compiled
-    (`proposes_once`)."""
+    step's decodes (`decoding`) verified, and the drafts each request proposes at its end,
+    compiled (`proposes_once`)."""
     return RUNNERS[type(policy)].propose(policy, batch, store, k_max, cost, before, drafts,
-                                         emitted)
+                                         emitted, decoding)

@@ -377,40 +377,46 @@ def test_chunked_prefills_steps_with_no_prompt_to_chunk(monkeypatch, loops, poli
     _same(fast, slow)
 
 
-VLLM_CASES = [  # (acceptance, lengths, rate, draft, replicas, the scheduler's settings)
-    ("smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
-    ("smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
-    ("beta:7,3~20", "azure-conv", 8.0, "Llama-68M", 1, {}),
-    ("beta:7,3~20", "azure-conv", 10.0, "none", 1, {"kv_capacity_tokens": 8000}),  # preempts
-    ("beta:7,3~20", "fixed:200,300", 4.0, "none", 1, {"kv_capacity_tokens": 3000}),
-    ("smollm2-eagle-ngram", "fixed:20,300", 4.0, "none", 1, {"max_batched_tokens": 60}),
-    ("smollm2-ngram", "azure-conv", 20.0, "none", 2, {"max_num_seqs": 16}),
+VLLM_CASES = [  # (policy, acceptance, lengths, rate, draft, replicas, the scheduler's settings)
+    ("auto", "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("auto", "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
+    ("auto", "beta:7,3~20", "azure-conv", 8.0, "Llama-68M", 1, {}),
+    ("auto", "beta:7,3~20", "azure-conv", 10.0, "none", 1, {"kv_capacity_tokens": 8000}),
+    ("auto", "beta:7,3~20", "fixed:200,300", 4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("auto", "smollm2-eagle-ngram", "fixed:20,300", 4.0, "none", 1, {"max_batched_tokens": 60}),
+    ("auto", "smollm2-ngram", "azure-conv", 20.0, "none", 2, {"max_num_seqs": 16}),
+    ("kld_variance", "beta:7,3~20", "azure-conv", 12.0, "none", 1, {}),
+    ("kld_variance", "beta:3.5,6.5~20", "azure-conv", 20.0, "none", 3, {}),
+    ("kld_variance", "beta:7,3~20", "azure-conv", 10.0, "none", 1, {"kv_capacity_tokens": 8000}),
+    ("kld_variance", "beta:9,1~20", "fixed:20,300", 4.0, "none", 1, {"max_batched_tokens": 40}),
 ]
 
 
-@pytest.mark.parametrize("acceptance,lengths,rate,draft,replicas,settings", VLLM_CASES,
-                         ids=[f"{a}-{lg}-{r}-{d}-{n}-" + (",".join(s) or "default")
-                              for a, lg, r, d, n, s in VLLM_CASES])
-def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rate, draft,
+@pytest.mark.parametrize("policy,acceptance,lengths,rate,draft,replicas,settings", VLLM_CASES,
+                         ids=[f"{p}-{a}-{lg}-{r}-{d}-{n}-" + (",".join(s) or "default")
+                              for p, a, lg, r, d, n, s in VLLM_CASES])
+def test_vllms_engine_steps_in_runs(monkeypatch, loops, policy, acceptance, lengths, rate, draft,
                                     replicas, settings):
-    """auto under vLLM's scheduler: a steady batch's engine steps (each verifying the drafts
-    proposed at the last one's end) run at once, up to the first that the budget would trim
-    or the free blocks could not hold (preempting); the others, with prompt chunks, one at a
-    time, their choice, the fit of their outcomes and their proposals compiled: the same
-    records, the KV blocks of every step among them. With a tight KV cache and a small budget,
-    runs end at both (and a run whose first step does not fit is stepped)."""
+    """auto and kld_variance under vLLM's scheduler: a steady batch's engine steps (each
+    verifying the drafts proposed at the last one's end) run at once, up to the first that the
+    budget would trim or the free blocks could not hold (preempting); the others, with prompt
+    chunks, one at a time, their choice, the fit of their outcomes and their proposals
+    compiled: the same records, the KV blocks of every step among them. With a tight KV cache
+    and a small budget, runs end at both (and a run whose first step does not fit is
+    stepped)."""
     from simulator import compiled_steps
 
     ends = []
-    auto_steps = compiled_steps.auto_steps
-    mode = list(inspect.signature(auto_steps.py_func).parameters).index("mode")
+    name = "auto_steps" if policy == "auto" else "kld_steps"
+    kernel = getattr(compiled_steps, name)
+    mode = list(inspect.signature(kernel.py_func).parameters).index("mode")
 
     def counted(*args):
-        result = auto_steps(*args)
+        result = kernel(*args)
         if args[mode] == compiled_steps.RUNS:
             ends.append((result[0], result[1]))
         return result
-    monkeypatch.setattr(compiled_steps, "auto_steps", counted)
+    monkeypatch.setattr(compiled_steps, name, counted)
     proposed = []
     propose = replica_module.propose_once
 
@@ -422,9 +428,9 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, acceptance, lengths, rat
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
     fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler=scheduler,
-                                            replicas=replicas)
+                                            replicas=replicas, policy=policy)
     decode_steps = int(((fast.steps["decode_seqs"] > 0) & (fast.steps["prefill_seqs"] == 0)).sum())
-    assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 2
+    assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 3
     # every engine step taken one at a time has its choice, fit and proposals compiled
     assert len(proposed) == one_at_a_time
     if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
@@ -452,7 +458,7 @@ def _applies(policy=None, draft: str = "none", profile: bool = False, tree: bool
                                  fast_path, k_max)
 
 
-@pytest.mark.parametrize("case", ["tree", "kld vllm", "subclass", "numpy", "policy cost",
+@pytest.mark.parametrize("case", ["tree", "subclass", "numpy", "policy cost",
                                   "k_max 0", "engine k_max 0", "profile", "no fast path",
                                   "kld draft model", "kld long history", "idle proposer"])
 def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case):
@@ -465,17 +471,15 @@ def test_the_step_path_where_the_compiled_loop_does_not_stand_for_it(loops, case
               else KldVariance(activation_tokens=129 if case == "kld long history" else 100)
               if kld else Auto())
     setting = dict(draft="Llama-68M" if case in ("tree", "kld draft model") else "none",
-                   tree=case == "tree", idle=case == "idle proposer", planned=case == "kld vllm",
+                   tree=case == "tree", idle=case == "idle proposer",
                    policy_cost=case == "policy cost", profile=case == "profile",
                    fast_path=case != "no fast path", k_max=0 if case == "engine k_max 0" else 10)
     assert not _applies(policy, **setting)
-    if case in ("tree", "kld vllm", "numpy", "profile", "idle proposer", "kld draft model",
+    if case in ("tree", "numpy", "profile", "idle proposer", "kld draft model",
                 "engine k_max 0"):  # (the others differ from the default in the policy alone)
         loops(True)
         assert _applies(KldVariance() if kld else Auto(),
                         draft="Llama-68M" if case == "tree" else "none")
-    if case == "kld vllm":  # (auto runs vLLM's engine steps)
-        assert _applies(Auto(), planned=True)
 
 
 def test_kld_variance_reads_no_cost_so_a_policy_cost_model_does_not_rule_it_out(loops):
