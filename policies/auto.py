@@ -50,6 +50,68 @@ THRESHOLDS = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 TOTALS_TRIED = 12
 
 
+class StateRows:
+    """Requests' states, accepted and expected drafts as arrays, a row each: where runs of
+    steps read and move them in place (simulator/stepped.py), instead of `Auto`'s dicts. A
+    request's state is kept in one place, its row or the dicts; `known`: it has an entry (it
+    drafted), as a key of the dicts."""
+
+    def __init__(self, rows: int = 64) -> None:
+        self.row_of: dict[int, int] = {}
+        self._free: list[int] = []
+        self.state = np.zeros(0, dtype=np.int64)
+        self.observed = np.zeros(0)
+        self.expected = np.zeros(0)
+        self.known = np.zeros(0, dtype=np.bool_)
+        self._grow(rows)
+
+    def _grow(self, rows: int) -> None:
+        n = len(self.state)
+        self._free += range(rows - 1, n - 1, -1)  # (taken from the end: lowest first)
+        for name, fill in (("state", NEW), ("observed", 0.0), ("expected", 0.0),
+                           ("known", False)):
+            old = getattr(self, name)
+            grown = np.full(rows, fill, dtype=old.dtype)
+            grown[:n] = old
+            setattr(self, name, grown)
+
+    def rows(self, ids: Sequence[int], streak: dict[int, int], observed: dict[int, float],
+             expected: dict[int, float]) -> np.ndarray:
+        """Each request's row; a request without one takes one, its entry moving out of the
+        dicts (none: NEW, 0.0, 0.0 and not known)."""
+        out = np.empty(len(ids), dtype=np.int64)
+        row_of = self.row_of
+        for i, rid in enumerate(ids):
+            row = row_of.get(rid)
+            if row is None:
+                if not self._free:
+                    self._grow(2 * len(self.state))
+                row = row_of[rid] = self._free.pop()
+                known = rid in streak
+                self.state[row] = streak.pop(rid) if known else NEW
+                self.observed[row] = observed.pop(rid) if known else 0.0
+                self.expected[row] = expected.pop(rid) if known else 0.0
+                self.known[row] = known
+            out[i] = row
+        return out
+
+    def take(self, rid: int, streak: dict[int, int], observed: dict[int, float],
+             expected: dict[int, float]) -> None:
+        """A request's row back into the dicts (where it is known), its row freed."""
+        row = self.row_of.pop(rid)
+        if self.known[row]:
+            streak[rid] = int(self.state[row])
+            observed[rid] = float(self.observed[row])
+            expected[rid] = float(self.expected[row])
+        self._free.append(row)
+
+    def drop(self, rid: int) -> None:
+        """Free a request's row (it finished)."""
+        row = self.row_of.pop(rid, None)
+        if row is not None:
+            self._free.append(row)
+
+
 @register
 @dataclass
 class Auto(Policy):
@@ -98,6 +160,8 @@ class Auto(Policy):
         self._streak: dict[int, int] = {}  # each request's state: NEW, COLD, FRESH or L >= 1
         self._observed: dict[int, float] = {}  # a request's accepted drafts
         self._expected: dict[int, float] = {}  # ... and what the population predicted for them
+        #: ... or, for the requests runs of steps read (simulator/stepped.py), their rows
+        self._rows: StateRows | None = None
         self._top1_observed = np.zeros(TOP1_BINS)
         self._top1_expected = np.zeros(TOP1_BINS)
         # the last plan, for the draft stop: its requests, acceptance rows and threshold
@@ -127,6 +191,7 @@ class Auto(Policy):
     def _states_ratios(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each request's state (NEW, COLD, FRESH or its streak) and its own ratio, accepted
         over expected with the prior behind it."""
+        self._held(ids)
         streak, observed, expected = self._streak, self._observed, self._expected
         w = self.prior_weight
         return (np.array([streak.get(rid, NEW) for rid in ids], dtype=np.int64),
@@ -362,6 +427,7 @@ class Auto(Policy):
                                                 ratios.tolist(), ks, hits_of, top1.tolist(),
                                                 known.tolist())
         self._seen, self._accepted, self._top1_observed, self._top1_expected = counts
+        self._held(ids)
         streak, observed, expected_of = self._streak, self._observed, self._expected
         for rid, k, hits, e, state in zip(ids, ks, hits_of, expected, after):
             if k:
@@ -408,15 +474,34 @@ class Auto(Policy):
 
     # -- steps run elsewhere (simulator/stepped.py) --------------------------------------
 
-    def request_state(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each request's state (NEW, COLD, FRESH or its streak), accepted drafts and the
-        drafts the population predicted for them: what a run of steps outside `choose` and
-        `observe_columns` starts from (`counts` the population's), and hands back through
-        `took_steps`."""
-        streak, observed, expected = self._streak, self._observed, self._expected
-        return (np.array([streak.get(rid, NEW) for rid in ids], dtype=np.int64),
-                np.array([observed.get(rid, 0.0) for rid in ids]),
-                np.array([expected.get(rid, 0.0) for rid in ids]))
+    def request_rows(self, ids: Sequence[int]) -> tuple[StateRows, np.ndarray]:
+        """Each request's row of its state, accepted drafts and the drafts the population
+        predicted for them (`StateRows`): what a run of steps outside `choose` and
+        `observe_columns` reads and moves in place (`counts` the population's, handed back
+        through `took_steps`)."""
+        if self._rows is None:
+            self._rows = StateRows()
+        return self._rows, self._rows.rows(ids, self._streak, self._observed, self._expected)
+
+    def _held(self, ids: Sequence[int]) -> None:
+        """These requests' states in the dicts, where `choose` and `observe_columns` read
+        them (those in rows move back)."""
+        rows = self._rows
+        if rows is None or not rows.row_of:
+            return
+        row_of = rows.row_of
+        for rid in ids:
+            if rid in row_of:
+                rows.take(rid, self._streak, self._observed, self._expected)
+
+    def state_of(self, rid: int) -> tuple[int, float, float]:
+        """A request's state, accepted and expected drafts, wherever they are kept."""
+        rows = self._rows
+        if rows is not None and rid in rows.row_of:
+            row = rows.row_of[rid]
+            return int(rows.state[row]), float(rows.observed[row]), float(rows.expected[row])
+        return (self._streak.get(rid, NEW), self._observed.get(rid, 0.0),
+                self._expected.get(rid, 0.0))
 
     def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Copies of the fit's four count arrays: verified positions and accepted drafts by
@@ -424,20 +509,11 @@ class Auto(Policy):
         return (self._seen.copy(), self._accepted.copy(), self._top1_observed.copy(),
                 self._top1_expected.copy())
 
-    def took_steps(self, steps: int, counts: tuple[np.ndarray, ...], ids: Sequence[int],
-                   states: np.ndarray, observed: np.ndarray, expected: np.ndarray,
-                   drafted: np.ndarray) -> None:
-        """`steps` steps of these requests were chosen, stopped and observed outside (as
-        `choose`, `stop_chains` and `observe_columns` would have): take the counts and the
-        requests' states after them (`drafted`: each request's drafts in them; one that
-        drafted none keeps no entry, as `observe_columns` keeps none). The last plan is
-        forgotten: the next step plans afresh."""
+    def took_steps(self, steps: int, counts: tuple[np.ndarray, ...]) -> None:
+        """`steps` steps were chosen, stopped and observed outside (as `choose`, `stop_chains`
+        and `observe_columns` would have), the requests' rows moved in place: take the counts
+        after them. The last plan is forgotten: the next step plans afresh."""
         self._seen, self._accepted, self._top1_observed, self._top1_expected = counts
-        streak, observed_of, expected_of = self._streak, self._observed, self._expected
-        for rid, state, hits, predicted, d in zip(ids, states.tolist(), observed.tolist(),
-                                                   expected.tolist(), drafted.tolist()):
-            if d:
-                streak[rid], observed_of[rid], expected_of[rid] = state, hits, predicted
         self._revision += steps
         self.forget_plan()
 
@@ -450,6 +526,8 @@ class Auto(Policy):
 
     def finish(self, request_id: int) -> None:
         self._revision += 1
+        if self._rows is not None:
+            self._rows.drop(request_id)
         self._streak.pop(request_id, None)
         self._observed.pop(request_id, None)
         self._expected.pop(request_id, None)

@@ -173,8 +173,9 @@ def _stop_and_cap(ks, alpha, confidence, threshold: float, alpha_max: float, out
 
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
-               seen_bins, accepted_bins, top1_observed, top1_expected, states, observed,
-               expected, weight: float, k0_bonus: float, stop_slack: float, depth: int,
+               seen_bins, accepted_bins, top1_observed, top1_expected, row_state, row_observed,
+               row_expected, row_known, rows_of, weight: float, k0_bonus: float,
+               stop_slack: float, depth: int,
                bin_table, target, overhead: float, start: float, horizon: float,
                max_steps: int, new: int, fresh: int, cold: int, max_streak: int,
                alpha_max: float, draft_model: bool, draft, feeds, rule: int, thresholds,
@@ -183,8 +184,9 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     """Up to `max_steps` decode steps of the b requests (`prompt`, `output` tokens; `generated`
     so far), as the step path takes them. Request r's accepted runs, drafter caps (`capped`)
     and draft confidences at its position g are run/cap/top1[at[r] + g] (`TraceStore`). auto's
-    counts (`seen_bins` .. `top1_expected`) and each request's state, accepted and expected
-    drafts are updated in place.
+    counts (`seen_bins` .. `top1_expected`) are updated in place, and each request's state,
+    accepted and expected drafts in its row (`rows_of[r]` of `row_state` .. `row_known`,
+    `auto.StateRows`) where it drafted.
 
     `draft_model`: the drafter is a model whose passes (`draft`'s numbers) each step pays,
     its chain's first pass feeding each request's `feeds` (updated in place by `rule`); auto
@@ -213,6 +215,13 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
     (`planned`: the proposals))."""
     b = prompt.shape[0]
     bins = top1_observed.shape[0]
+    states = np.empty(b, dtype=np.int64)
+    observed = np.empty(b)
+    expected = np.empty(b)
+    for r in range(b):  # (each request's row, written back where it drafted)
+        states[r] = row_state[rows_of[r]]
+        observed[r] = row_observed[rows_of[r]]
+        expected[r] = row_expected[rows_of[r]]
     gen = generated  # (moved in place)
     clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, kv_at = _records(
         records, drafted_by, b, max_steps, start)
@@ -381,6 +390,12 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         if clock[n] >= horizon:
             why = ARRIVAL
             break
+    for r in range(b):
+        if drafted_by[r]:
+            row_state[rows_of[r]] = states[r]
+            row_observed[rows_of[r]] = observed[r]
+            row_expected[rows_of[r]] = expected[r]
+            row_known[rows_of[r]] = True
     return why, n, ks
 
 
@@ -610,7 +625,8 @@ def warm() -> None:
     for draft_model in (False, True):
         auto_steps(ones * 4, ones * 4, ones.copy(), ones * 0, trace, trace, np.full(8, 0.5), True,
                    np.ones(19), np.ones(19), np.zeros(10), np.zeros(10), ones * NEW,
-                   np.zeros(2), np.zeros(2), 4.0, 1.0, 0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
+                   np.zeros(2), np.zeros(2), np.zeros(2, dtype=np.bool_), ones * 0, 4.0, 1.0,
+                   0.5, 2, BIN_TABLE, numbers, 0.0, 0.0,
                    np.inf, 4, NEW, FRESH, COLD, MAX_STREAK, ALPHA_MAX, draft_model, numbers,
                    ones.copy(), 0, np.array([0.5]), np.zeros((9, 12), dtype=np.int64), RUNS,
                    ones, draft_model, ones.copy(), ones.copy(), 8, 64, 8, 16,

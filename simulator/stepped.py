@@ -226,43 +226,42 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
     `steps` steps, or one step's CHOOSE, or its VERIFY with `ks`, or under vLLM's scheduler its
     PROPOSE with `ks` the tokens each sampled; `planned`: vLLM's engine steps, `_planned`;
     `before`: the tokens each had generated before the step, where they moved since): the
-    tokens each request had generated before, its result, the policy's state as handed to it
-    (counts, ids, states, accepted and expected drafts: moved in place where it verified), and
-    the draft feeds (None where the drafter is no model: moved in place too). The tokens
-    generated move in place, the records and drafts go in `_buffers`."""
+    tokens each request has generated after, its result, the policy's counts as handed to it
+    (moved in place; each request's row moves in place too, where it verified), and the draft
+    feeds (None where the drafter is no model: moved in place too). The records and drafts go
+    in `_buffers`."""
     from simulator import compiled_steps  # (numba's: loaded with the compiled loops)
 
     depth = min(policy.k_max, k_max)
     prompt, output, generated, at = _batch(batch)
     if before is not None:
         generated = np.array(before, dtype=np.int64)
-    ids = [request.request_id for request in batch]
-    states, observed, expected = policy.request_state(ids)
+    rows, rows_of = policy.request_rows([request.request_id for request in batch])
     counts = policy.counts()
     draft_model, draft, feeds, rule = _draft_model(cost, batch)
     result = compiled_steps.auto_steps(
         prompt, output, generated, at, store.run, store.cap, store.values, store.capped,
-        *counts, states, observed, expected, float(policy.prior_weight),
+        *counts, rows.state, rows.observed, rows.expected, rows.known, rows_of,
+        float(policy.prior_weight),
         float(policy.k0_bonus), float(policy.stop_slack), depth, BIN_TABLE,
         *_pricing(cost, len(batch)), start, horizon, steps, NEW, FRESH, COLD, MAX_STREAK,
         ALPHA_MAX, draft_model, draft, feeds, rule, _THRESHOLDS,
         _geometric_table(len(batch) * depth if draft_model else 0), mode, ks, *planned,
         *_buffers(len(batch), steps))
-    return (generated, result, (counts, ids, states, observed, expected),
-            feeds if draft_model else None)
+    return generated, result, counts, feeds if draft_model else None
 
 
 def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
               horizon: float, room: Room | None = None) -> StepsRun:
     from simulator import compiled_steps
 
-    generated, (why, n, _), state, feeds = _auto_steps(
+    generated, (why, n, _), counts, feeds = _auto_steps(
         policy, batch, store, k_max, cost, start, horizon, MAX_STEPS, compiled_steps.RUNS,
         _NO_KS, _NOT_PLANNED if room is None else _planned(room))
     done = _finished(why, n, generated, *_buffers(0, 0))
     if room is not None:
         done.proposals, done.blocks = room.proposals, room.blocks
-    policy.took_steps(done.steps, *state, done.drafts)
+    policy.took_steps(done.steps, counts)
     if feeds is not None:
         for request, feed in zip(batch, feeds.tolist()):
             request.draft_feed = feed
@@ -288,9 +287,9 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
     from simulator import compiled_steps
 
     drafts = np.array(ks, dtype=np.int64)
-    after, _, state, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
-                                     compiled_steps.VERIFY, drafts)
-    policy.took_steps(1, *state, drafts)
+    after, _, counts, _ = _auto_steps(policy, batch, store, k_max, cost, 0.0, np.inf, 1,
+                                      compiled_steps.VERIFY, drafts)
+    policy.took_steps(1, counts)
     return [g - request.generated for request, g in zip(batch, after.tolist())]  # (emitted)
 
 
@@ -306,11 +305,11 @@ def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, befo
     from simulator import compiled_steps
 
     verified = np.array(drafts, dtype=np.int64)
-    _, result, state, _ = _auto_steps(
+    _, result, counts, _ = _auto_steps(
         policy, batch, store, k_max, cost, 0.0, np.inf, 1, compiled_steps.PROPOSE,
         np.array(emitted, dtype=np.int64), (True, verified.copy(), _NO_KS, 0, 0, 0, 1),
         before)
-    policy.took_steps(1, *state, verified)
+    policy.took_steps(1, counts)
     return result[-1].tolist()
 
 

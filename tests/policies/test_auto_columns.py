@@ -350,9 +350,9 @@ SPECS = [dict(acceptance="smollm2-ngram", draft="none"),
 @pytest.mark.parametrize("spec", SPECS, ids=["ngram", "draft-model", "vllm-v1"])
 def test_a_run_told_in_columns_is_a_run_told_in_objects(loops, monkeypatch, compiled, spec):
     """A policy that overrides `observe` (here the report's recording wrapper) is told in
-    objects: auto's own runs are told in columns, with the same records (or, under the plain
-    scheduler with the compiled loops, observe inside them: simulator/stepped.py)."""
-    at_once = compiled and "scheduler" not in spec
+    objects: auto's own runs are told in columns, with the same records (or, with the compiled
+    loops, observe inside them, under vLLM's scheduler too: simulator/stepped.py)."""
+    at_once = compiled
     _told_both_ways(loops, monkeypatch, compiled, spec, "auto", {}, at_once)
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from policies import make_policy
-from policies.auto import NEW, Auto
+from policies.auto import Auto
 from policies.kld_variance import KldVariance
 from simulator import ClusterConfig, SchedulerConfig, simulate, stepped
 from simulator import replica as replica_module
@@ -88,8 +88,8 @@ def _learnt(policy, ids) -> tuple:
     if isinstance(policy, KldVariance):
         return (), {rid: _kld_state(policy, rid) for rid in ids}
     return (tuple(count.tobytes() for count in policy.counts()),
-            {rid: (policy._streak.get(rid, NEW), bits(policy._observed.get(rid, 0.0)).tobytes(),
-                   bits(policy._expected.get(rid, 0.0)).tobytes()) for rid in ids})
+            {rid: (state, bits(observed).tobytes(), bits(expected).tobytes())
+             for rid in ids for state, observed, expected in [policy.state_of(rid)]})
 
 
 def _kld_state(policy: KldVariance, rid: int) -> tuple:
