@@ -3,7 +3,10 @@ loop (numba). `auto_steps`: each step auto's plan, pricing and pick (`Auto.choos
 stop (`Auto.stop_chains`), the drafter's cap, the step's time on the roofline (with a draft
 model's chain and catch-up), the replay's verdicts and `Auto.observe_columns`' fit.
 `kld_steps`: kld_variance's ks, the step, and its fit (`KldVariance.observe`). Both run until a
-request finishes or the step that ends at or after the next arrival.
+request finishes or the step that ends at or after the next arrival; under vLLM's scheduler
+(`planned`) their engine steps, each verifying the drafts proposed at the last one's end, also
+up to a step its schedule() would trim or preempt (ROOM); and both take one engine step's
+policy part alone (PROPOSE: a step with prompt chunks, after the scheduler committed it).
 
 Why: such a policy cannot be walked one request at a time (each step's ks depend on what the
 whole batch's last steps revealed), and one step at a time through `Replica._mixed_iteration`
@@ -36,7 +39,7 @@ from policies.compiled import (
     verify_pairs,
 )
 from simulator.compiled import _pass_s, alternatives_times, chain_step_time
-from simulator.stepped import (
+from simulator.run_records import (
     ACCEPTED,
     CLOCK,
     DRAFTED,
@@ -54,7 +57,6 @@ FINISHED, ARRIVAL, STEPS, ROOM = 0, 1, 2, 3
 #: verification and fit alone with the ks given (a step taken one at a time, with prompt chunks),
 #: or under vLLM's scheduler one engine step's choice, fit and proposals, its outcomes given
 RUNS, CHOOSE, VERIFY, PROPOSE = 0, 1, 2, 3
-
 
 
 @njit(cache=True)

@@ -36,16 +36,10 @@ from simulator.errors import ConfigError
 from simulator.kernels import compiled
 from simulator.logs import STEP_INDEX, RequestLog, StepLog
 from simulator.request import WALKED, RequestState, walk_alone, walk_chain
+from simulator.run_records import ACCEPTED, CLOCK, DRAFTED, DURATION, EMITTED, KV, MAX_K
 from simulator.scheduler import make_scheduler, scheduler_class
 from simulator.step_cost import StepCostModel, verify_sums
 from simulator.stepped import (
-    ACCEPTED,
-    CLOCK,
-    DRAFTED,
-    DURATION,
-    EMITTED,
-    KV,
-    MAX_K,
     choose_once,
     chooses_once,
     propose_once,
@@ -141,18 +135,19 @@ class Replica:
                                    and not cost.latency.arrays_match_scalars))
         # a policy that learns from every step (auto, kld_variance): a fixed batch's decode
         # steps in compiled runs (simulator/stepped.py), to the step path's records to the bit
-        # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`)
-        self.steps_at_once = not self.fast_path and steps_at_once(
+        # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`; under
+        # vLLM's scheduler, a steady batch's, never near a max_model_len: vLLM's cut at it and
+        # its zero drafts are the step path's)
+        self.steps_at_once = (not self.fast_path and steps_at_once(
             policy, cost, policy_cost, self.planned, fast_path, scheduler.k_max)
+            and getattr(self.scheduler, "max_model_len", None) is None)
         self.traces = trace_store(policy, self.capped) if self.steps_at_once else None
         #: ... and its steps taken one at a time (with prompt chunks) have their ks, and their
         #: verification and fit, compiled
         self.chooses_once = self.steps_at_once and chooses_once(policy)
         #: ... and under vLLM's scheduler its engine steps taken one at a time have their
-        #: choice, fit and proposals compiled (not near a max_model_len: vLLM's cut at it and
-        #: its zero drafts are the step path's)
-        self.proposes_once = (self.steps_at_once and self.planned and proposes_once(policy)
-                              and getattr(self.scheduler, "max_model_len", None) is None)
+        #: choice, fit and proposals compiled
+        self.proposes_once = self.steps_at_once and self.planned and proposes_once(policy)
         # every decode step is a fast-path segment's (none read a position at a time but a
         # step where the batch overrules the walks, `_step_unwalked`)
         self.segments_only = self.fast_path and not scheduler.chunked_prefill and not self.planned
@@ -174,7 +169,7 @@ class Replica:
         self.plan_segments = (self.planned and fast_path and (asked_per_set or self.holds)
                               and cost.latency.arrays_match_scalars
                               and getattr(self.scheduler, "max_model_len", None) is None)
-        self._stepping_for: tuple[int, ...] | None = None  # see _planned_segment
+        self._stepping_for: tuple[int, ...] | None = None  # see _planned_segment, _runs_fit
         # where segments are priced from the batch's sums alone, the sums are kept across
         # segments (simulator/batch_columns.py): every decode step is a segment's, so every
         # running request advances with each of them (under vllm-v1, `plan_sums` below, the
@@ -686,7 +681,9 @@ class Replica:
         lookahead = (Lookahead(batch, self.acceptance) if type(self.policy).simulation_only
                      else None)
         # (proposes_once: the choice is made after the step, compiled, from the policy's state
-        # before it, with its fit and the proposals)
+        # before it, with its fit and the proposals; never asked before it: `_planned_segment`
+        # runs for policies that take no runs of steps)
+        assert chosen is None or not self.proposes_once
         ks = (None if self.proposes_once
               else scheduler.choose(batch, env.now, lookahead) if chosen is None else chosen)
         decodes, chunks, drafts, computed = [], [], [], []

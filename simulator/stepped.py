@@ -5,14 +5,21 @@ Such a policy cannot be walked request by request (each step's ks depend on what
 batch's last steps revealed), so the fast path's segments skip it and it stepped one iteration
 at a time through `Replica._mixed_iteration`. Here the steps of a fixed batch (no prompt to
 chunk, no arrival, no finish before the last) run in one call that does what that method and
-the policy's `choose`, draft stop and fit of the outcomes do, in the same order and to the bit.
-Where it cannot (`steps_at_once`: a subclass, no fast path, vLLM's scheduler, a draft tree, a
-latency model other than the roofline, an idle proposer, numba not loaded, no depth to draft
-to; for auto a policy cost model of its own; for kld_variance a draft model or a history over
-128) the replica steps as before. `RUNNERS` says which policies have such a loop; each runner
-gathers the batch's numbers and the policy's state for it, the requests' traces being kept in a
-`TraceStore` from submit to finish. auto's runner also takes one step at a time
-(`choose_once`, `verify_once`): its steps with prompt chunks under chunked prefill.
+the policy's `choose`, draft stop and fit of the outcomes do, in the same order and to the bit;
+under vLLM's scheduler, what `Replica._planned_iteration` does for a steady batch (`Room`), up
+to the first step its schedule() would plan otherwise. Where it cannot (`steps_at_once`: a
+subclass, no fast path, a draft tree, a latency model other than the roofline, an idle
+proposer, numba not loaded, no depth to draft to; for auto a policy cost model of its own; for
+kld_variance a draft model or a history over 128) the replica steps as before. `RUNNERS` says
+which policies have such a loop; each runner gathers the batch's numbers and the policy's
+state for it, the requests' traces being kept in a `TraceStore` from submit to finish. The
+steps taken one at a time have the policy's part compiled too: auto's with prompt chunks
+under chunked prefill (`choose_once`, `verify_once`), and both policies' engine steps with
+prompt chunks under vLLM's scheduler (`propose_once`).
+
+The loops write their records into buffers kept here (`_buffers`), one set for the process:
+each call's are read before the next call of the loops (simulations run one at a time in a
+process, never in threads).
 """
 
 from __future__ import annotations
@@ -43,17 +50,14 @@ from policies.kld_variance import (
     history_weights,
 )
 from simulator import kernels
+from simulator.run_records import CLOCK, RECORDS
 
 if TYPE_CHECKING:
     from simulator.scheduler_vllm import Room
 
 #: the most steps one run takes (its records' arrays are this long)
 MAX_STEPS = 4096
-#: a run's records (`StepsRun.records`, written by simulator/compiled_steps.py), a row each:
-#: the clock before each step (and after the last), each step's time, drafts, most drafts,
-#: accepted and emitted tokens, and KV tokens in allocated blocks (vLLM's scheduler)
-CLOCK, DURATION, DRAFTED, MAX_K, ACCEPTED, EMITTED, KV = range(7)
-RECORDS = 7
+
 #: a `TraceStore`'s first length, in output positions
 STORE_TOKENS = 1 << 15
 
@@ -117,7 +121,7 @@ class StepsRun:
     before each step and after the last, each step's time, drafts, most drafts, accepted and
     emitted tokens, KV tokens in allocated blocks), and each request's tokens generated and
     drafts after it; `finished`: its last step finished a request. The records and drafts are
-    views of the runners' buffers: read before the next run."""
+    views of the runners' buffers (`_buffers`): read before the loops' next call."""
 
     steps: int
     records: np.ndarray
@@ -130,7 +134,7 @@ class StepsRun:
     blocks: np.ndarray | None = None
 
     def record(self, row: int) -> np.ndarray:
-        """One row of the records (`CLOCK` .. `KV`), one entry per step (the clock's one
+        """One row of the records (`run_records.CLOCK` .. `KV`), one entry per step (the clock's one
         more)."""
         return self.records[row, : self.steps + (row == CLOCK)]
 
@@ -201,8 +205,8 @@ _drafted = np.zeros(0, dtype=np.int64)
 
 
 def _buffers(b: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The runs' record buffer (for up to `steps` steps) and drafts buffer (for b requests),
-    grown as asked: one for every run of the process, each run's read before the next."""
+    """The loops' record buffer (for up to `steps` steps) and drafts buffer (for b requests),
+    grown as asked: one for the process, each call's read before the loops' next."""
     global _records, _drafted
     if _records.shape[1] < steps + 1:
         _records = np.zeros((RECORDS, steps + 1))
@@ -298,7 +302,7 @@ def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, befo
     """One vLLM engine step's choice, auto's fit of its outcomes and the drafts proposed at its
     end, compiled (`auto_steps`' PROPOSE), after the scheduler committed it: `batch` its
     requests, `before` the tokens each had generated, `drafts` those it verified (0 for a
-    prompt chunk, so auto's fit skips it without `decoding`), `emitted` those it sampled.
+    prompt chunk, so auto's fit skips it: `decoding` is not read), `emitted` those it sampled.
     Returns the drafts each proposes (read where it sampled and goes on), as `choose` before
     the step, `observe_columns` and `_propose` (its draft stop and the drafter's cap) give
     them."""
@@ -319,7 +323,7 @@ def _planned(room: Room) -> tuple:
             room.block_size)
 
 
-_NO_KS = np.zeros(0, dtype=np.int64)  # (runs of steps and a step's choice are given none)
+_NO_KS = np.zeros(0, dtype=np.int64)  # (an argument a call does not read: no ks, no blocks)
 _NO_FLAGS = np.zeros(0, dtype=np.bool_)
 _THRESHOLDS = np.array(THRESHOLDS)
 
@@ -442,7 +446,7 @@ def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,
     (the next arrival), or `MAX_STEPS`, of these running requests under `policy` (their
     traces in `store`; `k_max`: the engine's); the policy's state and the requests' move with
     them. `room`: vLLM V1's engine steps of a steady batch, up to the first its scheduler
-    would plan otherwise (the run's `kv`, `proposals` and `blocks` then given)."""
+    would plan otherwise (the run's KV records, `proposals` and `blocks` then given)."""
     return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon, room)
 
 

@@ -37,9 +37,10 @@ def _run(spec: SimulationSpec, scheduler: SchedulerConfig, params: dict, replica
 def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, keep_steps=True,
           latency=None, policy="auto", trace=None):
     """The run through compiled runs of steps, and stepped one at a time; how many runs of
-    steps the first took, and how many steps it took one at a time. After every run of steps
-    the policy's fit (its counts, and each of the run's requests' state) is checked against the
-    step path's after the same step, to the bit."""
+    steps the first took, and how many steps it took one at a time. After every run of steps,
+    and every step the first took one at a time, the policy's fit (its counts, and each of the
+    batch's requests' state) is checked against the step path's after the same step, to the
+    bit."""
     loops(True)
     scheduler = scheduler or SchedulerConfig(max_num_seqs=24)
     runs, mixed = [], []
@@ -68,10 +69,11 @@ def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, kee
     fast = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
     taken, one_at_a_time = len(runs), len(mixed)
     monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
-    after_runs_fast = dict(after_runs)
+    # (and after every step the first took one at a time, its policy part compiled or not)
+    after_fast = {**after_steps, **after_runs}
     after_steps.clear()
     slow = _run(spec, scheduler, params or {}, replicas, keep_steps, latency, policy, trace)
-    for at, fit in after_runs_fast.items():
+    for at, fit in after_fast.items():
         counts, states = fit
         slow_counts, slow_states = after_steps[at]
         assert counts == slow_counts and states.items() <= slow_states.items(), at
@@ -424,6 +426,15 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, policy, acceptance, leng
         proposed.append(1)
         return propose(*args)
     monkeypatch.setattr(replica_module, "propose_once", told)
+    from simulator.scheduler_vllm import VllmV1Scheduler
+
+    preempting = []
+    make_room = VllmV1Scheduler._make_room
+
+    def counted_room(self, *args):
+        preempting.append(1)  # (each call preempts at least one request)
+        return make_room(self, *args)
+    monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
@@ -436,6 +447,33 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, policy, acceptance, leng
     if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
         assert any(why == compiled_steps.ROOM and n for why, n in ends)  # a run cut before it
         assert any(why == compiled_steps.ROOM and not n for why, n in ends)  # stepped
+    assert bool(preempting) == bool(settings.get("kv_capacity_tokens"))
+    _same(fast, slow)
+
+
+def test_no_runs_of_vllms_steps_near_a_max_model_len(monkeypatch, loops):
+    """With a max_model_len (vLLM's cut at it, its zero drafts where a request nears it) every
+    engine step is the step path's, none compiled."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class WithMaxModelLen(SchedulerConfig):
+        max_model_len: int = 520  # (each request is cut at it, 80 tokens short of its output)
+
+    proposed = []
+    propose = replica_module.propose_once
+
+    def told(*args):
+        proposed.append(1)
+        return propose(*args)
+    monkeypatch.setattr(replica_module, "propose_once", told)
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="fixed:200,400",
+                          acceptance="beta:7,3~20", draft="none", seed=4)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec,
+                                            scheduler=WithMaxModelLen(scheduler="vllm-v1"))
+    assert runs == 0 and one_at_a_time and not proposed
+    requests = fast.requests  # (each cut short: a prefill's token, then each step's)
+    assert (1 + requests["steps"] + requests["accepted"] < requests["output_tokens"]).all()
     _same(fast, slow)
 
 
