@@ -33,6 +33,7 @@ from policies.base import (
 )
 from policies.kernels import compiled
 from policies.registry import register
+from policies.rows import RowPool
 
 #: a request's state before a step: new (nothing verified yet), cold (its last chain's first draft
 #: was rejected), fresh (its last chain accepted some, then a rejection) or a streak of L >= 1
@@ -50,24 +51,20 @@ THRESHOLDS = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 TOTALS_TRIED = 12
 
 
-class StateRows:
+class StateRows(RowPool):
     """Requests' states, accepted and expected drafts as arrays, a row each: where runs of
     steps read and move them in place (simulator/stepped.py), instead of `Auto`'s dicts. A
     request's state is kept in one place, its row or the dicts; `known`: it has an entry (it
     drafted), as a key of the dicts."""
 
     def __init__(self, rows: int = 64) -> None:
-        self.row_of: dict[int, int] = {}
-        self._free: list[int] = []
         self.state = np.zeros(0, dtype=np.int64)
         self.observed = np.zeros(0)
         self.expected = np.zeros(0)
         self.known = np.zeros(0, dtype=np.bool_)
-        self._grow(rows)
+        super().__init__(rows)
 
-    def _grow(self, rows: int) -> None:
-        n = len(self.state)
-        self._free += range(rows - 1, n - 1, -1)  # (taken from the end: lowest first)
+    def _extend(self, n: int, rows: int) -> None:
         for name, fill in (("state", NEW), ("observed", 0.0), ("expected", 0.0),
                            ("known", False)):
             old = getattr(self, name)
@@ -80,13 +77,9 @@ class StateRows:
         """Each request's row; a request without one takes one, its entry moving out of the
         dicts (none: NEW, 0.0, 0.0 and not known)."""
         out = np.empty(len(ids), dtype=np.int64)
-        row_of = self.row_of
         for i, rid in enumerate(ids):
-            row = row_of.get(rid)
-            if row is None:
-                if not self._free:
-                    self._grow(2 * len(self.state))
-                row = row_of[rid] = self._free.pop()
+            row, new = self.row(rid)
+            if new:
                 known = rid in streak
                 self.state[row] = streak.pop(rid) if known else NEW
                 self.observed[row] = observed.pop(rid) if known else 0.0
@@ -98,18 +91,11 @@ class StateRows:
     def take(self, rid: int, streak: dict[int, int], observed: dict[int, float],
              expected: dict[int, float]) -> None:
         """A request's row back into the dicts (where it is known), its row freed."""
-        row = self.row_of.pop(rid)
+        row = self.release(rid)
         if self.known[row]:
             streak[rid] = int(self.state[row])
             observed[rid] = float(self.observed[row])
             expected[rid] = float(self.expected[row])
-        self._free.append(row)
-
-    def drop(self, rid: int) -> None:
-        """Free a request's row (it finished)."""
-        row = self.row_of.pop(rid, None)
-        if row is not None:
-            self._free.append(row)
 
 
 @register
@@ -527,7 +513,7 @@ class Auto(Policy):
     def finish(self, request_id: int) -> None:
         self._revision += 1
         if self._rows is not None:
-            self._rows.drop(request_id)
+            self._rows.release(request_id)
         self._streak.pop(request_id, None)
         self._observed.pop(request_id, None)
         self._expected.pop(request_id, None)

@@ -26,6 +26,7 @@ import numpy as np
 from policies.base import DraftOutcome, Policy, StepContext
 from policies.kernels import compiled
 from policies.registry import register
+from policies.rows import RowPool
 
 KL_CEILING = math.log(1e8)  # the largest KL the authors' 1e-8-clamped computation reports
 RATIO_IF_FLAT = 20.0  # the code's R when the long-window variance is below 1e-6
@@ -121,21 +122,16 @@ class _Request:
     bounds: tuple[int, int] | None = None  # (k_min_r, k_max_r) once warm-up is over
 
 
-class RequestRows:
+class RequestRows(RowPool):
     """Requests' DSDE state as arrays, a row each: what a compiled run of steps reads and
     updates in place (simulator/stepped.py). The warm-up's accepted counts are kept as their
     count and largest, all `warmup_bounds` reads of them."""
 
     def __init__(self, width: int, rows: int = 64) -> None:
         self.width = width  # activation_tokens: the history's and the warm-up KL's length
-        self.row_of: dict[int, int] = {}
-        self._free: list[int] = []
-        self._grow(rows)
+        super().__init__(rows)
 
-    def _grow(self, rows: int) -> None:
-        old = getattr(self, "k", np.zeros(0, dtype=np.int64))
-        n = len(old)
-        self._free += range(rows - 1, n - 1, -1)  # (taken from the end: lowest first)
+    def _extend(self, n: int, rows: int) -> None:
         for name, dtype, shape in (("k", np.int64, ()), ("ready", np.bool_, ()),
                                    ("k_min", np.int64, ()), ("k_max", np.int64, ()),
                                    ("history", np.float64, (self.width,)),
@@ -153,13 +149,9 @@ class RequestRows:
         """Each request's row, a new one (at k_init) for one without state; a state kept as a
         `_Request` (`st_of`) moves into its row."""
         out = np.empty(len(ids), dtype=np.int64)
-        row_of = self.row_of
         for i, rid in enumerate(ids):
-            row = row_of.get(rid)
-            if row is None:
-                if not self._free:
-                    self._grow(2 * len(self.k))
-                row = row_of[rid] = self._free.pop()
+            row, new = self.row(rid)
+            if new:
                 self._put(row, st_of.pop(rid, None) or _Request(k_init, deque()))
             out[i] = row
         return out
@@ -178,16 +170,13 @@ class RequestRows:
 
     def drop(self, request_id: int) -> None:
         """Free a request's row (it finished)."""
-        row = self.row_of.pop(request_id, None)
-        if row is not None:
-            self._free.append(row)
+        self.release(request_id)
 
     def take(self, request_id: int, maxlen: int) -> _Request | None:
         """A request's state out of its row, as a `_Request` (None: it has no row)."""
-        row = self.row_of.pop(request_id, None)
+        row = self.release(request_id)
         if row is None:
             return None
-        self._free.append(row)
         n, warm = int(self.history_len[row]), int(self.warm_kl_len[row])
         return _Request(int(self.k[row]), deque(self.history[row, :n].tolist(), maxlen=maxlen),
                         [int(self.warm_most[row])] * int(self.warm_count[row]),

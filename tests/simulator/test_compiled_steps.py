@@ -80,6 +80,18 @@ def _both(monkeypatch, loops, spec, scheduler=None, params=None, replicas=1, kee
     return fast, slow, taken, one_at_a_time
 
 
+def _counted(monkeypatch, name: str) -> list:
+    """Each call of the replica's `name` (one of simulator/stepped.py's), counted."""
+    calls = []
+    original = getattr(replica_module, name)
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+    monkeypatch.setattr(replica_module, name, counted)
+    return calls
+
+
 def _learnt(policy, ids) -> tuple:
     """A policy's fit after a step: auto's counts as bits and each of these requests' state,
     accepted and expected drafts (bits); kld_variance's each request's state, wherever it is
@@ -419,13 +431,7 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, policy, acceptance, leng
             ends.append((result[0], result[1]))
         return result
     monkeypatch.setattr(compiled_steps, name, counted)
-    proposed = []
-    propose = replica_module.propose_once
-
-    def told(*args):
-        proposed.append(1)
-        return propose(*args)
-    monkeypatch.setattr(replica_module, "propose_once", told)
+    proposed = _counted(monkeypatch, "propose_once")
     from simulator.scheduler_vllm import VllmV1Scheduler
 
     preempting = []
@@ -460,13 +466,7 @@ def test_no_runs_of_vllms_steps_near_a_max_model_len(monkeypatch, loops):
     class WithMaxModelLen(SchedulerConfig):
         max_model_len: int = 520  # (each request is cut at it, 80 tokens short of its output)
 
-    proposed = []
-    propose = replica_module.propose_once
-
-    def told(*args):
-        proposed.append(1)
-        return propose(*args)
-    monkeypatch.setattr(replica_module, "propose_once", told)
+    proposed = _counted(monkeypatch, "propose_once")
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="fixed:200,400",
                           acceptance="beta:7,3~20", draft="none", seed=4)
     fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec,
