@@ -308,13 +308,12 @@ def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, befo
     them."""
     from simulator import compiled_steps
 
-    verified = np.array(drafts, dtype=np.int64)
-    _, result, counts, _ = _auto_steps(
+    proposals = np.array(drafts, dtype=np.int64)  # (in: those verified; out: those proposed)
+    _, _, counts, _ = _auto_steps(
         policy, batch, store, k_max, cost, 0.0, np.inf, 1, compiled_steps.PROPOSE,
-        np.array(emitted, dtype=np.int64), (True, verified.copy(), _NO_KS, 0, 0, 0, 1),
-        before)
+        np.array(emitted, dtype=np.int64), (True, proposals, _NO_KS, 0, 0, 0, 1), before)
     policy.took_steps(1, counts)
-    return result[-1].tolist()
+    return proposals.tolist()
 
 
 def _planned(room: Room) -> tuple:
