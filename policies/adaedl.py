@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DraftOutcome, Policy, RequestView, StepContext
+from policies.base import DraftOutcome, Policy, RequestStates, RequestView, StepContext
 from policies.heuristic import below, chain_lengths
 from policies.kernels import compiled
 from policies.registry import register
@@ -118,6 +118,27 @@ class AdaEDL(Policy):
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _AdaEDLWalk:
         return _AdaEDLWalk(self, request_id, k_max, signals["draft_entropy"])
+
+    def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
+        """Each request's lambda and acceptance rate, for compiled engine steps
+        (`RequestStates`): knob its depth; weights gamma, beta1, beta2, epsilon and the
+        target acceptance."""
+        return RequestStates(
+            "adaedl", np.zeros(0, dtype=np.int64),
+            np.array([self.threshold(rid) for rid in request_ids], dtype=np.float64),
+            np.array([self._rate.get(rid, 0.0) for rid in request_ids], dtype=np.float64),
+            np.array([min(self.max_k, k_max)], dtype=np.int64),
+            np.array([self.gamma, self.beta1, self.beta2, self.epsilon, self.target_acceptance],
+                     dtype=np.float64))
+
+    def keep_states(self, request_ids: Sequence[int], states: RequestStates,
+                    touched: np.ndarray) -> None:
+        """The states after compiled engine steps, where a request drafted (`touched` bit 1),
+        as `observe` writes them."""
+        for rid, lam, rate, how in zip(request_ids, states.level.tolist(),
+                                       states.rate.tolist(), touched.tolist()):
+            if how & 1:
+                self._lambda[rid], self._rate[rid] = lam, rate
 
     def finish(self, request_id: int) -> None:
         self._lambda.pop(request_id, None)

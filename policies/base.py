@@ -253,6 +253,23 @@ class RequestWalker(Protocol):
         ...
 
 
+@dataclass
+class RequestStates:
+    """A walked policy's state of some requests as arrays, for an engine that runs their steps
+    in a compiled loop (simulator/compiled_walked.py, under vLLM's scheduler, where a step
+    verifies the k chosen a step earlier): `kind` names the policy's rules there; `state`,
+    `level` and `rate` are each request's integer and float state (the policy says which is
+    what), `knobs` and `weights` its integer and float parameters. The loop moves the three
+    states in place and `Policy.keep_states` takes them back."""
+
+    kind: str
+    state: np.ndarray
+    level: np.ndarray
+    rate: np.ndarray
+    knobs: np.ndarray
+    weights: np.ndarray
+
+
 class HeldSteps:
     """The steps an engine ran on one `choose` of a policy that holds (`Policy.hold`): the
     first and those held after it, as (requests x steps) integer arrays, the requests in the

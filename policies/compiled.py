@@ -356,6 +356,42 @@ def _walk_step(run, cap, capped: bool, p: int, k: int, name: str):
 
 
 @njit(cache=True)
+def heuristic_next(k: int, drafted: int, accepted: int, grow: int, shrink: int,
+                   ceiling: int) -> int:
+    """`Heuristic._next`: a request's k after a step that drafted (+grow where every draft
+    was accepted, else -shrink but not below 1), at most `ceiling`."""
+    k = k + grow if accepted >= drafted else max(1, k - shrink)
+    return k if k < ceiling else ceiling
+
+
+@njit(cache=True)
+def gammatune_next(g: int, g_hat: float, drafted: int, accepted: int, delta: int, eta: float,
+                   low: int, high: int, tolerance: float):
+    """`GammaTune._next`: a request's (g, g_hat) after a step that drafted: +delta where every
+    draft was accepted, else g_hat smoothed toward the accepted count and g its ceiling, each
+    clamped to low..high."""
+    if accepted >= drafted:
+        return min(max(g + delta, low), high), g_hat
+    g_hat = min(max((1.0 - eta) * g_hat + eta * accepted, float(low)), float(high))
+    return min(max(math.ceil(g_hat - tolerance), low), high), g_hat
+
+
+@njit(cache=True)
+def adaedl_next(lam: float, rate: float, drafted: int, accepted: int, depth: int,
+                beta1: float, beta2: float, epsilon: float, target: float):
+    """`AdaEDL._observe_one`: a request's (lambda, acceptance rate) after a step that drafted
+    (`depth`: its cap, min(max_k, the engine's k_max))."""
+    rate = beta1 * rate + (1.0 - beta1) * (accepted / drafted)
+    if rate < target:
+        aim = lam + epsilon
+    elif rate > target and accepted >= depth:
+        aim = lam - epsilon
+    else:
+        aim = lam
+    return beta2 * lam + (1.0 - beta2) * aim, rate
+
+
+@njit(cache=True)
 def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, delta: int,
                    eta: float, low: int, high: int, tolerance: float):
     """`walk_alone` of a gammatune request (its walker's k and saw, step after step): each step
@@ -374,13 +410,8 @@ def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, del
                              "gammatune_walk")
         if k > 0:  # the walker's saw(k, emit - 1, ...), as observe
             drafted_any = True
-            seen = emit - 1
-            if seen >= k:
-                g = min(max(g + delta, low), high)
-            else:
-                rejected_any = True
-                g_hat = min(max((1.0 - eta) * g_hat + eta * seen, float(low)), float(high))
-                g = min(max(math.ceil(g_hat - tolerance), low), high)
+            rejected_any = rejected_any or emit - 1 < k
+            g, g_hat = gammatune_next(g, g_hat, k, emit - 1, delta, eta, low, high, tolerance)
         p += emit
         walk[steps + 1] = p
         drafts[steps] = k
@@ -412,15 +443,8 @@ def adaedl_walk(run, cap, capped: bool, start: int, bound, depth: int, lam: floa
         k, emit = _walk_step(run, cap, capped, p, k, "adaedl_walk")
         if k > 0:  # the walker's saw(k, emit - 1, ...): `_observe_one`
             drafted_any = True
-            seen = emit - 1
-            rate = beta1 * rate + (1.0 - beta1) * (seen / k)
-            if rate < target:
-                aim = lam + epsilon
-            elif rate > target and seen >= depth:
-                aim = lam - epsilon
-            else:
-                aim = lam
-            lam = beta2 * lam + (1.0 - beta2) * aim
+            lam, rate = adaedl_next(lam, rate, k, emit - 1, depth, beta1, beta2, epsilon,
+                                    target)
         p += emit
         walk[steps + 1] = p
         drafts[steps] = k

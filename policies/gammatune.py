@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DraftOutcome, Policy, RequestView, StepContext
+from policies.base import DraftOutcome, Policy, RequestStates, RequestView, StepContext
 from policies.heuristic import below
 from policies.kernels import compiled
 from policies.registry import register
@@ -86,6 +86,28 @@ class GammaTune(Policy):
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _GammaTuneWalk:
         return _GammaTuneWalk(self, request_id, k_max)
+
+    def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
+        """Each request's g and g_hat, for compiled engine steps (`RequestStates`): knobs
+        delta, g_min, g_max; weights eta and the ceiling's tolerance."""
+        start = float(self.g_init)
+        return RequestStates(
+            "gammatune",
+            np.array([self._g.get(rid, self.g_init) for rid in request_ids], dtype=np.int64),
+            np.array([self._g_hat.get(rid, start) for rid in request_ids], dtype=np.float64),
+            np.zeros(0), np.array([self.delta, self.g_min, self.g_max], dtype=np.int64),
+            np.array([self.eta, _CEIL_TOLERANCE], dtype=np.float64))
+
+    def keep_states(self, request_ids: Sequence[int], states: RequestStates,
+                    touched: np.ndarray) -> None:
+        """The states after compiled engine steps, as `observe` writes them: g where a request
+        drafted (`touched` bit 1), g_hat where a draft was rejected (bit 2)."""
+        for rid, g, g_hat, how in zip(request_ids, states.state.tolist(),
+                                      states.level.tolist(), touched.tolist()):
+            if how & 1:
+                self._g[rid] = g
+            if how & 2:
+                self._g_hat[rid] = g_hat
 
     def finish(self, request_id: int) -> None:
         self._g.pop(request_id, None)

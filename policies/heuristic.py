@@ -16,10 +16,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import DraftOutcome, Policy, RequestView, StepContext
+from policies.base import DraftOutcome, Policy, RequestStates, RequestView, StepContext
 from policies.registry import register
 
 _K_LIMIT = 64
+_NO_FLOATS = np.zeros(0)  # (a state or parameter the policy has none of)
 
 
 def below(value: float, threshold: float) -> bool:
@@ -102,6 +103,22 @@ class Heuristic(Policy):
                signals: Mapping[str, np.ndarray]) -> _HeuristicWalk:
         # a new request's start (carried over) is read at its first step, as choose reads it
         return _HeuristicWalk(self, request_id, k_max)
+
+    def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
+        """Each request's k as `choose` reads it (a new one's start), for compiled engine
+        steps (`RequestStates`): knobs grow, shrink and the ceiling `observe` keeps k under."""
+        start = self._start()
+        return RequestStates(
+            "heuristic", np.array([self._k.get(rid, start) for rid in request_ids],
+                                  dtype=np.int64),
+            _NO_FLOATS, _NO_FLOATS,
+            np.array([self.grow, self.shrink, max(1, min(self.k_max, k_max))], dtype=np.int64),
+            _NO_FLOATS)
+
+    def keep_states(self, request_ids: Sequence[int], states: RequestStates,
+                    touched: np.ndarray) -> None:
+        """The ks after compiled engine steps, each of which chose for every request."""
+        self._k.update(zip(request_ids, states.state.tolist()))
 
     def finish(self, request_id: int) -> None:
         k = self._k.pop(request_id, None)

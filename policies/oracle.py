@@ -30,6 +30,7 @@ import numpy as np
 
 from policies.base import (
     Policy,
+    RequestStates,
     StepContext,
     StepCost,
     SumsPricer,
@@ -40,6 +41,7 @@ from policies.kernels import compiled
 from policies.registry import register
 
 KNOWS = ("outcomes", "probabilities")
+_NO_INTS, _NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)  # (no state: it knows them)
 GRID = 8  # knows=probabilities: draft counts tried per depth before the local search
 
 
@@ -97,6 +99,16 @@ class Oracle(Policy):
         if run is None:
             raise RuntimeError("the oracle walks a request only with its accepted runs (run=)")
         return _OracleWalk(run, min(self.k_max, k_max))
+
+    def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
+        """knows=outcomes, for compiled engine steps (`RequestStates`): no state (it knows the
+        outcomes), knob its bound min(k_max, the engine's)."""
+        return RequestStates("oracle", _NO_INTS, _NO_FLOATS, _NO_FLOATS,
+                             np.array([min(self.k_max, k_max)], dtype=np.int64), _NO_FLOATS)
+
+    def keep_states(self, request_ids: Sequence[int], states: RequestStates,
+                    touched: np.ndarray) -> None:
+        """Nothing: it learns nothing from outcomes."""
 
     def walks_with(self, cost: StepCost) -> bool:
         """knows=outcomes, where each cap is priced from its verify pass's sums: the check of

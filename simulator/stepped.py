@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from policies.adaedl import AdaEDL
 from policies.auto import (
     ALPHA_MAX,
     BIN_TABLE,
@@ -42,6 +43,8 @@ from policies.auto import (
     Auto,
     geometric_totals,
 )
+from policies.gammatune import GammaTune, GammaTunePlus
+from policies.heuristic import Heuristic
 from policies.kld_variance import (
     COMPILED_HISTORY,
     KL_CEILING,
@@ -49,6 +52,7 @@ from policies.kld_variance import (
     KldVariance,
     history_weights,
 )
+from policies.oracle import Oracle
 from simulator import kernels
 from simulator.run_records import CLOCK, RECORDS
 
@@ -75,7 +79,7 @@ class TraceStore:
         size = STORE_TOKENS
         self.run = np.zeros(size, dtype=np.int64)
         self.cap = np.zeros(size if capped else 0, dtype=np.int64)
-        self.values = np.zeros(size)
+        self.values = np.zeros(size if signal else 0)  # (no signal read: none kept)
         self.used = 0
         self._live: dict[int, object] = {}  # id(request) -> request
 
@@ -89,7 +93,8 @@ class TraceStore:
         self.run[at:end] = request.run
         if self.capped:
             self.cap[at:end] = request.cap
-        self.values[at:end] = request.signals[self.signal]
+        if self.signal:
+            self.values[at:end] = request.signals[self.signal]
         request.trace_at, self.used = at, end
         self._live[id(request)] = request
 
@@ -101,13 +106,14 @@ class TraceStore:
         live = list(self._live.values())
         need = sum(len(request.run) for request in live) + n
         size = max(len(self.run), 2 * need)
-        run, values = np.zeros(size, dtype=np.int64), np.zeros(size)
+        run, values = np.zeros(size, dtype=np.int64), np.zeros(size if self.signal else 0)
         cap = np.zeros(size if self.capped else 0, dtype=np.int64)
         used = 0
         for request in live:
             at, m = request.trace_at, len(request.run)
             run[used:used + m] = self.run[at:at + m]
-            values[used:used + m] = self.values[at:at + m]
+            if self.signal:
+                values[used:used + m] = self.values[at:at + m]
             if self.capped:
                 cap[used:used + m] = self.cap[at:at + m]
             request.trace_at = used
@@ -149,6 +155,7 @@ class Runner:
     signal: str
     draft_model: bool = False  # it runs with a draft model's chain too
     planned: bool = False  # it runs vLLM V1's engine steps too (`Room`)
+    planned_only: bool = False  # ... and those alone
     reads_cost: bool = True  # it prices steps (so its policy cost model must be the engine's)
     #: one step's ks, and its verification and fit, compiled, for a step taken one at a time
     #: (`choose_once`, `verify_once`), or None
@@ -380,6 +387,56 @@ def _propose_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost
     return proposals.tolist()
 
 
+def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float,
+                horizon: float, room: Room | None = None) -> StepsRun:
+    """`compiled_walked.walked_steps` of these requests under a walked policy (vLLM's engine
+    steps alone: `room` given), the policy's state handed to it as arrays
+    (`request_states`) and taken back (`keep_states`)."""
+    from simulator import compiled_walked
+
+    assert room is not None, "walked policies' steps run at once under vLLM's scheduler only"
+    prompt, output, generated, at = _batch(batch)
+    ids = [request.request_id for request in batch]
+    states = policy.request_states(ids, k_max)
+    draft_model, draft, feeds, rule = _draft_model(cost, batch)
+    records, drafted = _buffers(len(batch), MAX_STEPS)
+    touched = np.zeros(len(batch), dtype=np.int64)
+    why, n = compiled_walked.walked_steps(
+        compiled_walked.KINDS[states.kind], prompt, output, generated, at, store.run, store.cap,
+        store.values, store.capped, states.state, states.level, states.rate, states.knobs,
+        states.weights, k_max, *_pricing(cost, len(batch)), start, horizon, MAX_STEPS,
+        draft_model, draft, feeds, rule, *_planned(room)[1:], records, drafted, touched)
+    if n:  # (each step chose for every request: none where the first did not fit)
+        policy.keep_states(ids, states, touched)
+    if draft_model:
+        for request, feed in zip(batch, feeds.tolist()):
+            request.draft_feed = feed
+    done = _finished(why, n, generated, records, drafted)
+    done.proposals, done.blocks = room.proposals, room.blocks
+    return done
+
+
+def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
+                    drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
+    """`_propose_auto` for a walked policy (`compiled_walked.walked_propose`): the choice
+    before the step, `observe` of what its decodes verified, the drafts proposed at its end."""
+    from simulator import compiled_walked
+
+    ids = [request.request_id for request in batch]
+    states = policy.request_states(ids, k_max)
+    prompt, output, _, at = _batch(batch)
+    proposals = np.array(drafts, dtype=np.int64)  # (in: those verified; out: those proposed)
+    touched = np.zeros(len(batch), dtype=np.int64)
+    compiled_walked.walked_propose(
+        compiled_walked.KINDS[states.kind], prompt, output, np.array(before, dtype=np.int64),
+        at, store.run, store.cap, store.values, store.capped, states.state, states.level,
+        states.rate, states.knobs, states.weights, k_max, *_pricing(cost, len(batch)),
+        proposals, np.array(emitted, dtype=np.int64), np.array(decoding, dtype=np.bool_),
+        touched)
+    policy.keep_states(ids, states, touched)
+    return proposals.tolist()
+
+
 _tables: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
@@ -398,13 +455,23 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: auto with a depth to draft to (its own k_max and the engine's: with none, its `choose`
 #: plans nothing), model-free or with a draft model; kld_variance model-free,
 #: with a history its compiled variances sum (under chunked prefill its steps with prompt
-#: chunks, taken one at a time, move each request's state out of its row and back)
+#: chunks, taken one at a time, move each request's state out of its row and back); the walked
+#: policies under vLLM's scheduler alone (the plain scheduler's fast path walks them), with or
+#: without a draft model (adaedl's stop reads the draft entropies; gammatune_plus's is folded
+#: into the drafter's caps)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
                  draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,
                  propose=_propose_auto),
     KldVariance: Runner(lambda policy, k_max: policy.activation_tokens <= COMPILED_HISTORY,
                         _run_kld, "kl", planned=True, reads_cost=False, propose=_propose_kld),
+    **{kind: Runner(lambda policy, k_max: True, _run_walked, signal, draft_model=True,
+                    planned=True, planned_only=True, reads_cost=False,
+                    propose=_propose_walked)
+       for kind, signal in ((Heuristic, ""), (GammaTune, ""), (GammaTunePlus, ""),
+                            (AdaEDL, "draft_entropy"))},
+    Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
+                   planned=True, planned_only=True, propose=_propose_walked),
 }
 
 
@@ -419,7 +486,7 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
     runner = RUNNERS.get(type(policy))
     roofline = getattr(cost, "_roofline", None)
     if not (fast_path and runner is not None and runner.applies(policy, k_max)
-            and (not planned or runner.planned)
+            and (not planned or runner.planned) and (planned or not runner.planned_only)
             and (policy_cost is None or not runner.reads_cost) and roofline is not None
             and roofline["target"] is not None and not cost.idle_s
             and kernels.compiled() is not None):

@@ -1,0 +1,234 @@
+"""The walked policies (heuristic, gammatune, gammatune_plus, adaedl, and the oracle that knows
+outcomes on a model-free chain) under vLLM's scheduler:
+a steady batch's engine steps run many at a time in one compiled loop, and the policy part of
+each engine step taken one at a time is compiled (simulator/compiled_walked.py), with the same
+records, to the bit, and the same policy state after every run and every step, as the step
+path's `Replica._planned_iteration`; with the drafter's caps (n-gram, a folded stop), a draft
+model's chain, several replicas, a tight KV cache that preempts and budgets that trim, and the
+policies' parameters moved. Also each policy's per-step rules against its Python, and where the
+runs do not stand for it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from policies import make_policy
+from policies.adaedl import AdaEDL
+from policies.gammatune import GammaTune
+from policies.heuristic import Heuristic
+from policies.oracle import Oracle
+from simulator import ClusterConfig, SchedulerConfig, simulate, stepped
+from simulator import replica as replica_module
+from simulator.replica import Replica
+from spectune.simulate import SimulationSpec, build_inputs
+
+pytest.importorskip("numba")
+
+
+def _state(policy, rid: int) -> tuple:
+    """A request's state in the policy, as its Python keeps it (None where it keeps none),
+    floats as bits."""
+    def bits(x):
+        return None if x is None else np.float64(x).tobytes()
+    if isinstance(policy, Heuristic):
+        return (policy._k.get(rid),)
+    if isinstance(policy, GammaTune):
+        return policy._g.get(rid), bits(policy._g_hat.get(rid))
+    if isinstance(policy, AdaEDL):
+        return bits(policy._lambda.get(rid)), bits(policy._rate.get(rid))
+    return ()  # (the oracle: none)
+
+
+def _run(spec, scheduler, policy, params, replicas):
+    inputs = build_inputs(spec, {}, scheduler)
+    return simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                    make_policy(policy, params), inputs.kv_capacity_tokens, scheduler,
+                    ClusterConfig(replicas))
+
+
+def _both(monkeypatch, loops, spec, scheduler, policy, params, replicas):
+    """The run with compiled runs of engine steps, and stepped one at a time (the compiled
+    loops loaded for both); how many runs the first took, and how many steps one at a time.
+    After every run and every step the first took one at a time, the states of the batch's
+    requests are checked against the step path's after the same step."""
+    loops(True)
+    runs, single = [], []
+    compiled_steps, planned = Replica._compiled_steps, Replica._planned_iteration
+    after_fast, after_slow = {}, {}
+
+    def run(self):
+        ids = [request.request_id for request in self.scheduler.running]
+        before = len(single)
+        yield from compiled_steps(self)
+        if len(single) == before:  # (else its first step did not fit: stepped)
+            runs.append(len(ids))
+        after_fast[self.index, self.scheduler.step_index] = {
+            rid: _state(self.policy, rid) for rid in ids}
+
+    def one(self, *args, **kwargs):
+        ids = [request.request_id for request in self.scheduler.running]
+        single.append(1)
+        yield from planned(self, *args, **kwargs)
+        after_slow[self.index, self.scheduler.step_index] = {
+            rid: _state(self.policy, rid) for rid in ids}
+    monkeypatch.setattr(Replica, "_compiled_steps", run)
+    monkeypatch.setattr(Replica, "_planned_iteration", one)
+    fast = _run(spec, scheduler, policy, params, replicas)
+    taken, one_at_a_time = len(runs), len(single)
+    after_fast.update(after_slow)
+    after_slow.clear()
+    monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
+    slow = _run(spec, scheduler, policy, params, replicas)
+    for at, states in after_fast.items():
+        assert states.items() <= after_slow[at].items(), at
+    return fast, slow, taken, one_at_a_time
+
+
+CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, scheduler's settings)
+    ("heuristic", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("heuristic", {"carry_over": "true", "k_init": "2", "grow": "1"}, "beta:7,3~20",
+     "azure-conv", 8.0, "Llama-68M", 1, {}),
+    ("heuristic", {}, "beta:7,3~20", "fixed:200,300", 4.0, "none", 1,
+     {"kv_capacity_tokens": 3000}),
+    ("heuristic", {}, "beta:9,1~20", "fixed:20,300", 4.0, "none", 1, {"max_batched_tokens": 40}),
+    ("gammatune", {}, "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
+    ("gammatune", {"delta": "2", "eta": "0.5"}, "smollm2-eagle-ngram", "fixed:20,300", 4.0,
+     "none", 1, {"max_batched_tokens": 36}),
+    ("gammatune_plus", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("gammatune_plus", {"tau": "0.6"}, "smollm2-ngram", "azure-conv", 20.0, "none", 2,
+     {"max_num_seqs": 16}),
+    ("adaedl", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("adaedl", {"gamma": "0.8", "max_k": "6"}, "smollm2-eagle-ngram", "azure-conv", 8.0,
+     "Llama-68M", 1, {}),
+    ("adaedl", {}, "smollm2-ngram", "fixed:200,300", 4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("oracle", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("oracle", {"k_max": "6"}, "beta:7,3~20", "fixed:200,300", 4.0, "none", 1,
+     {"kv_capacity_tokens": 3000}),
+    ("oracle", {}, "smollm2-eagle-ngram", "fixed:20,300", 8.0, "none", 2,
+     {"max_batched_tokens": 24}),
+]
+
+
+@pytest.mark.parametrize("policy,params,acceptance,lengths,rate,draft,replicas,settings", CASES,
+                         ids=[f"{p}-{a}-{lg}-{r}-{d}-{n}-" + (",".join((*q, *s)) or "default")
+                              for p, q, a, lg, r, d, n, s in CASES])
+def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params, acceptance,
+                                              lengths, rate, draft, replicas, settings):
+    """A steady batch's engine steps run at once, up to the first the budget would trim or the
+    free blocks could not hold (preempting); the others one at a time, their choice, observe
+    and proposals compiled: the same records and states. With a tight KV cache and a small
+    budget, runs end at both (and a run whose first step does not fit is stepped)."""
+    from simulator import compiled_steps, compiled_walked
+
+    ends, proposed = [], []
+    kernel, propose = compiled_walked.walked_steps, compiled_walked.walked_propose
+
+    def counted(*args):
+        result = kernel(*args)
+        ends.append(result)
+        return result
+
+    def counted_propose(*args):
+        proposed.append(1)
+        return propose(*args)
+    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    monkeypatch.setattr(compiled_walked, "walked_propose", counted_propose)
+    from simulator.scheduler_vllm import VllmV1Scheduler
+
+    preempting = []
+    make_room = VllmV1Scheduler._make_room
+
+    def counted_room(self, *args):
+        preempting.append(1)  # (each call preempts at least one request)
+        return make_room(self, *args)
+    monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
+    spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
+                          acceptance=acceptance, draft=draft, seed=4)
+    scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
+    fast, slow, runs, one_at_a_time = _both(monkeypatch, loops, spec, scheduler, policy, params,
+                                            replicas)
+    decode_steps = int(((fast.steps["decode_seqs"] > 0) & (fast.steps["prefill_seqs"] == 0)).sum())
+    assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 3
+    assert len(proposed) == one_at_a_time  # every step taken alone has its policy part compiled
+    if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
+        assert any(why == compiled_steps.ROOM and n for why, n in ends)  # a run cut before it
+        assert any(why == compiled_steps.ROOM and not n for why, n in ends)  # stepped
+    assert bool(preempting) == bool(settings.get("kv_capacity_tokens"))
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+def test_the_per_step_rules_are_the_policies_python(loops):
+    """heuristic's, gammatune's and adaedl's next state after a step, and adaedl's stop, as
+    their Python gives them (the same integers, and floats to the bit), over many states and
+    outcomes, NaN entropies among them."""
+    loops(True)
+    from policies import compiled as policy_loops
+    from simulator.compiled_walked import _adaedl_stop
+
+    rng = np.random.default_rng(7)
+    heuristic, gammatune = Heuristic(grow=2, shrink=3), GammaTune(delta=2, eta=0.35)
+    adaedl = AdaEDL(gamma=0.7, target_acceptance=0.55)
+    for _ in range(2000):
+        k, drafted = int(rng.integers(1, 20)), int(rng.integers(1, 12))
+        accepted = int(rng.integers(0, drafted + 1))
+        ceiling = int(rng.integers(1, 20))
+        assert policy_loops.heuristic_next(k, drafted, accepted, 2, 3, ceiling) == \
+            heuristic._next(k, drafted, accepted, ceiling)
+        g, g_hat = int(rng.integers(1, 11)), float(rng.uniform(1, 10))
+        ours = policy_loops.gammatune_next(g, g_hat, drafted, accepted, 2, 0.35,
+                                           gammatune.g_min, gammatune.g_max, 1e-9)
+        want = gammatune._next(g, g_hat, drafted, accepted)
+        assert ours[0] == want[0] and np.float64(ours[1]).tobytes() == \
+            np.float64(want[1]).tobytes()
+        lam, rate = float(rng.uniform(0, 1)), float(rng.uniform(0, 1))
+        adaedl._lambda[0], adaedl._rate[0] = lam, rate
+        want_lam = adaedl._observe_one(0, drafted, accepted, 8)
+        got_lam, got_rate = policy_loops.adaedl_next(
+            lam, rate, drafted, accepted, 8, adaedl.beta1, adaedl.beta2, adaedl.epsilon, 0.55)
+        assert (np.float64(got_lam).tobytes(), np.float64(got_rate).tobytes()) == \
+            (np.float64(want_lam).tobytes(), np.float64(adaedl._rate[0]).tobytes())
+    entropy = rng.uniform(0, 2, 400)
+    entropy[rng.integers(0, 400, 40)] = math.nan
+    for _ in range(500):
+        g, k, last = int(rng.integers(0, 390)), int(rng.integers(0, 10)), 399
+        lam = float(rng.uniform(0.2, 1))
+        adaedl._lambda[5] = lam
+        rows = entropy[np.minimum(g + np.arange(max(k, 1)), last)][None, :]
+
+        class View:
+            request_id = 5
+        want = adaedl.stop_chains([View()], [k], np.empty((1, 0)), rows)[0]
+        assert _adaedl_stop(k, lam, 0.7, entropy, 0, g, last) == want
+
+
+def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
+    """Under the plain scheduler the fast path walks them (no runs); a subclass, the numpy
+    code, the oracle that knows probabilities or prices a draft model's passes, steps."""
+    from simulator.step_cost import StepCostModel
+
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
+                          acceptance="smollm2-ngram", seed=1, draft="none")
+    cost = StepCostModel(build_inputs(spec, {}, SchedulerConfig()).latency, speculating=True)
+
+    class Mine(Heuristic):
+        pass
+    loops(True)
+    for policy in (Heuristic(), GammaTune(), make_policy("gammatune_plus", {}), AdaEDL(),
+                   Oracle()):
+        assert stepped.steps_at_once(policy, cost, None, True, True, 10)
+        assert not stepped.steps_at_once(policy, cost, None, False, True, 10)
+    assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
+    assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
+    drafted = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
+                             acceptance="smollm2-ngram", seed=1)  # (Llama-68M)
+    with_model = StepCostModel(build_inputs(drafted, {}, SchedulerConfig()).latency,
+                               speculating=True)
+    assert stepped.steps_at_once(Heuristic(), with_model, None, True, True, 10)
+    assert not stepped.steps_at_once(Oracle(), with_model, None, True, True, 10)
+    loops(False)
+    assert not stepped.steps_at_once(Heuristic(), cost, None, True, True, 10)
