@@ -223,6 +223,20 @@ def alternative_sums(ks, cached):
     return drafted, pairs, seqs, held
 
 
+@njit(cache=True)
+def stop_lengths(stops, uncapped: int):
+    """`acceptance.stop_lengths`: per position g, the drafts a chain from g takes through the
+    first stop at or after g, `uncapped` where none comes (one pass from the end)."""
+    n = stops.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    first = uncapped
+    for g in range(n - 1, -1, -1):
+        if stops[g]:
+            first = g
+        out[g] = first - g + 1 if first < uncapped else uncapped
+    return out
+
+
 def warm() -> None:
     """Call each loop once on the types the simulator gives them, so their one-time load (from
     numba's cache, or compiling where it has none) is paid here and not inside a run."""
@@ -245,6 +259,7 @@ def warm() -> None:
     for fed in (True, False):
         chain_step_time(sums[0], sums[1], sums[2], fed, numbers, numbers, 0.0)
     alternatives_times(sums, sums[0], numbers, numbers, 0.0)
+    stop_lengths(np.zeros(3, dtype=np.bool_), 1 << 30)
 
 
 @njit(cache=True)

@@ -94,10 +94,11 @@ def _load(forced: bool) -> ModuleType | None:
         try:
             from policies import compiled as policy_loops
             from simulator import compiled as module
-            from simulator import compiled_steps
+            from simulator import compiled_steps, compiled_walked
             module.warm()
             policy_loops.warm()
             compiled_steps.warm()  # (auto's and kld_variance's runs of steps: stepped.py)
+            compiled_walked.warm()  # (the walked policies' under vLLM's scheduler)
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]

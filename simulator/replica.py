@@ -28,7 +28,13 @@ import numpy as np
 import simpy
 
 from policies import DraftOutcome, HeldSteps, Policy, StepCost, StepOutcomes
-from simulator.acceptance import AcceptanceReplay, Lookahead, signals_needed, stop_lengths
+from simulator.acceptance import (
+    UNCAPPED,
+    AcceptanceReplay,
+    Lookahead,
+    signals_needed,
+    stop_lengths,
+)
 from simulator.batch_columns import BatchColumns
 from simulator.config import SchedulerConfig
 from simulator.draft_feed import chain_feed, next_feed
@@ -284,7 +290,10 @@ class Replica:
         if self.folds_stop:
             signals = {name: np.asarray(acceptance.signal(index, name), dtype=np.float64)
                        for name in type(self.policy).stop_signals}
-            lengths = stop_lengths(self.policy.stop_positions(signals))
+            stops = self.policy.stop_positions(signals)
+            loops = compiled()  # (the same integers, in a pass instead of five array operations)
+            lengths = (stop_lengths(stops) if loops is None
+                       else loops.stop_lengths(np.asarray(stops, dtype=np.bool_), UNCAPPED))
             cap = lengths if cap is None else np.minimum(cap, lengths)
         return cap
 

@@ -53,6 +53,18 @@ def test_walks_are_the_numpy_walks(loops, capped, listed):
         assert compiled == _walked(request, k)
 
 
+def test_stop_lengths_are_the_numpy_ones(loops):
+    """A folded draft stop's lengths (`acceptance.stop_lengths`), compiled: the same integers,
+    no stop at all and a stop at the last position among them."""
+    from simulator.acceptance import UNCAPPED, stop_lengths
+
+    compiled = loops(True)
+    rng = np.random.default_rng(5)
+    for n in [0, 1, 2, 7, 300] * 40:
+        stops = rng.random(n) < rng.choice([0.0, 0.05, 0.5])
+        assert compiled.stop_lengths(stops, UNCAPPED).tolist() == stop_lengths(stops).tolist()
+
+
 @pytest.mark.parametrize("rule", ["bonus", "committed", "one"])
 @pytest.mark.parametrize("capped", [False, True])
 def test_draft_feeds_are_next_feed_step_by_step(loops, rule, capped):
@@ -180,9 +192,11 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
     from spectune.simulate import SimulationSpec, build_inputs
 
     simulator_loops = loops(True)
+    from simulator import compiled_steps, compiled_walked
 
     def signatures():
-        return {name: len(loop.signatures) for module in (simulator_loops, policy_loops)
+        return {name: len(loop.signatures)
+                for module in (simulator_loops, policy_loops, compiled_steps, compiled_walked)
                 for name, loop in vars(module).items() if isinstance(loop, CPUDispatcher)}
     warmed = signatures()
     chunked = {"chunked_prefill": True, "max_batched_tokens": 512}
@@ -197,7 +211,12 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("beta:7,3~20", "none", "gammatune", {}),
             ("smollm2-ngram", "none", "adaedl", {}),
             ("beta:7,3~20", "none", "adaedl", {}),
-            ("smollm2-ngram", "none", "fixed", {"scheduler": "vllm-v1"})]:
+            ("smollm2-ngram", "none", "fixed", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "auto", {"scheduler": "vllm-v1"}),
+            ("beta:7,3~20", "Llama-68M", "heuristic", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "gammatune_plus", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "adaedl", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "oracle", {"scheduler": "vllm-v1"})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
         config = SchedulerConfig(**scheduler)
