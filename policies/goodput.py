@@ -18,9 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from policies.base import (
     HeldSteps,
     Policy,
+    RequestStates,
     StepContext,
     StepOutcomes,
     price_steps,
@@ -205,6 +208,29 @@ class Goodput(Policy):
                 alpha = alpha if alpha < 1.0 else 1.0
         totals[:] = acc_total, drafted_total, rej_total
         return alpha
+
+    def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
+        """The batch's state (not a request's: the batch-uniform plan, the censored estimate),
+        for compiled engine steps (`RequestStates`): `state` its censored sums, calls, last
+        plan and whether the last call probed, `level` its estimate; knobs replan_every, its
+        k cap and faithful; weights ema_keep, k0_bonus and kv_headroom."""
+        accepted, drafted, rejected = self._totals
+        return RequestStates(
+            "goodput", np.array([accepted, drafted, rejected, self._calls, self._k,
+                                 self._probing], dtype=np.int64),
+            np.array([self.alpha_hat], dtype=np.float64), np.zeros(0),
+            np.array([self.replan_every, min(self.k_max, k_max), self.faithful],
+                     dtype=np.int64),
+            np.array([self.ema_keep, self.k0_bonus, self.kv_headroom], dtype=np.float64))
+
+    def keep_states(self, request_ids: Sequence[int], states: RequestStates,
+                    touched) -> None:
+        """The state after compiled engine steps, each of which called `choose` and observed
+        its outcomes."""
+        accepted, drafted, rejected, calls, plan, probing = states.state.tolist()
+        self._totals = [accepted, drafted, rejected]
+        self._calls, self._k, self._probing = calls, plan, bool(probing)
+        self.alpha_hat = float(states.level[0])
 
     def finish(self, request_id: int) -> None:
         self._alpha_r.pop(request_id, None)

@@ -40,9 +40,15 @@ from simulator.compiled_steps import (
 )
 
 #: the policies these steps stand for (`walked_steps`' `kind`)
-HEURISTIC, GAMMATUNE, ADAEDL, ORACLE = 0, 1, 2, 3
+HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT = 0, 1, 2, 3, 4
 #: ... by the names their `RequestStates` give
-KINDS = {"heuristic": HEURISTIC, "gammatune": GAMMATUNE, "adaedl": ADAEDL, "oracle": ORACLE}
+KINDS = {"heuristic": HEURISTIC, "gammatune": GAMMATUNE, "adaedl": ADAEDL, "oracle": ORACLE,
+         "goodput": GOODPUT}
+#: goodput's state (the batch's, not a request's): its `state` entries (its censored sums:
+#: accepted drafts, drafts, first rejections; its calls, its last plan, whether the last call
+#: probed) and its `level` entry (its acceptance estimate)
+G_ACCEPTED, G_DRAFTED, G_REJECTED, G_CALLS, G_PLAN, G_PROBING = range(6)
+G_ALPHA = 0
 
 
 @njit(cache=True)
@@ -97,11 +103,92 @@ def _oracle_ks(ks, prompt, gen, output, run, at, bound: int, target, overhead: f
 
 
 @njit(cache=True)
-def _choose(kind: int, ks, state, knobs, k_max: int, prompt, gen, output, run, at, target,
-            overhead: float) -> None:
-    """Each request's k as the policy's `choose` gives it (in `ks`)."""
+def _expected_emitted(alpha: float, k: int) -> float:
+    """`vocabulary.expected_emitted` (Python's float power: C's pow, as math.pow)."""
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - math.pow(alpha, float(k + 1))) / (1.0 - alpha)
+
+
+@njit(cache=True, error_model="numpy")
+def _goodput_plan(prompt, gen, alpha: float, k_cap: int, k0_bonus: float, headroom: float,
+                  kv_capacity: int, target, overhead: float) -> int:
+    """goodput's `_plan_batch` on a model-free chain: the batch's goodput at k = 0, 1, ...
+    (its expected tokens over the step's time from its verify pass's sums, 0 where the KV
+    cache with the headroom would not hold it; k = 0's times the bonus), to the first drop."""
+    b = prompt.shape[0]
+    total = 0
+    for r in range(b):
+        total += prompt[r] + gen[r]
+    cached = total - b  # each request's KV before the verify pass
+    base = total // b * b + b  # the need but for the drafts
+    best_goodput, best_k = -1.0, 0
+    for k in range(k_cap + 1):
+        goodput = 0.0
+        if (base + b * k) * headroom <= kv_capacity:
+            pairs = (k + 1) * cached + b * ((k + 1) * (k + 2) // 2)
+            goodput = b * _expected_emitted(alpha, k) / _step_s(cached, b * k, pairs, b,
+                                                                 target, overhead)
+        if k == 0:
+            goodput *= k0_bonus
+        if goodput > best_goodput:
+            best_goodput, best_k = goodput, k
+        else:
+            break
+    return best_k
+
+
+@njit(cache=True)
+def _goodput_ks(ks, state, level, knobs, weights, k_max: int, prompt, gen, kv_capacity: int,
+                target, overhead: float) -> None:
+    """goodput's `choose` (one k for the batch, re-planned every `replan_every` calls; a
+    re-plan to k = 0 probes with k = 1 unless `faithful`), its state moved in place."""
+    state[G_CALLS] += 1
+    replan_every, k_cap, faithful = knobs[0], knobs[1], knobs[2]
+    replan = state[G_CALLS] % replan_every == 0
+    if replan:
+        state[G_PLAN] = _goodput_plan(prompt, gen, level[G_ALPHA], k_cap, weights[1], weights[2],
+                                      kv_capacity, target, overhead)
+    k = state[G_PLAN] if state[G_PLAN] < k_max else k_max
+    probing = replan and not faithful and k_cap >= 1 and k == 0
+    state[G_PROBING] = probing
+    ks[:] = 1 if probing else k
+
+
+@njit(cache=True)
+def _goodput_observe(spec, emits, decoding, state, level, keep: float) -> None:
+    """goodput's `observe_columns` of a step: its censored estimate's step from the sums of the
+    requests that drafted (`decoding` ones: a prompt chunk verifies none)."""
+    accepted = drafted = rejected = 0
+    for r in range(spec.shape[0]):
+        k = spec[r]
+        if decoding[r] and k > 0:
+            seen = emits[r] - 1
+            accepted += seen
+            drafted += k
+            rejected += 1 if seen < k else 0
+    if not drafted:  # (its ratio would be NaN: skipped, as the prototype skips it)
+        return
+    state[G_ACCEPTED] += accepted
+    state[G_DRAFTED] += drafted
+    state[G_REJECTED] += rejected
+    seen, cut = state[G_ACCEPTED], state[G_REJECTED]
+    x = seen / (seen + cut) if seen + cut else 1.0
+    alpha = keep * level[G_ALPHA] + (1.0 - keep) * x
+    alpha = alpha if alpha > 0.0 else 0.0  # min(1.0, max(0.0, a)), as `_ema_of` clamps
+    level[G_ALPHA] = alpha if alpha < 1.0 else 1.0
+
+
+@njit(cache=True)
+def _choose(kind: int, ks, state, level, knobs, weights, k_max: int, prompt, gen, output, run,
+            at, kv_capacity: int, target, overhead: float) -> None:
+    """Each request's k as the policy's `choose` gives it (in `ks`; goodput's state moved)."""
     if kind == ORACLE:
         _oracle_ks(ks, prompt, gen, output, run, at, knobs[0], target, overhead)
+        return
+    if kind == GOODPUT:
+        _goodput_ks(ks, state, level, knobs, weights, k_max, prompt, gen, kv_capacity, target,
+                    overhead)
         return
     for r in range(ks.shape[0]):
         if kind == ADAEDL:  # its depth for all: its stop cuts each chain
@@ -175,6 +262,7 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
     clock, durations, drafted_at, max_k_at, accepted_at, emitted_at, kv_at = _records(
         records, drafted_by, b, max_steps, start)
     ks = np.empty(b, dtype=np.int64)
+    everyone = np.ones(b, dtype=np.bool_)  # (every request of a run's step decodes)
     held = np.empty(b, dtype=np.int64)
     emits = np.empty(b, dtype=np.int64)
     why = STEPS
@@ -190,7 +278,8 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
         step_drafts = 0
         step_pairs = 0
         most = 0
-        _choose(kind, ks, state, knobs, k_max, prompt, gen, output, run, at, target, overhead)
+        _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
+                total_blocks * block_size, target, overhead)
         for r in range(b):
             c = prompt[r] + gen[r] - 1  # its KV before the verify
             held[r] = c
@@ -224,6 +313,8 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
             finished = finished or gen[r] >= output[r]
             if k > 0:  # observe: a step that drafted nothing teaches nothing
                 _observe(kind, r, k, emit - 1, state, level, rate, knobs, weights, touched)
+        if kind == GOODPUT:  # (its fit reads the step's sums)
+            _goodput_observe(spec, emits, everyone, state, level, weights[0])
         if draft_model:
             next_feeds(feeds, spec, emits, rule)
         drafted_at[n] = step_drafts
@@ -244,8 +335,8 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
 
 @njit(cache=True)
 def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, capped: bool,
-                   state, level, rate, knobs, weights, k_max: int, target, overhead: float,
-                   spec, emitted, decoding, touched) -> None:
+                   state, level, rate, knobs, weights, k_max: int, kv_capacity: int, target,
+                   overhead: float, spec, emitted, decoding, touched) -> None:
     """One engine step taken one at a time (with prompt chunks), after the scheduler committed
     it: the policy's choice from its state before the step, its `observe` of the drafts each
     decode verified (`spec`: 0 for a prompt chunk; `decoding`: which requests decoded), and
@@ -255,36 +346,37 @@ def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, 
     b = output.shape[0]
     ks = np.empty(b, dtype=np.int64)
     gen = generated  # (moved in place)
-    _choose(kind, ks, state, knobs, k_max, prompt, gen, output, run, at, target, overhead)
+    _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
+            kv_capacity, target, overhead)
     for r in range(b):
         k = spec[r]
         if decoding[r] and k > 0:
             _observe(kind, r, k, emitted[r] - 1, state, level, rate, knobs, weights, touched)
         gen[r] += emitted[r]
+    if kind == GOODPUT:
+        _goodput_observe(spec, emitted, decoding, state, level, weights[0])
     _propose(kind, ks, spec, gen, output, emitted, at, cap, capped, entropy, level,
              weights[0] if kind == ADAEDL else 0.0)
 
 
 def warm() -> None:
-    """Call the loop once on the types the runner gives it (numba's one-time load)."""
+    """Call the loops once on the types the runners give them (numba's one-time load)."""
     from simulator.run_records import RECORDS
 
     ints = np.ones(2, dtype=np.int64)
     target = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)  # (a role's pass numbers, as given)
-    for kind in (HEURISTIC, GAMMATUNE, ADAEDL, ORACLE):
+    knobs = np.array([2, 1, 1], dtype=np.int64)
+    weights = np.array([0.3, 1e-9, 0.5, 0.9, 0.01])
+    trace = np.ones(16, dtype=np.int64)
+    for kind in (HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT):
+        # (as long as goodput's state, and each request's for two)
+        state, level, rate = np.full(6, 3, dtype=np.int64), np.full(6, 0.5), np.zeros(6)
         for draft_model in (False, True):
-            walked_steps(kind, ints * 4, ints * 8, ints.copy(), np.zeros(2, dtype=np.int64),
-                         np.ones(16, dtype=np.int64), np.ones(16, dtype=np.int64), np.ones(16),
-                         True, ints * 3, np.full(2, 3.0), np.zeros(2),
-                         np.array([2, 1, 10], dtype=np.int64), np.array([0.3, 1e-9, 0.5, 0.9,
-                                                                         0.01]),
-                         4, target, 0.0, 0.0, np.inf, 1, draft_model, target, ints.copy(), 0,
-                         ints.copy(), ints.copy(), 100, 1000, 100, 16,
-                         np.zeros((RECORDS, 2)), np.zeros(2, dtype=np.int64),
-                         np.zeros(2, dtype=np.int64))
-        walked_propose(kind, ints * 4, ints * 8, ints.copy(), np.zeros(2, dtype=np.int64),
-                       np.ones(16, dtype=np.int64), np.ones(16, dtype=np.int64), np.ones(16),
-                       True, ints * 3, np.full(2, 3.0), np.zeros(2),
-                       np.array([2, 1, 10], dtype=np.int64),
-                       np.array([0.3, 1e-9, 0.5, 0.9, 0.01]), 4, target, 0.0, ints.copy(),
-                       ints.copy(), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.int64))
+            walked_steps(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
+                         np.ones(16), True, state, level, rate, knobs, weights, 4, target, 0.0,
+                         0.0, np.inf, 1, draft_model, target, ints.copy(), 0, ints.copy(),
+                         ints.copy(), 100, 1000, 100, 16, np.zeros((RECORDS, 2)), ints * 0,
+                         ints * 0)
+        walked_propose(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
+                       np.ones(16), True, state, level, rate, knobs, weights, 4, 1000, target,
+                       0.0, ints.copy(), ints.copy(), np.ones(2, dtype=np.bool_), ints * 0)

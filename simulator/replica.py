@@ -105,10 +105,16 @@ class Replica:
         # a policy that holds its k for some steps (Policy.hold) runs those steps as a segment
         # (its runs were recorded step by step: its segments keep their floats to the bit,
         # which needs a latency model whose arrays give its scalars' numbers)
+        self.planned = type(self.scheduler).plans_whole_step
+        # (under vLLM's scheduler, one whose engine steps run at once, goodput's, takes them
+        # instead: `steps_at_once` below)
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
-                      and cost.latency.arrays_match_scalars)
-        self.planned = type(self.scheduler).plans_whole_step
+                      and cost.latency.arrays_match_scalars
+                      and not (self.planned and fast_path
+                               and getattr(self.scheduler, "max_model_len", None) is None
+                               and steps_at_once(policy, cost, policy_cost, True, fast_path,
+                                                 scheduler.k_max)))
         # a policy that decides each request's k from its own outcomes alone walks each
         # request's whole decode at once (request.walk_alone); its steps' drafts vary per
         # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
@@ -776,7 +782,8 @@ class Replica:
         scheduled = plan.scheduled
         proposals = propose_once(self.policy, batch, self.traces, self.config.k_max, self.cost,
                                  before, [entry.drafts for entry in scheduled], emitted,
-                                 [not entry.prefill for entry in scheduled])
+                                 [not entry.prefill for entry in scheduled],
+                                 self.scheduler.kv_tokens)
         finished = self.scheduler.finished
         going = [(request, k) for request, k, emit in zip(batch, proposals, emitted)
                  if emit and not finished(request)]

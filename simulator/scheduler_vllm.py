@@ -239,6 +239,11 @@ class VllmV1Scheduler:
 
     # -- the policy (doc 5.4) -------------------------------------------------------------------
 
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache a policy's context says it has: the usable blocks' tokens."""
+        return self.total_blocks * BLOCK_SIZE
+
     def context(self, batch: Sequence, now: float,
                 lookahead: Callable[[int], np.ndarray] | None = None,
                 allocating: int = 0) -> StepContext:
@@ -247,7 +252,7 @@ class VllmV1Scheduler:
         return StepContext(
             now_s=now, replica=self.replica, step_index=self.step_index, requests=batch,
             k_max=self.config.k_max, cost=self.cost,
-            kv_capacity_tokens=self.total_blocks * BLOCK_SIZE,
+            kv_capacity_tokens=self.kv_tokens,
             kv_free_tokens=(self.free_blocks - allocating) * BLOCK_SIZE,
             waiting=len(self.waiting), lookahead=lookahead,
         )

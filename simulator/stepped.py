@@ -44,6 +44,7 @@ from policies.auto import (
     geometric_totals,
 )
 from policies.gammatune import GammaTune, GammaTunePlus
+from policies.goodput import Goodput
 from policies.heuristic import Heuristic
 from policies.kld_variance import (
     COMPILED_HISTORY,
@@ -305,7 +306,8 @@ def _verify_auto(policy: Auto, batch, store: TraceStore, ks: list[int], k_max: i
 
 
 def _propose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, before: list[int],
-                  drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
+                  drafts: list[int], emitted: list[int], decoding: list[bool],
+                  kv_capacity_tokens: int) -> list[int]:
     """One vLLM engine step's choice, auto's fit of its outcomes and the drafts proposed at its
     end, compiled (`auto_steps`' PROPOSE), after the scheduler committed it: `batch` its
     requests, `before` the tokens each had generated, `drafts` those it verified (0 for a
@@ -375,7 +377,8 @@ def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, st
 
 def _propose_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost,
                  before: list[int], drafts: list[int], emitted: list[int],
-                 decoding: list[bool]) -> list[int]:
+                 decoding: list[bool],
+                 kv_capacity_tokens: int) -> list[int]:
     """`_propose_auto` for kld_variance (`decoding`: the requests that verified a step, the
     others prefilled a chunk: not observed)."""
     from simulator import compiled_steps
@@ -417,7 +420,8 @@ def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float
 
 
 def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
-                    drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
+                    drafts: list[int], emitted: list[int], decoding: list[bool],
+                    kv_capacity_tokens: int) -> list[int]:
     """`_propose_auto` for a walked policy (`compiled_walked.walked_propose`): the choice
     before the step, `observe` of what its decodes verified, the drafts proposed at its end."""
     from simulator import compiled_walked
@@ -430,9 +434,9 @@ def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: 
     compiled_walked.walked_propose(
         compiled_walked.KINDS[states.kind], prompt, output, np.array(before, dtype=np.int64),
         at, store.run, store.cap, store.values, store.capped, states.state, states.level,
-        states.rate, states.knobs, states.weights, k_max, *_pricing(cost, len(batch)),
-        proposals, np.array(emitted, dtype=np.int64), np.array(decoding, dtype=np.bool_),
-        touched)
+        states.rate, states.knobs, states.weights, k_max, kv_capacity_tokens,
+        *_pricing(cost, len(batch)), proposals, np.array(emitted, dtype=np.int64),
+        np.array(decoding, dtype=np.bool_), touched)
     policy.keep_states(ids, states, touched)
     return proposals.tolist()
 
@@ -472,6 +476,9 @@ RUNNERS: dict[type, Runner] = {
                             (AdaEDL, "draft_entropy"))},
     Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
                    planned=True, planned_only=True, propose=_propose_walked),
+    Goodput: Runner(lambda policy, k_max: not policy.per_request
+                    and policy.ema_input == "censored", _run_walked, "", planned=True,
+                    planned_only=True, propose=_propose_walked),
 }
 
 
@@ -543,10 +550,11 @@ def proposes_once(policy) -> bool:
 
 
 def propose_once(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
-                 drafts: list[int], emitted: list[int], decoding: list[bool]) -> list[int]:
+                 drafts: list[int], emitted: list[int], decoding: list[bool],
+                 kv_capacity_tokens: int) -> list[int]:
     """Under vLLM's scheduler, an engine step taken one at a time, after its outcomes were
-    committed: the policy's choice (from its state before the step), its fit of what the
-    step's decodes (`decoding`) verified, and the drafts each request proposes at its end,
-    compiled (`proposes_once`)."""
+    committed: the policy's choice (from its state before the step, and the KV cache's size
+    its context gives), its fit of what the step's decodes (`decoding`) verified, and the
+    drafts each request proposes at its end, compiled (`proposes_once`)."""
     return RUNNERS[type(policy)].propose(policy, batch, store, k_max, cost, before, drafts,
-                                         emitted, decoding)
+                                         emitted, decoding, kv_capacity_tokens)

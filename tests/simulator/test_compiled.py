@@ -216,7 +216,8 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("beta:7,3~20", "Llama-68M", "heuristic", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "gammatune_plus", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "adaedl", {"scheduler": "vllm-v1"}),
-            ("smollm2-ngram", "none", "oracle", {"scheduler": "vllm-v1"})]:
+            ("smollm2-ngram", "none", "oracle", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "goodput", {"scheduler": "vllm-v1"})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
         config = SchedulerConfig(**scheduler)

@@ -1,5 +1,6 @@
 """The walked policies (heuristic, gammatune, gammatune_plus, adaedl, and the oracle that knows
-outcomes on a model-free chain) under vLLM's scheduler:
+outcomes on a model-free chain) and goodput (its batch plan, on a model-free chain) under vLLM's
+scheduler:
 a steady batch's engine steps run many at a time in one compiled loop, and the policy part of
 each engine step taken one at a time is compiled (simulator/compiled_walked.py), with the same
 records, to the bit, and the same policy state after every run and every step, as the step
@@ -19,10 +20,10 @@ import pytest
 from policies import make_policy
 from policies.adaedl import AdaEDL
 from policies.gammatune import GammaTune
+from policies.goodput import Goodput
 from policies.heuristic import Heuristic
 from policies.oracle import Oracle
 from simulator import ClusterConfig, SchedulerConfig, simulate, stepped
-from simulator import replica as replica_module
 from simulator.replica import Replica
 from spectune.simulate import SimulationSpec, build_inputs
 
@@ -40,21 +41,25 @@ def _state(policy, rid: int) -> tuple:
         return policy._g.get(rid), bits(policy._g_hat.get(rid))
     if isinstance(policy, AdaEDL):
         return bits(policy._lambda.get(rid)), bits(policy._rate.get(rid))
+    if isinstance(policy, Goodput):  # (the batch's, not the request's)
+        return (bits(policy.alpha_hat), tuple(policy._totals), policy._calls, policy._k,
+                policy._probing)
     return ()  # (the oracle: none)
 
 
-def _run(spec, scheduler, policy, params, replicas):
+def _run(spec, scheduler, policy, params, replicas, fast_path=True):
     inputs = build_inputs(spec, {}, scheduler)
     return simulate(inputs.workload, inputs.latency, inputs.acceptance,
                     make_policy(policy, params), inputs.kv_capacity_tokens, scheduler,
-                    ClusterConfig(replicas))
+                    ClusterConfig(replicas), fast_path=fast_path)
 
 
 def _both(monkeypatch, loops, spec, scheduler, policy, params, replicas):
-    """The run with compiled runs of engine steps, and stepped one at a time (the compiled
-    loops loaded for both); how many runs the first took, and how many steps one at a time.
-    After every run and every step the first took one at a time, the states of the batch's
-    requests are checked against the step path's after the same step."""
+    """The run with compiled runs of engine steps, and every engine step taken one at a time
+    (the step path: `fast_path` off; the compiled loops loaded for both); how many runs the
+    first took, and how many steps one at a time. After every run and every step the first
+    took one at a time, the states of the batch's requests are checked against the step
+    path's after the same step."""
     loops(True)
     runs, single = [], []
     compiled_steps, planned = Replica._compiled_steps, Replica._planned_iteration
@@ -81,8 +86,7 @@ def _both(monkeypatch, loops, spec, scheduler, policy, params, replicas):
     taken, one_at_a_time = len(runs), len(single)
     after_fast.update(after_slow)
     after_slow.clear()
-    monkeypatch.setattr(replica_module, "steps_at_once", lambda *args: False)
-    slow = _run(spec, scheduler, policy, params, replicas)
+    slow = _run(spec, scheduler, policy, params, replicas, fast_path=False)  # (every step alone)
     for at, states in after_fast.items():
         assert states.items() <= after_slow[at].items(), at
     return fast, slow, taken, one_at_a_time
@@ -110,6 +114,13 @@ CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, sc
      {"kv_capacity_tokens": 3000}),
     ("oracle", {}, "smollm2-eagle-ngram", "fixed:20,300", 8.0, "none", 2,
      {"max_batched_tokens": 24}),
+    ("goodput", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("goodput", {"replan_every": "5", "faithful": "true", "initial_alpha": "0.3"},
+     "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
+    ("goodput", {"replan_every": "3", "kv_headroom": "1.5"}, "beta:7,3~20", "fixed:200,300",
+     4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("goodput", {"replan_every": "2"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
+     {"max_batched_tokens": 24}),
 ]
 
 
@@ -124,6 +135,7 @@ def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params
     budget, runs end at both (and a run whose first step does not fit is stepped)."""
     from simulator import compiled_steps, compiled_walked
 
+    loops(True)  # (loaded before counting: loading warms the loops up with calls)
     ends, proposed = [], []
     kernel, propose = compiled_walked.walked_steps, compiled_walked.walked_propose
 
@@ -155,7 +167,10 @@ def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params
     assert runs and one_at_a_time and sum(n for _, n in ends) > decode_steps / 3
     assert len(proposed) == one_at_a_time  # every step taken alone has its policy part compiled
     if settings.get("kv_capacity_tokens") or settings.get("max_batched_tokens"):
-        assert any(why == compiled_steps.ROOM and n for why, n in ends)  # a run cut before it
+        # a run cut before it (but goodput's under a budget: one k for the batch, re-planned
+        # every few steps, and a batch that is the same through a run: none cut here)
+        assert any(why == compiled_steps.ROOM and n for why, n in ends) or (
+            policy == "goodput" and not settings.get("kv_capacity_tokens"))
         assert any(why == compiled_steps.ROOM and not n for why, n in ends)  # stepped
     assert bool(preempting) == bool(settings.get("kv_capacity_tokens"))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
@@ -219,16 +234,20 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
         pass
     loops(True)
     for policy in (Heuristic(), GammaTune(), make_policy("gammatune_plus", {}), AdaEDL(),
-                   Oracle()):
+                   Oracle(), Goodput()):
         assert stepped.steps_at_once(policy, cost, None, True, True, 10)
         assert not stepped.steps_at_once(policy, cost, None, False, True, 10)
     assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
+    assert not stepped.steps_at_once(Goodput(per_request=True), cost, None, True, True, 10)
+    assert not stepped.steps_at_once(Goodput(ema_input="step"), cost, None, True, True, 10)
+    assert not stepped.steps_at_once(Goodput(), cost, cost, True, True, 10)  # (validate's)
     drafted = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
                              acceptance="smollm2-ngram", seed=1)  # (Llama-68M)
     with_model = StepCostModel(build_inputs(drafted, {}, SchedulerConfig()).latency,
                                speculating=True)
     assert stepped.steps_at_once(Heuristic(), with_model, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(), with_model, None, True, True, 10)
+    assert not stepped.steps_at_once(Goodput(), with_model, None, True, True, 10)
     loops(False)
     assert not stepped.steps_at_once(Heuristic(), cost, None, True, True, 10)
