@@ -340,8 +340,9 @@ class Policy:
       simulation_only      needs `StepContext.lookahead` (an oracle); refused by the live engine.
       walker_stops         its `walker` applies its draft stop; else a simulator walks it only
                            where it folds the stop into the drafter's cap (`stop_positions`).
-      compiled_steps       its every step runs compiled loops where they are loaded
-                           (policies/compiled.py), so a short run repays loading them.
+      compiled_steps       its steps run in compiled loops where they are loaded: the
+                           requests from which a run of it repays loading them (0: none
+                           shorter than any policy's, simulator/kernels.py).
     """
 
     name: ClassVar[str] = ""
@@ -352,7 +353,7 @@ class Policy:
     stop_signals: ClassVar[frozenset[str]] = frozenset({"draft_top1", "draft_entropy"})
     simulation_only: ClassVar[bool] = False
     walker_stops: ClassVar[bool] = False
-    compiled_steps: ClassVar[bool] = False
+    compiled_steps: ClassVar[int] = 0
 
     @classmethod
     def replaces(cls, name: str, *methods: str) -> bool:

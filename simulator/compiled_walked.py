@@ -1,10 +1,12 @@
 """vLLM's engine steps of a steady batch under a policy that the plain scheduler walks a request
 at a time (heuristic, gammatune, gammatune_plus, adaedl: each request's k from its own outcomes;
 the oracle, knows=outcomes, on a model-free chain: each request's accepted run, cut at the
-batch's best cap), run in one compiled loop (numba): each step's schedule() check, the policy's
-`choose` before it, the step's time on the roofline (with a draft model's chain), the replay's
-verdicts, the policy's `observe`, and the drafts proposed at the step's end (adaedl's stop at
-its new lambda, the drafter's cap).
+batch's best cap) or under goodput (its batch plan and censored estimate), run in one compiled
+loop (numba): each step's schedule() check, the policy's `choose` before it, the step's time on
+the roofline (with a draft model's chain), the replay's verdicts, the policy's `observe`, and
+the drafts proposed at the step's end (adaedl's stop at its new lambda, the drafter's cap).
+goodput's decode steps under chunked prefill (no prompt to chunk) run in it too, each verifying
+the ks chosen before it.
 
 Why: under the plain scheduler these policies are walked a request at a time
 (`request.walk_alone`), but under vLLM's a step verifies the drafts chosen a step earlier and
@@ -232,10 +234,11 @@ def _propose(kind: int, ks, spec, gen, output, emits, at, cap, capped: bool, ent
 
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, capped: bool,
-                 state, level, rate, knobs, weights, k_max: int, target, overhead: float,
-                 start: float, horizon: float, max_steps: int, draft_model: bool, draft, feeds,
-                 rule: int, spec, blocks, free: int, budget: int, total_blocks: int,
-                 block_size: int, records, drafted_by, touched):
+                 state, level, rate, knobs, weights, k_max: int, kv_capacity: int, target,
+                 overhead: float, start: float, horizon: float, max_steps: int,
+                 draft_model: bool, draft, feeds, rule: int, planned: bool, spec, blocks,
+                 free: int, budget: int, total_blocks: int, block_size: int, records,
+                 drafted_by, touched):
     """Up to `max_steps` engine steps of the b requests (`prompt`, `output` tokens; `generated`
     so far, moved in place) under `kind`'s policy, as `Replica._planned_iteration` takes a
     steady batch's. Request r's accepted runs, drafter caps (`capped`) and draft entropies at
@@ -248,12 +251,15 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
     tolerance; adaedl: gamma, beta1, beta2, epsilon, target acceptance). `touched[r]` gains 1
     where request r drafted and 2 where a draft was rejected (what `observe` writes).
 
-    Each step verifies the drafts proposed at the end of the last (`spec`, in place); schedule()
-    first takes the blocks (`blocks`, in place; `free` in the pool), and the run ends before a
-    step the budget would trim or the free blocks could not hold. The k chosen before the step
-    (from the state after the last) is proposed at its end, by each request that goes on, cut by
-    adaedl's stop and the drafter's cap at its new position. `draft_model`: the chain's passes
-    (`draft`'s numbers) are paid, fed `feeds` (moved by `rule`).
+    `planned` (vLLM's engine steps): each step verifies the drafts proposed at the end of the
+    last (`spec`, in place); schedule() first takes the blocks (`blocks`, in place; `free` in
+    the pool), and the run ends before a step the budget would trim or the free blocks could
+    not hold. The k chosen before the step (from the state after the last) is proposed at its
+    end, by each request that goes on, cut by adaedl's stop and the drafter's cap at its new
+    position. Else (the plain scheduler's `_mixed_iteration`, no prompt to chunk) each step
+    verifies the ks chosen before it, cut so at its positions (into `spec`, scratch).
+    `kv_capacity`: the KV cache the policy's context reads (goodput's plan). `draft_model`:
+    the chain's passes (`draft`'s numbers) are paid, fed `feeds` (moved by `rule`).
 
     The records go in `records` (`compiled_steps._records`), each request's drafts in
     `drafted_by`. Returns (why it ended, steps taken)."""
@@ -263,23 +269,28 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
         records, drafted_by, b, max_steps, start)
     ks = np.empty(b, dtype=np.int64)
     everyone = np.ones(b, dtype=np.bool_)  # (every request of a run's step decodes)
+    going = np.ones(b, dtype=np.int64)  # (... and goes on before it)
     held = np.empty(b, dtype=np.int64)
     emits = np.empty(b, dtype=np.int64)
     why = STEPS
     n = 0
     while n < max_steps:
-        free = _schedule(prompt, gen, spec, blocks, free, budget, block_size)
-        if free < 0:  # schedule() would trim a proposal or preempt: the step path's
-            why = ROOM
-            break
-        kv_at[n] = (total_blocks - free) * block_size
+        if planned:
+            free = _schedule(prompt, gen, spec, blocks, free, budget, block_size)
+            if free < 0:  # schedule() would trim a proposal or preempt: the step path's
+                why = ROOM
+                break
+            kv_at[n] = (total_blocks - free) * block_size
         # choose (the state after the last step), then the step's time
         cached_sum = 0
         step_drafts = 0
         step_pairs = 0
         most = 0
         _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
-                total_blocks * block_size, target, overhead)
+                kv_capacity, target, overhead)
+        if not planned:  # (the plain scheduler's step verifies them, cut at its positions)
+            _propose(kind, ks, spec, gen, output, going, at, cap, capped, entropy, level,
+                     weights[0] if kind == ADAEDL else 0.0)
         for r in range(b):
             c = prompt[r] + gen[r] - 1  # its KV before the verify
             held[r] = c
@@ -322,8 +333,9 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
         accepted_at[n] = accepted_total
         emitted_at[n] = emitted_total
         n += 1
-        _propose(kind, ks, spec, gen, output, emits, at, cap, capped, entropy, level,
-                 weights[0] if kind == ADAEDL else 0.0)  # (for the next step)
+        if planned:  # the drafts proposed at its end, for the next step
+            _propose(kind, ks, spec, gen, output, emits, at, cap, capped, entropy, level,
+                     weights[0] if kind == ADAEDL else 0.0)
         if finished:
             why = FINISHED
             break
@@ -372,11 +384,12 @@ def warm() -> None:
         # (as long as goodput's state, and each request's for two)
         state, level, rate = np.full(6, 3, dtype=np.int64), np.full(6, 0.5), np.zeros(6)
         for draft_model in (False, True):
-            walked_steps(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
-                         np.ones(16), True, state, level, rate, knobs, weights, 4, target, 0.0,
-                         0.0, np.inf, 1, draft_model, target, ints.copy(), 0, ints.copy(),
-                         ints.copy(), 100, 1000, 100, 16, np.zeros((RECORDS, 2)), ints * 0,
-                         ints * 0)
+            for planned in (True, False):
+                walked_steps(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
+                             np.ones(16), True, state, level, rate, knobs, weights, 4, 1000,
+                             target, 0.0, 0.0, np.inf, 1, draft_model, target, ints.copy(), 0,
+                             planned, ints.copy(), ints.copy(), 100, 1000, 100, 16,
+                             np.zeros((RECORDS, 2)), ints * 0, ints * 0)
         walked_propose(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
                        np.ones(16), True, state, level, rate, knobs, weights, 4, 1000, target,
                        0.0, ints.copy(), ints.copy(), np.ones(2, dtype=np.bool_), ints * 0)

@@ -144,7 +144,8 @@ def simulate(
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
     # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
-    kernels.prepare(len(workload), len(workload) if type(policy).compiled_steps else 0)
+    repays_from = type(policy).compiled_steps
+    kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)
     started = time.perf_counter()
     env = simpy.Environment()
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)

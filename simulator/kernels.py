@@ -5,8 +5,9 @@ not depend on which ran; the choice is speed alone. The compiled loops save 20-4
 request, but a process pays about 0.3 s once to load them (numba's import and its first call,
 from the on-disk cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they
 are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`,
-or `AUTO_STEPPED_REQUESTS` for a policy whose every step runs compiled loops: `auto`'s, in
-policies/compiled.py, handed to `policies.kernels` with these); a
+or fewer for a policy whose steps run in compiled loops, its `Policy.compiled_steps`: `auto`'s,
+in policies/compiled.py, handed to `policies.kernels` with these, and goodput's runs of steps,
+simulator/compiled_walked.py); a
 sweep whose first batch has that many loads them once before its workers fork
 (spectune/evaluate.py), and its workers inherit them (a Ray sweep's workers choose run by run).
 `SPECTUNE_KERNELS=numba` loads them for every run, `numpy` never. Without numba (a bare GPU
@@ -26,12 +27,8 @@ CHOICES = ("auto", "numba", "numpy")
 #: `auto`: a run of at least this many requests loads the compiled loops (about 0.3 s, which
 #: 20,000 requests' 20-40 us each repay, with a margin)
 AUTO_REQUESTS = 20_000
-#: ... or of this many where its policy runs compiled loops every step (`compiled_steps`:
-#: `auto`, whose steps run in compiled runs, about a tenth of their cost; 300 requests repay
-#: loading them: a 300-request `spectune simulate` of auto 0.84-0.95 s with them, 1.04 s
-#: without. kld_variance's runs save less, and 300 of its requests took 0.82-0.93 s with them,
-#: 0.73-0.74 without, so it loads them from AUTO_REQUESTS, as other policies do)
-AUTO_STEPPED_REQUESTS = 300
+#: (or fewer where its policy's steps run in compiled loops: `Policy.compiled_steps`, the
+#: requests from which a run of it repays loading them)
 
 _loaded: ModuleType | None = None  # simulator.compiled, once imported
 _policy_loops: ModuleType | None = None  # policies.compiled, loaded with it
@@ -53,16 +50,17 @@ def choice() -> str:
     return value
 
 
-def prepare(requests: int, stepped: int = 0) -> ModuleType | None:
-    """Choose the loops for a run (or a sweep) of `requests` requests, `stepped` of them in
-    runs of a policy that runs compiled loops every step, loading the compiled ones where
-    SPECTUNE_KERNELS says so; returns what runs take."""
+def prepare(requests: int, repaid: float = 0.0) -> ModuleType | None:
+    """Choose the loops for a run (or a sweep) of `requests` requests, loading the compiled ones
+    where SPECTUNE_KERNELS says so; `repaid`: how many times over the runs of policies whose
+    steps run in compiled loops repay loading them (each run's requests over its policy's
+    `compiled_steps`, summed); returns what runs take."""
     global _active
     mode = choice()
     if mode == "numpy":
         _active = None
     elif (mode == "numba" or _loaded is not None or requests >= AUTO_REQUESTS
-          or stepped >= AUTO_STEPPED_REQUESTS):
+          or repaid >= 1.0):
         _active = _load(forced=mode == "numba")
     else:
         _active = None

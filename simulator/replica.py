@@ -106,15 +106,15 @@ class Replica:
         # (its runs were recorded step by step: its segments keep their floats to the bit,
         # which needs a latency model whose arrays give its scalars' numbers)
         self.planned = type(self.scheduler).plans_whole_step
-        # (under vLLM's scheduler, one whose engine steps run at once, goodput's, takes them
-        # instead: `steps_at_once` below)
+        # (one whose steps run at once, goodput's, takes them instead: `steps_at_once` below;
+        # half the time of its held segments, docs/speed.md)
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
                       and cost.latency.arrays_match_scalars
-                      and not (self.planned and fast_path
+                      and not (fast_path
                                and getattr(self.scheduler, "max_model_len", None) is None
-                               and steps_at_once(policy, cost, policy_cost, True, fast_path,
-                                                 scheduler.k_max)))
+                               and steps_at_once(policy, cost, policy_cost, self.planned,
+                                                 fast_path, scheduler.k_max)))
         # a policy that decides each request's k from its own outcomes alone walks each
         # request's whole decode at once (request.walk_alone); its steps' drafts vary per
         # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
@@ -1114,7 +1114,7 @@ class Replica:
         snapshot = scheduler.snapshot()  # (no arrival, admission or finish before the last)
         room = scheduler.room() if self.planned else None
         done = run_steps(self.policy, batch, self.traces, self.config.k_max, self.cost, start,
-                         self.next_arrival_s(self.index), room)
+                         self.next_arrival_s(self.index), room, scheduler.kv_tokens)
         n = done.steps
         if not n:  # vLLM's first step would trim drafts or preempt: stepped, and so are the
             # next (a budget that trims them every step) until the running set changes

@@ -213,12 +213,17 @@ class Scheduler:
 
     # -- the policy --------------------------------------------------------------------------
 
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache a policy's context says it has."""
+        return self.kv_capacity
+
     def context(self, batch: Sequence, now: float,
                 lookahead: Callable[[int], np.ndarray] | None = None) -> StepContext:
         """What the policy sees of this step."""
         return StepContext(
             now_s=now, replica=self.replica, step_index=self.step_index, requests=batch,
-            k_max=self.config.k_max, cost=self.cost, kv_capacity_tokens=self.kv_capacity,
+            k_max=self.config.k_max, cost=self.cost, kv_capacity_tokens=self.kv_tokens,
             kv_free_tokens=self.kv_capacity - self.kv_used, waiting=len(self.waiting),
             lookahead=lookahead,
         )

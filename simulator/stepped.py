@@ -264,7 +264,8 @@ def _auto_steps(policy: Auto, batch, store: TraceStore, k_max: int, cost, start:
 
 
 def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: float,
-              horizon: float, room: Room | None = None) -> StepsRun:
+              horizon: float, room: Room | None = None, kv_capacity_tokens: int = 0
+              ) -> StepsRun:
     from simulator import compiled_steps
 
     generated, (why, n, _), counts, feeds = _auto_steps(
@@ -363,7 +364,8 @@ def _kld_steps(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, 
 
 
 def _run_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost, start: float,
-             horizon: float, room: Room | None = None) -> StepsRun:
+             horizon: float, room: Room | None = None, kv_capacity_tokens: int = 0
+             ) -> StepsRun:
     from simulator import compiled_steps
 
     generated, (why, n) = _kld_steps(policy, batch, store, k_max, cost, start, horizon,
@@ -391,31 +393,36 @@ def _propose_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost
 
 
 def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float,
-                horizon: float, room: Room | None = None) -> StepsRun:
-    """`compiled_walked.walked_steps` of these requests under a walked policy (vLLM's engine
-    steps alone: `room` given), the policy's state handed to it as arrays
-    (`request_states`) and taken back (`keep_states`)."""
+                horizon: float, room: Room | None = None, kv_capacity_tokens: int = 0
+                ) -> StepsRun:
+    """`compiled_walked.walked_steps` of these requests under a walked policy or goodput
+    (vLLM's engine steps where `room` is given, else the plain scheduler's decode steps), the
+    policy's state handed to it as arrays (`request_states`) and taken back (`keep_states`)."""
     from simulator import compiled_walked
 
-    assert room is not None, "walked policies' steps run at once under vLLM's scheduler only"
+    b = len(batch)
     prompt, output, generated, at = _batch(batch)
     ids = [request.request_id for request in batch]
     states = policy.request_states(ids, k_max)
     draft_model, draft, feeds, rule = _draft_model(cost, batch)
-    records, drafted = _buffers(len(batch), MAX_STEPS)
-    touched = np.zeros(len(batch), dtype=np.int64)
+    records, drafted = _buffers(b, MAX_STEPS)
+    touched = np.zeros(b, dtype=np.int64)
+    planned = (True, room.proposals, room.blocks, room.free, room.budget, room.total_blocks,
+               room.block_size) if room is not None else (
+                   False, np.zeros(b, dtype=np.int64), _NO_KS, 0, 0, 0, 1)
     why, n = compiled_walked.walked_steps(
         compiled_walked.KINDS[states.kind], prompt, output, generated, at, store.run, store.cap,
         store.values, store.capped, states.state, states.level, states.rate, states.knobs,
-        states.weights, k_max, *_pricing(cost, len(batch)), start, horizon, MAX_STEPS,
-        draft_model, draft, feeds, rule, *_planned(room)[1:], records, drafted, touched)
+        states.weights, k_max, kv_capacity_tokens, *_pricing(cost, b), start, horizon,
+        MAX_STEPS, draft_model, draft, feeds, rule, *planned, records, drafted, touched)
     if n:  # (each step chose for every request: none where the first did not fit)
         policy.keep_states(ids, states, touched)
     if draft_model:
         for request, feed in zip(batch, feeds.tolist()):
             request.draft_feed = feed
     done = _finished(why, n, generated, records, drafted)
-    done.proposals, done.blocks = room.proposals, room.blocks
+    if room is not None:
+        done.proposals, done.blocks = room.proposals, room.blocks
     return done
 
 
@@ -478,7 +485,7 @@ RUNNERS: dict[type, Runner] = {
                    planned=True, planned_only=True, propose=_propose_walked),
     Goodput: Runner(lambda policy, k_max: not policy.per_request
                     and policy.ema_input == "censored", _run_walked, "", planned=True,
-                    planned_only=True, propose=_propose_walked),
+                    propose=_propose_walked),
 }
 
 
@@ -514,13 +521,16 @@ def trace_store(policy, capped: bool) -> TraceStore:
 
 
 def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,
-              horizon: float, room: Room | None = None) -> StepsRun:
+              horizon: float, room: Room | None = None, kv_capacity_tokens: int = 0
+              ) -> StepsRun:
     """Up to the step that finishes a request, or the first that ends at or after `horizon`
     (the next arrival), or `MAX_STEPS`, of these running requests under `policy` (their
     traces in `store`; `k_max`: the engine's); the policy's state and the requests' move with
     them. `room`: vLLM V1's engine steps of a steady batch, up to the first its scheduler
-    would plan otherwise (the run's KV records, `proposals` and `blocks` then given)."""
-    return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon, room)
+    would plan otherwise (the run's KV records, `proposals` and `blocks` then given).
+    `kv_capacity_tokens`: the KV cache the policy's context reads (goodput's plan)."""
+    return RUNNERS[type(policy)].run(policy, batch, store, k_max, cost, start, horizon, room,
+                                     kv_capacity_tokens)
 
 
 def chooses_once(policy) -> bool:

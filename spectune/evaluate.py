@@ -322,9 +322,8 @@ class Runner:
             from policies import policy_class
 
             requests = [tasks[i].scenario.requests or 0 for i in todo]
-            kernels.prepare(sum(requests), sum(
-                n for i, n in zip(todo, requests)
-                if policy_class(tasks[i].candidate.policy).compiled_steps))
+            repays_from = [policy_class(tasks[i].candidate.policy).compiled_steps for i in todo]
+            kernels.prepare(sum(requests), sum(n / t for n, t in zip(requests, repays_from) if t))
         if todo and self.executor == "ray":
             if self._ray is None:
                 from spectune.ray_pool import RayPool

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from policies.auto import Auto
+from policies.goodput import Goodput
 from simulator import ConfigError, SchedulerConfig, kernels
 from simulator.batch_columns import BatchColumns
 from simulator.draft_feed import next_feed
@@ -249,18 +251,18 @@ def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
     monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
     monkeypatch.setattr(kernels, "_loaded", None)
     monkeypatch.setattr(kernels, "_active", None)
-    n = kernels.AUTO_STEPPED_REQUESTS
-    assert kernels.prepare(n, n - 1) is None
-    assert kernels.prepare(n, n) is not None
+    n = Auto.compiled_steps
+    assert kernels.prepare(n, (n - 1) / n) is None
+    assert kernels.prepare(n, 1.0) is not None
     asked = []  # what a run asks for: its requests, and those stepped by such a policy
     monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
     spec = SimulationSpec(workload="poisson", rate=4.0, requests=6, lengths="azure-conv",
                           acceptance="beta:7,3", seed=0)
     inputs = build_inputs(spec, {}, SchedulerConfig())
-    for policy in ("auto", "goodput"):
+    for policy in ("auto", "goodput", "fixed"):
         simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, {}),
                  inputs.kv_capacity_tokens, SchedulerConfig(), ClusterConfig(1, "least-loaded"))
-    assert asked == [(6, 6), (6, 0)]
+    assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps), (6, 0.0)]
 
 
 def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, tmp_path):
@@ -272,10 +274,11 @@ def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, 
     monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
     spec = SimulationSpec(requests=20, workload="azure-conv")
     tasks = [Task(spec, SchedulerConfig(), Candidate(policy, ()), rate=4.0, seed=0)
-             for policy in ("auto", "fixed", "batch_adaptive")]
+             for policy in ("auto", "fixed", "batch_adaptive", "goodput")]
     with Runner(tmp_path, jobs=1) as runner:
         runner.run(tasks)
-    assert asked[0] == (60, 20)  # before its runs (each then asks for its own)
+    # (before its runs, each then asking for its own)
+    assert asked[0] == (80, 20 / Auto.compiled_steps + 20 / Goodput.compiled_steps)
 
 
 def test_without_numba_runs_take_the_numpy_code(monkeypatch):

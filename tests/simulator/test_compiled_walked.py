@@ -222,8 +222,10 @@ def test_the_per_step_rules_are_the_policies_python(loops):
 
 
 def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
-    """Under the plain scheduler the fast path walks them (no runs); a subclass, the numpy
-    code, the oracle that knows probabilities or prices a draft model's passes, steps."""
+    """Under the plain scheduler the fast path walks them (no runs), but goodput's take its
+    steps under every scheduler; a subclass, the numpy code, the oracle that knows
+    probabilities or prices a draft model's passes, goodput per request or with another
+    estimate, or with a draft model, step."""
     from simulator.step_cost import StepCostModel
 
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
@@ -234,9 +236,11 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
         pass
     loops(True)
     for policy in (Heuristic(), GammaTune(), make_policy("gammatune_plus", {}), AdaEDL(),
-                   Oracle(), Goodput()):
+                   Oracle()):
         assert stepped.steps_at_once(policy, cost, None, True, True, 10)
         assert not stepped.steps_at_once(policy, cost, None, False, True, 10)
+    for planned in (True, False):  # (goodput's under every scheduler, instead of its holds)
+        assert stepped.steps_at_once(Goodput(), cost, None, planned, True, 10)
     assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Goodput(per_request=True), cost, None, True, True, 10)
@@ -251,3 +255,45 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
     assert not stepped.steps_at_once(Goodput(), with_model, None, True, True, 10)
     loops(False)
     assert not stepped.steps_at_once(Heuristic(), cost, None, True, True, 10)
+
+
+@pytest.mark.parametrize("settings,replicas,params", [
+    ({}, 1, {}), ({}, 3, {"replan_every": "5", "faithful": "true"}),
+    ({"chunked_prefill": True, "max_batched_tokens": 2048}, 1, {}),
+    ({"chunked_prefill": True, "max_batched_tokens": 512}, 2, {"initial_alpha": "0.3"}),
+    ({"max_num_seqs": 8, "kv_capacity_tokens": 60000}, 1, {"kv_headroom": "3.0"})])
+def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, loops, settings,
+                                                                 replicas, params):
+    """goodput's decode steps (no prompt to chunk) under the plain scheduler run at once, each
+    verifying the ks chosen before it, instead of its held segments: the same records and
+    estimate as every step taken one at a time, with whole prompts and chunked prefill,
+    admission held by the batch size and a KV cache its headroom reads."""
+    from simulator import compiled_walked
+
+    loops(True)
+    ends = []
+    kernel = compiled_walked.walked_steps
+
+    def counted(*args):
+        result = kernel(*args)
+        ends.append(result[1])
+        return result
+    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    spec = SimulationSpec(workload="poisson", rate=12.0, requests=150, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=4)
+    scheduler = SchedulerConfig(**settings)
+    policies = []
+
+    def run(fast_path):
+        inputs = build_inputs(spec, {}, scheduler)
+        policies.append(make_policy("goodput", params))
+        return simulate(inputs.workload, inputs.latency, inputs.acceptance, policies[-1],
+                        inputs.kv_capacity_tokens, scheduler, ClusterConfig(replicas),
+                        fast_path=fast_path)
+    fast = run(True)
+    steps = sum(ends)
+    slow = run(False)
+    assert fast.meta["steps_at_once"] and steps > len(fast.steps) / 2
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    assert _state(policies[0], 0) == _state(policies[1], 0)
