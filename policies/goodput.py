@@ -47,9 +47,9 @@ class Goodput(Policy):
         "SmartSpec (Liu et al. 2024): the k that maximises predicted goodput from an EMA of "
         "acceptance and the cost model, re-planned every 20 steps")
     stateless_per_batch: ClassVar[bool] = False  # it learns from outcomes
-    # (with a model-free drafter its steps run in compiled runs, at half the time of its held
-    # segments: a 10,000-request `spectune simulate` of it took 1.83-1.89 s with the loops,
-    # 2.31-2.34 s without, about 0.5 s of it their loading)
+    # (its steps run in compiled runs, at a half to a fifth of the time of its held segments:
+    # a 10,000-request `spectune simulate` of it took 1.83-1.89 s with the loops, 2.31-2.34 s
+    # without, about 0.5 s of it their loading)
     compiled_steps: ClassVar[int] = 5_000
 
     initial_alpha: float = field(default=0.7, metadata={

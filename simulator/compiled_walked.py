@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from policies.compiled import adaedl_next, gammatune_next, heuristic_next
-from simulator.compiled import chain_step_time
+from simulator.compiled import alternatives_times, chain_step_time
 from simulator.compiled_steps import (
     ARRIVAL,
     FINISHED,
@@ -114,23 +114,41 @@ def _expected_emitted(alpha: float, k: int) -> float:
 
 @njit(cache=True, error_model="numpy")
 def _goodput_plan(prompt, gen, alpha: float, k_cap: int, k0_bonus: float, headroom: float,
-                  kv_capacity: int, target, overhead: float) -> int:
-    """goodput's `_plan_batch` on a model-free chain: the batch's goodput at k = 0, 1, ...
-    (its expected tokens over the step's time from its verify pass's sums, 0 where the KV
-    cache with the headroom would not hold it; k = 0's times the bonus), to the first drop."""
+                  kv_capacity: int, target, overhead: float, draft_model: bool, draft) -> int:
+    """goodput's `_plan_batch`: the batch's goodput at k = 0, 1, ... (its expected tokens over
+    the step's time, 0 where the KV cache with the headroom would not hold it; k = 0's times
+    the bonus), to the first drop. A model-free chain's step priced from its verify pass's sums
+    (`_uniform_goodputs`), a draft model's as `StepCostModel.steps_s` prices the fitting ks at
+    once (`alternatives_times`)."""
     b = prompt.shape[0]
     total = 0
     for r in range(b):
         total += prompt[r] + gen[r]
     cached = total - b  # each request's KV before the verify pass
     base = total // b * b + b  # the need but for the drafts
+    times = np.zeros(0)
+    if draft_model:  # (every fitting k at once: they fit from 0 up to the first that does not)
+        fits = 0
+        while fits <= k_cap and (base + b * fits) * headroom <= kv_capacity:
+            fits += 1
+        rows = np.empty((fits, b), dtype=np.int64)
+        held = np.empty(b, dtype=np.int64)
+        for r in range(b):
+            held[r] = prompt[r] + gen[r] - 1
+            for k in range(fits):
+                rows[k, r] = k
+        if fits:
+            times = alternatives_times(rows, held, target, draft, overhead)
     best_goodput, best_k = -1.0, 0
     for k in range(k_cap + 1):
         goodput = 0.0
         if (base + b * k) * headroom <= kv_capacity:
-            pairs = (k + 1) * cached + b * ((k + 1) * (k + 2) // 2)
-            goodput = b * _expected_emitted(alpha, k) / _step_s(cached, b * k, pairs, b,
-                                                                 target, overhead)
+            if draft_model:
+                seconds = times[k]
+            else:
+                pairs = (k + 1) * cached + b * ((k + 1) * (k + 2) // 2)
+                seconds = _step_s(cached, b * k, pairs, b, target, overhead)
+            goodput = b * _expected_emitted(alpha, k) / seconds
         if k == 0:
             goodput *= k0_bonus
         if goodput > best_goodput:
@@ -142,7 +160,7 @@ def _goodput_plan(prompt, gen, alpha: float, k_cap: int, k0_bonus: float, headro
 
 @njit(cache=True)
 def _goodput_ks(ks, state, level, knobs, weights, k_max: int, prompt, gen, kv_capacity: int,
-                target, overhead: float) -> None:
+                target, overhead: float, draft_model: bool, draft) -> None:
     """goodput's `choose` (one k for the batch, re-planned every `replan_every` calls; a
     re-plan to k = 0 probes with k = 1 unless `faithful`), its state moved in place."""
     state[G_CALLS] += 1
@@ -150,7 +168,7 @@ def _goodput_ks(ks, state, level, knobs, weights, k_max: int, prompt, gen, kv_ca
     replan = state[G_CALLS] % replan_every == 0
     if replan:
         state[G_PLAN] = _goodput_plan(prompt, gen, level[G_ALPHA], k_cap, weights[1], weights[2],
-                                      kv_capacity, target, overhead)
+                                      kv_capacity, target, overhead, draft_model, draft)
     k = state[G_PLAN] if state[G_PLAN] < k_max else k_max
     probing = replan and not faithful and k_cap >= 1 and k == 0
     state[G_PROBING] = probing
@@ -183,14 +201,14 @@ def _goodput_observe(spec, emits, decoding, state, level, keep: float) -> None:
 
 @njit(cache=True)
 def _choose(kind: int, ks, state, level, knobs, weights, k_max: int, prompt, gen, output, run,
-            at, kv_capacity: int, target, overhead: float) -> None:
+            at, kv_capacity: int, target, overhead: float, draft_model: bool, draft) -> None:
     """Each request's k as the policy's `choose` gives it (in `ks`; goodput's state moved)."""
     if kind == ORACLE:
         _oracle_ks(ks, prompt, gen, output, run, at, knobs[0], target, overhead)
         return
     if kind == GOODPUT:
         _goodput_ks(ks, state, level, knobs, weights, k_max, prompt, gen, kv_capacity, target,
-                    overhead)
+                    overhead, draft_model, draft)
         return
     for r in range(ks.shape[0]):
         if kind == ADAEDL:  # its depth for all: its stop cuts each chain
@@ -287,7 +305,7 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
         step_pairs = 0
         most = 0
         _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
-                kv_capacity, target, overhead)
+                kv_capacity, target, overhead, draft_model, draft)
         if not planned:  # (the plain scheduler's step verifies them, cut at its positions)
             _propose(kind, ks, spec, gen, output, going, at, cap, capped, entropy, level,
                      weights[0] if kind == ADAEDL else 0.0)
@@ -348,7 +366,8 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
 @njit(cache=True)
 def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, capped: bool,
                    state, level, rate, knobs, weights, k_max: int, kv_capacity: int, target,
-                   overhead: float, spec, emitted, decoding, touched) -> None:
+                   overhead: float, draft_model: bool, draft, spec, emitted, decoding,
+                   touched) -> None:
     """One engine step taken one at a time (with prompt chunks), after the scheduler committed
     it: the policy's choice from its state before the step, its `observe` of the drafts each
     decode verified (`spec`: 0 for a prompt chunk; `decoding`: which requests decoded), and
@@ -359,7 +378,7 @@ def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, 
     ks = np.empty(b, dtype=np.int64)
     gen = generated  # (moved in place)
     _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
-            kv_capacity, target, overhead)
+            kv_capacity, target, overhead, draft_model, draft)
     for r in range(b):
         k = spec[r]
         if decoding[r] and k > 0:
@@ -390,6 +409,7 @@ def warm() -> None:
                              target, 0.0, 0.0, np.inf, 1, draft_model, target, ints.copy(), 0,
                              planned, ints.copy(), ints.copy(), 100, 1000, 100, 16,
                              np.zeros((RECORDS, 2)), ints * 0, ints * 0)
-        walked_propose(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
-                       np.ones(16), True, state, level, rate, knobs, weights, 4, 1000, target,
-                       0.0, ints.copy(), ints.copy(), np.ones(2, dtype=np.bool_), ints * 0)
+            walked_propose(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
+                           np.ones(16), True, state, level, rate, knobs, weights, 4, 1000,
+                           target, 0.0, draft_model, target, ints.copy(), ints.copy(),
+                           np.ones(2, dtype=np.bool_), ints * 0)

@@ -1,5 +1,7 @@
 """Decode steps of a policy that learns from every step, run many at a time in one compiled
-loop: `auto` and `kld_variance` (simulator/compiled_steps.py).
+loop: `auto` and `kld_variance` (simulator/compiled_steps.py); and those of the policies the
+plain scheduler walks a request at a time, under vLLM's scheduler, and of goodput, under every
+scheduler (simulator/compiled_walked.py, one loop for all of them).
 
 Such a policy cannot be walked request by request (each step's ks depend on what the whole
 batch's last steps revealed), so the fast path's segments skip it and it stepped one iteration
@@ -436,13 +438,15 @@ def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: 
     ids = [request.request_id for request in batch]
     states = policy.request_states(ids, k_max)
     prompt, output, _, at = _batch(batch)
+    draft_model, draft, _, _ = _draft_model(cost, batch)
     proposals = np.array(drafts, dtype=np.int64)  # (in: those verified; out: those proposed)
     touched = np.zeros(len(batch), dtype=np.int64)
     compiled_walked.walked_propose(
         compiled_walked.KINDS[states.kind], prompt, output, np.array(before, dtype=np.int64),
         at, store.run, store.cap, store.values, store.capped, states.state, states.level,
         states.rate, states.knobs, states.weights, k_max, kv_capacity_tokens,
-        *_pricing(cost, len(batch)), proposals, np.array(emitted, dtype=np.int64),
+        *_pricing(cost, len(batch)), draft_model, draft, proposals,
+        np.array(emitted, dtype=np.int64),
         np.array(decoding, dtype=np.bool_), touched)
     policy.keep_states(ids, states, touched)
     return proposals.tolist()
@@ -469,7 +473,8 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: chunks, taken one at a time, move each request's state out of its row and back); the walked
 #: policies under vLLM's scheduler alone (the plain scheduler's fast path walks them), with or
 #: without a draft model (adaedl's stop reads the draft entropies; gammatune_plus's is folded
-#: into the drafter's caps)
+#: into the drafter's caps); goodput (batch-uniform, its censored estimate) under every
+#: scheduler, with or without a draft model (a replica then takes its runs, not held segments)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
                  draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,
@@ -484,8 +489,8 @@ RUNNERS: dict[type, Runner] = {
     Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
                    planned=True, planned_only=True, propose=_propose_walked),
     Goodput: Runner(lambda policy, k_max: not policy.per_request
-                    and policy.ema_input == "censored", _run_walked, "", planned=True,
-                    propose=_propose_walked),
+                    and policy.ema_input == "censored", _run_walked, "", draft_model=True,
+                    planned=True, propose=_propose_walked),
 }
 
 

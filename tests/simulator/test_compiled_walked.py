@@ -1,13 +1,13 @@
 """The walked policies (heuristic, gammatune, gammatune_plus, adaedl, and the oracle that knows
-outcomes on a model-free chain) and goodput (its batch plan, on a model-free chain) under vLLM's
-scheduler:
+outcomes on a model-free chain) and goodput (its batch plan) under vLLM's scheduler:
 a steady batch's engine steps run many at a time in one compiled loop, and the policy part of
 each engine step taken one at a time is compiled (simulator/compiled_walked.py), with the same
 records, to the bit, and the same policy state after every run and every step, as the step
 path's `Replica._planned_iteration`; with the drafter's caps (n-gram, a folded stop), a draft
 model's chain, several replicas, a tight KV cache that preempts and budgets that trim, and the
-policies' parameters moved. Also each policy's per-step rules against its Python, and where the
-runs do not stand for it."""
+policies' parameters moved; goodput's decode steps under the plain scheduler (whole prompts,
+chunked prefill) in runs too. Also each policy's per-step rules against its Python, and where
+the runs do not stand for it."""
 
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, sc
     ("oracle", {}, "smollm2-eagle-ngram", "fixed:20,300", 8.0, "none", 2,
      {"max_batched_tokens": 24}),
     ("goodput", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("goodput", {"kv_headroom": "2.0"}, "beta:7,3~20", "azure-conv", 8.0, "Llama-68M", 2, {}),
     ("goodput", {"replan_every": "5", "faithful": "true", "initial_alpha": "0.3"},
      "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
     ("goodput", {"replan_every": "3", "kv_headroom": "1.5"}, "beta:7,3~20", "fixed:200,300",
@@ -225,7 +226,7 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
     """Under the plain scheduler the fast path walks them (no runs), but goodput's take its
     steps under every scheduler; a subclass, the numpy code, the oracle that knows
     probabilities or prices a draft model's passes, goodput per request or with another
-    estimate, or with a draft model, step."""
+    estimate, step."""
     from simulator.step_cost import StepCostModel
 
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
@@ -252,22 +253,25 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
                                speculating=True)
     assert stepped.steps_at_once(Heuristic(), with_model, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(), with_model, None, True, True, 10)
-    assert not stepped.steps_at_once(Goodput(), with_model, None, True, True, 10)
+    assert stepped.steps_at_once(Goodput(), with_model, None, True, True, 10)
     loops(False)
     assert not stepped.steps_at_once(Heuristic(), cost, None, True, True, 10)
 
 
-@pytest.mark.parametrize("settings,replicas,params", [
-    ({}, 1, {}), ({}, 3, {"replan_every": "5", "faithful": "true"}),
-    ({"chunked_prefill": True, "max_batched_tokens": 2048}, 1, {}),
-    ({"chunked_prefill": True, "max_batched_tokens": 512}, 2, {"initial_alpha": "0.3"}),
-    ({"max_num_seqs": 8, "kv_capacity_tokens": 60000}, 1, {"kv_headroom": "3.0"})])
+@pytest.mark.parametrize("settings,replicas,params,draft", [
+    ({}, 1, {}, "none"), ({}, 3, {"replan_every": "5", "faithful": "true"}, "none"),
+    ({}, 1, {}, "Llama-68M"),
+    ({"chunked_prefill": True, "max_batched_tokens": 2048}, 1, {}, "none"),
+    ({"chunked_prefill": True, "max_batched_tokens": 512}, 2, {"initial_alpha": "0.3"},
+     "Llama-68M"),
+    ({"max_num_seqs": 8, "kv_capacity_tokens": 60000}, 1, {"kv_headroom": "3.0"}, "none")])
 def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, loops, settings,
-                                                                 replicas, params):
+                                                                 replicas, params, draft):
     """goodput's decode steps (no prompt to chunk) under the plain scheduler run at once, each
     verifying the ks chosen before it, instead of its held segments: the same records and
-    estimate as every step taken one at a time, with whole prompts and chunked prefill,
-    admission held by the batch size and a KV cache its headroom reads."""
+    estimate as every step taken one at a time, with whole prompts and chunked prefill, a
+    draft model (its plan priced as `steps_s` prices its ks), admission held by the batch size
+    and a KV cache its headroom reads."""
     from simulator import compiled_walked
 
     loops(True)
@@ -280,7 +284,7 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
         return result
     monkeypatch.setattr(compiled_walked, "walked_steps", counted)
     spec = SimulationSpec(workload="poisson", rate=12.0, requests=150, lengths="azure-conv",
-                          acceptance="smollm2-ngram", draft="none", seed=4)
+                          acceptance="smollm2-ngram", draft=draft, seed=4)
     scheduler = SchedulerConfig(**settings)
     policies = []
 
