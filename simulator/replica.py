@@ -48,6 +48,7 @@ from simulator.step_cost import StepCostModel, verify_sums
 from simulator.stepped import (
     choose_once,
     chooses_once,
+    prefers_runs,
     propose_once,
     proposes_once,
     run_steps,
@@ -106,15 +107,15 @@ class Replica:
         # (its runs were recorded step by step: its segments keep their floats to the bit,
         # which needs a latency model whose arrays give its scalars' numbers)
         self.planned = type(self.scheduler).plans_whole_step
-        # (one whose steps run at once, goodput's, takes them instead: `steps_at_once` below;
-        # half the time of its held segments, docs/speed.md)
+        # a policy whose runs of steps cost less than its fast path (goodput's holds, the
+        # oracle's checked walks: docs/speed.md) takes them instead (`steps_at_once` below)
+        runs_first = (fast_path and prefers_runs(policy)
+                      and getattr(self.scheduler, "max_model_len", None) is None
+                      and steps_at_once(policy, cost, policy_cost, self.planned, fast_path,
+                                        scheduler.k_max))
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
-                      and cost.latency.arrays_match_scalars
-                      and not (fast_path
-                               and getattr(self.scheduler, "max_model_len", None) is None
-                               and steps_at_once(policy, cost, policy_cost, self.planned,
-                                                 fast_path, scheduler.k_max)))
+                      and cost.latency.arrays_match_scalars and not runs_first)
         # a policy that decides each request's k from its own outcomes alone walks each
         # request's whole decode at once (request.walk_alone); its steps' drafts vary per
         # request as capped ones do, and a step with prompt chunks (chunked prefill) drafts
@@ -135,7 +136,7 @@ class Replica:
                       and (not asked or kind.walker_stops)
                       and not self.planned and cost.latency.arrays_match_scalars
                       and not (overruled and kind.observes())
-                      and policy.walks_with(seen_cost))
+                      and policy.walks_with(seen_cost) and not runs_first)
         self.checks_walks = self.walks and overruled
         self._overruled = False  # the last step was taken through choose (`_step_unwalked`)
         #: each request's drafts vary from step to step in a segment (chain_ks)

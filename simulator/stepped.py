@@ -159,6 +159,9 @@ class Runner:
     draft_model: bool = False  # it runs with a draft model's chain too
     planned: bool = False  # it runs vLLM V1's engine steps too (`Room`)
     planned_only: bool = False  # ... and those alone
+    #: where it stands for the policy, a replica takes its runs rather than the fast path's
+    #: segments (they cost less than held segments or checked walks)
+    preferred: bool = False
     reads_cost: bool = True  # it prices steps (so its policy cost model must be the engine's)
     #: one step's ks, and its verification and fit, compiled, for a step taken one at a time
     #: (`choose_once`, `verify_once`), or None
@@ -487,10 +490,10 @@ RUNNERS: dict[type, Runner] = {
        for kind, signal in ((Heuristic, ""), (GammaTune, ""), (GammaTunePlus, ""),
                             (AdaEDL, "draft_entropy"))},
     Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
-                   planned=True, planned_only=True, propose=_propose_walked),
+                   planned=True, preferred=True, propose=_propose_walked),
     Goodput: Runner(lambda policy, k_max: not policy.per_request
                     and policy.ema_input == "censored", _run_walked, "", draft_model=True,
-                    planned=True, propose=_propose_walked),
+                    planned=True, preferred=True, propose=_propose_walked),
 }
 
 
@@ -517,6 +520,13 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
     latency = cost.latency
     return (runner.draft_model and cost.draft_tree is None and roofline["draft"] is not None
             and latency.arrays_match_scalars and latency.batch_pricing)
+
+
+def prefers_runs(policy) -> bool:
+    """Whether a replica takes this policy's runs of steps, where they stand for it, rather
+    than the fast path's segments (`Runner.preferred`)."""
+    runner = RUNNERS.get(type(policy))
+    return runner is not None and runner.preferred
 
 
 def trace_store(policy, capped: bool) -> TraceStore:

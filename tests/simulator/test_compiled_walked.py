@@ -223,10 +223,10 @@ def test_the_per_step_rules_are_the_policies_python(loops):
 
 
 def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
-    """Under the plain scheduler the fast path walks them (no runs), but goodput's take its
-    steps under every scheduler; a subclass, the numpy code, the oracle that knows
-    probabilities or prices a draft model's passes, goodput per request or with another
-    estimate, step."""
+    """Under the plain scheduler the fast path walks them (no runs), but the oracle's and
+    goodput's runs take their steps under every scheduler; a subclass, the numpy code, the
+    oracle that knows probabilities or prices a draft model's passes, goodput per request or
+    with another estimate, step."""
     from simulator.step_cost import StepCostModel
 
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
@@ -236,12 +236,14 @@ def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
     class Mine(Heuristic):
         pass
     loops(True)
-    for policy in (Heuristic(), GammaTune(), make_policy("gammatune_plus", {}), AdaEDL(),
-                   Oracle()):
+    for policy in (Heuristic(), GammaTune(), make_policy("gammatune_plus", {}), AdaEDL()):
         assert stepped.steps_at_once(policy, cost, None, True, True, 10)
         assert not stepped.steps_at_once(policy, cost, None, False, True, 10)
-    for planned in (True, False):  # (goodput's under every scheduler, instead of its holds)
-        assert stepped.steps_at_once(Goodput(), cost, None, planned, True, 10)
+        assert not stepped.prefers_runs(policy)
+    for policy in (Oracle(), Goodput()):  # (under every scheduler, for their checked walks
+        for planned in (True, False):  # or held segments)
+            assert stepped.steps_at_once(policy, cost, None, planned, True, 10)
+        assert stepped.prefers_runs(policy)
     assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Goodput(per_request=True), cost, None, True, True, 10)
@@ -301,3 +303,26 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     assert _state(policies[0], 0) == _state(policies[1], 0)
+
+
+@pytest.mark.parametrize("acceptance,lengths,rate,hardware,settings,params", [
+    ("smollm2-ngram", "azure-conv", 14.0, "H100", {}, {}),
+    ("beta:6,3~20", "azure-conv", 14.0, "H100",
+     {"chunked_prefill": True, "max_batched_tokens": 2048}, {"k_max": "4"}),
+    # (long prompts at batch ~200 on an A100: a deeper cap can cost more than it brings, so
+    # some steps cap the runs, tests/simulator/test_fast_path_oracle.py)
+    ("beta:7,3~20", "azure-code", 60.0, "A100", {"max_num_seqs": 256}, {})])
+def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(loops, acceptance, lengths,
+                                                                    rate, hardware, settings,
+                                                                    params):
+    """The oracle's decode steps under the plain scheduler run at once, each priced at every
+    cap of its batch's runs, instead of its checked walks: the step path's records."""
+    loops(True)
+    spec = SimulationSpec(workload="poisson", rate=rate, requests=200, lengths=lengths,
+                          acceptance=acceptance, draft="none", seed=4, hardware=hardware)
+    scheduler = SchedulerConfig(**settings)
+    fast = _run(spec, scheduler, "oracle", params, 1)
+    slow = _run(spec, scheduler, "oracle", params, 1, fast_path=False)
+    assert fast.meta["steps_at_once"] and not fast.meta["fast_path"]
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)

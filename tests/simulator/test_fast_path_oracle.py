@@ -22,6 +22,14 @@ from simulator.request import RequestState, walk_alone
 from spectune.simulate import SimulationSpec, build_inputs, build_latency
 
 
+@pytest.fixture(autouse=True)
+def walks_not_runs(monkeypatch):
+    """The oracle's walks, not its runs of steps: with the compiled loops a replica takes
+    those where they stand for it (tests/simulator/test_compiled_walked.py), and its walks
+    still stand where they do not (an idle proposer, a policy cost model of its own)."""
+    monkeypatch.setattr(replica_module, "prefers_runs", lambda policy: False)
+
+
 def _runs(monkeypatch, spec: SimulationSpec, scheduler: SchedulerConfig, params=None,
           replicas: int = 1):
     """The run on the fast path and on the step path; the batch of each segment step the
