@@ -1,10 +1,10 @@
 """`auto`'s per-step arithmetic, compiled (numba): its plan (each draft's worth, ranked), the
 causal pairs or the ks of each draft total it prices, its pick (the total with the most tokens
 per second, then each request's k), its draft stop and its fit of a step's outcomes
-(`observe_step`, from their columns); `kld_variance`'s KL cleaning and
-variance ratio, which it computes for every request every step; gammatune's, adaedl's and the
-oracle's whole walks (their walkers' `walk_all`), and the oracle's check of a segment's caps;
-and a planner's alternatives as ks (the calibrated oracle's too).
+(`observe_step`, from their columns); `kld_variance`'s KL cleaning and variance ratio, which
+it computes for every request every step; heuristic's, gammatune's, adaedl's and the oracle's
+whole walks (their walkers' `walk_all`) and per-step rules, and the oracle's check of a
+segment's caps; and a planner's alternatives as ks (the calibrated oracle's too).
 
 Why compiled: `auto` decides every request's k every step, so the simulator runs it one step at
 a time, and in numpy each step was some 40 small array operations: with its pricing, most of
@@ -392,6 +392,31 @@ def adaedl_next(lam: float, rate: float, drafted: int, accepted: int, depth: int
 
 
 @njit(cache=True)
+def heuristic_walk(run, cap, capped: bool, k_max: int, k: int, grow: int, shrink: int,
+                   ceiling: int):
+    """`walk_alone` of a heuristic request (its walker's k and saw, step after step): each step
+    drafts d = min(k, k_max), cut to cap[p] (`capped`), accepts min(d, run[p]) and emits one
+    more, cut at the end of `run`; a step that drafts moves k as `Heuristic._next` does.
+    Returns the walk (tokens emitted before each step and after the last, from 0), each
+    step's drafts, the last k, and whether any step drafted."""
+    if k_max < 0:
+        raise ValueError("heuristic_walk: k_max below 0")
+    walk, drafts = _walk_arrays(run, cap, capped, "heuristic_walk")
+    p = steps = 0
+    drafted_any = False
+    while p < run.shape[0]:
+        d, emit = _walk_step(run, cap, capped, p, k if k < k_max else k_max, "heuristic_walk")
+        if d > 0:  # the walker's saw(d, emit - 1, ...), as observe
+            drafted_any = True
+            k = heuristic_next(k, d, emit - 1, grow, shrink, ceiling)
+        p += emit
+        walk[steps + 1] = p
+        drafts[steps] = d
+        steps += 1
+    return walk[: steps + 1], drafts[:steps], k, drafted_any
+
+
+@njit(cache=True)
 def gammatune_walk(run, cap, capped: bool, k_max: int, g: int, g_hat: float, delta: int,
                    eta: float, low: int, high: int, tolerance: float):
     """`walk_alone` of a gammatune request (its walker's k and saw, step after step): each step
@@ -537,6 +562,8 @@ def warm() -> None:
     for capped in (True, False):
         gammatune_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10, 3,
                        3.0, 2, 0.3, 1, 10, 1e-9)
+        heuristic_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10, 3,
+                       2, 1, 10)
         adaedl_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 1,
                     np.ones(6), 10, 0.5, 0.0, 0.5, 0.9, 0.01, 0.9)
         oracle_walk(np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64), capped, 10)

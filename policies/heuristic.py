@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.base import DraftOutcome, Policy, RequestStates, RequestView, StepContext
+from policies.kernels import compiled
 from policies.registry import register
 
 _K_LIMIT = 64
@@ -143,6 +144,22 @@ class _HeuristicWalk:
         if drafted > 0:
             k = self._state = self._policy._next(self._state, drafted, accepted, self._ceiling)
             self._policy._k[self._request_id] = k
+
+    def walk_all(self, start: int, run: np.ndarray, cap: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole walk at once (`RequestWalker.walk_all`), compiled where the simulator's
+        loops run (policies/compiled.py: k and saw step after step, the same integers), else
+        None. Leaves the policy's state as the last saw would."""
+        loops = compiled()
+        if loops is None:
+            return None
+        policy = self._policy
+        walk, drafts, k, drafted = loops.heuristic_walk(
+            run, loops.NO_CAP if cap is None else cap, cap is not None, self._k_max,
+            self._state, policy.grow, policy.shrink, self._ceiling)
+        if drafted:
+            self._state = policy._k[self._request_id] = int(k)
+        return walk, drafts
 
 
 @register

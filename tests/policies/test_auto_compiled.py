@@ -237,7 +237,8 @@ def _walked(loops, policy: str, params: dict, state: dict, run, cap, k_max: int,
         request.run, request.cap, request.generated = run, cap, start
         if compiled:  # the compiled walk is the one taken (not the walker's fallback)
             assert walker.walk_all(start, run[start:], cap if cap is None else cap[start:])
-            for name in ("_g", "_g_hat", "_lambda", "_rate"):  # as before it (it moved them)
+            for name in ("_k", "_g", "_g_hat", "_lambda", "_rate"):  # as before it (it moved
+                # them)
                 if hasattr(chosen, name):
                     getattr(chosen, name).clear()
             for name, value in state.items():
@@ -247,10 +248,26 @@ def _walked(loops, policy: str, params: dict, state: dict, run, cap, k_max: int,
         out.append((request.chain.tolist(), request.chain_ks.tolist(),
                     {name: {rid: (type(v).__name__, float(v).hex())
                             for rid, v in getattr(chosen, name).items()}
-                     for name in ("_g", "_g_hat", "_lambda", "_rate") if hasattr(chosen, name)},
-                    {name: repr(getattr(walker, name)) for name in ("_g", "_g_hat", "_lambda")
-                     if hasattr(walker, name)}))
+                     for name in ("_k", "_g", "_g_hat", "_lambda", "_rate")
+                     if hasattr(chosen, name)},
+                    {name: repr(getattr(walker, name))
+                     for name in ("_state", "_g", "_g_hat", "_lambda") if hasattr(walker, name)}))
     return out
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_a_heuristic_walk_is_its_walker_step_after_step(loops, capped):
+    rng = np.random.default_rng(28 + capped)
+    for params in ({}, {"k_init": "2", "grow": "1", "shrink": "2", "k_max": "7"},
+                   {"grow": "0", "shrink": "0"}):
+        for i in range(40):
+            output = int(rng.integers(1, 300))
+            run, cap = rng.integers(0, 12, output), rng.integers(0, 9, output)
+            k_max, start = int(rng.integers(0, 11)), int(rng.integers(0, output))
+            state = {"_k": int(rng.integers(1, 8))} if i % 2 else {}
+            walks = _walked(loops, "heuristic", params, state, run, cap if capped else None,
+                            k_max, start, {})
+            assert walks[0] == walks[1]
 
 
 @pytest.mark.parametrize("capped", [True, False])
