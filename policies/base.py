@@ -255,12 +255,13 @@ class RequestWalker(Protocol):
 
 @dataclass
 class RequestStates:
-    """A walked policy's state of some requests as arrays, for an engine that runs their steps
-    in a compiled loop (simulator/compiled_walked.py, under vLLM's scheduler, where a step
-    verifies the k chosen a step earlier): `kind` names the policy's rules there; `state`,
-    `level` and `rate` are each request's integer and float state (the policy says which is
+    """A policy's state of some requests as arrays, for an engine that runs their steps in a
+    compiled loop (simulator/compiled_walked.py: the walked policies' under vLLM's scheduler,
+    where a step verifies the k chosen a step earlier; goodput's and the oracle's under every
+    scheduler): `kind` names the policy's rules there; `state`, `level` and `rate` are each
+    request's integer and float state, or the batch's (goodput; the policy says which is
     what), `knobs` and `weights` its integer and float parameters. The loop moves the three
-    states in place and `Policy.keep_states` takes them back."""
+    states in place and the policy's `keep_states` takes them back."""
 
     kind: str
     state: np.ndarray

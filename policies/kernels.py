@@ -1,6 +1,6 @@
 """Which loops the policies that have compiled ones run (policies/compiled.py: `auto`'s,
-kld_variance's, gammatune's, adaedl's and the oracle's walks, and a planner's alternatives as ks,
-`prefix_counts`).
+kld_variance's, heuristic's, gammatune's, adaedl's and the oracle's walks, and a planner's
+alternatives as ks, `prefix_counts`).
 
 The simulator chooses per run (simulator/kernels.py, SPECTUNE_KERNELS) and hands the compiled
 module here where its runs take compiled loops; else this holds None and each policy runs its

@@ -5,14 +5,15 @@ batch's best cap) or under goodput (its batch plan and censored estimate), run i
 loop (numba): each step's schedule() check, the policy's `choose` before it, the step's time on
 the roofline (with a draft model's chain), the replay's verdicts, the policy's `observe`, and
 the drafts proposed at the step's end (adaedl's stop at its new lambda, the drafter's cap).
-goodput's decode steps under chunked prefill (no prompt to chunk) run in it too, each verifying
-the ks chosen before it.
+goodput's and the oracle's decode steps under the plain scheduler (whole prompts, or chunked
+prefill's steps with no prompt to chunk) run in it too, each verifying the ks chosen before it.
 
 Why: under the plain scheduler these policies are walked a request at a time
 (`request.walk_alone`), but under vLLM's a step verifies the drafts chosen a step earlier and
 its budget and blocks may trim, skip or preempt a request's step, so the replica stepped them
-one engine step at a time, at 35-57 us of Python per step (docs/speed.md, "Runs of the walked
-policies' engine steps under vLLM's scheduler"). A run here ends where auto's does
+one engine step at a time, at 35-57 us of Python per step; goodput's held segments and the
+oracle's checked walks cost two to five times these runs (docs/speed.md, "The walked policies
+and goodput in runs of engine steps"). A run here ends where auto's does
 (simulator/compiled_steps.py: a finish, the step that ends at or after the next arrival, or
 before a step its schedule() would plan otherwise), so each step is the step path's, and a
 run's records are the same to the bit (tests/simulator/test_compiled_walked.py).
@@ -263,11 +264,14 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
     its position g are run/cap/entropy[at[r] + g] (`TraceStore`).
 
     Each request's state moves in place: heuristic's k (`state`); gammatune's g (`state`) and
-    g_hat (`level`); adaedl's lambda (`level`) and acceptance rate (`rate`). The policy's integer
-    parameters are `knobs` (heuristic: grow, shrink, ceiling; gammatune: delta, g_min, g_max;
-    adaedl: its depth, min(max_k, k_max)) and its others `weights` (gammatune: eta, the ceiling's
-    tolerance; adaedl: gamma, beta1, beta2, epsilon, target acceptance). `touched[r]` gains 1
-    where request r drafted and 2 where a draft was rejected (what `observe` writes).
+    g_hat (`level`); adaedl's lambda (`level`) and acceptance rate (`rate`); the oracle has none;
+    goodput's is the batch's (`state`: G_ACCEPTED .. G_PROBING, `level`: G_ALPHA). The policy's
+    integer parameters are `knobs` (heuristic: grow, shrink, ceiling; gammatune: delta, g_min,
+    g_max; adaedl: its depth, which is min(max_k, k_max); the oracle: its bound; goodput:
+    replan_every, its k cap, faithful) and its others `weights` (gammatune: eta, the ceiling's
+    tolerance; adaedl: gamma, beta1, beta2, epsilon, target acceptance; goodput: ema_keep,
+    k0_bonus, kv_headroom). `touched[r]` gains 1 where request r drafted and 2 where a draft
+    was rejected (what `observe` writes).
 
     `planned` (vLLM's engine steps): each step verifies the drafts proposed at the end of the
     last (`spec`, in place); schedule() first takes the blocks (`blocks`, in place; `free` in

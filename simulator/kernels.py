@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
+from fractions import Fraction
 from types import ModuleType
 
 #: SPECTUNE_KERNELS
@@ -50,7 +51,7 @@ def choice() -> str:
     return value
 
 
-def prepare(requests: int, repaid: float = 0.0) -> ModuleType | None:
+def prepare(requests: int, repaid: float | Fraction = 0.0) -> ModuleType | None:
     """Choose the loops for a run (or a sweep) of `requests` requests, loading the compiled ones
     where SPECTUNE_KERNELS says so; `repaid`: how many times over the runs of policies whose
     steps run in compiled loops repay loading them (each run's requests over its policy's

@@ -146,7 +146,9 @@ class Replica:
                           and (not kind.uses_draft_stop or self.folds_stop or self.walks)
                           and not (self.capped and self.feeds
                                    and not cost.latency.arrays_match_scalars))
-        # a policy that learns from every step (auto, kld_variance): a fixed batch's decode
+        # a policy that learns from every step (auto, kld_variance), and where the fast path
+        # does not take them (`runs_first`, vLLM's scheduler) goodput, the oracle and the walked
+        # policies: a fixed batch's decode
         # steps in compiled runs (simulator/stepped.py), to the step path's records to the bit
         # (under chunked prefill, those with no prompt to chunk, as `chunk_segments`; under
         # vLLM's scheduler, a steady batch's, never near a max_model_len: vLLM's cut at it and

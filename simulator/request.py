@@ -152,9 +152,8 @@ def walk_alone(request: RequestState, walker, k_max: int, policy: str = "") -> N
     choose, cap, verification and observe do. The walk runs to the request's end once, so
     its steps' drafts are `chain_ks` and its `chain_k` is WALKED. A k outside 0..k_max is
     refused, as the scheduler refuses a `choose` that gives one. A walker with a `walk_all`
-    (start, run, cap) may walk the whole request at once (compiled: gammatune's, adaedl's, the
-    oracle's), or
-    return None."""
+    (start, run, cap) may walk the whole request at once (compiled: heuristic's, gammatune's,
+    adaedl's, the oracle's), or return None."""
     g, n = request.generated, request.output_tokens
     whole = getattr(walker, "walk_all", None) if compiled() is not None else None
     walked = None if whole is None else whole(

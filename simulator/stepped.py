@@ -1,7 +1,7 @@
 """Decode steps of a policy that learns from every step, run many at a time in one compiled
 loop: `auto` and `kld_variance` (simulator/compiled_steps.py); and those of the policies the
-plain scheduler walks a request at a time, under vLLM's scheduler, and of goodput, under every
-scheduler (simulator/compiled_walked.py, one loop for all of them).
+plain scheduler walks a request at a time, under vLLM's scheduler, and of goodput and the
+oracle, under every scheduler (simulator/compiled_walked.py, one loop for all of them).
 
 Such a policy cannot be walked request by request (each step's ks depend on what the whole
 batch's last steps revealed), so the fast path's segments skip it and it stepped one iteration
@@ -11,12 +11,14 @@ the policy's `choose`, draft stop and fit of the outcomes do, in the same order 
 under vLLM's scheduler, what `Replica._planned_iteration` does for a steady batch (`Room`), up
 to the first step its schedule() would plan otherwise. Where it cannot (`steps_at_once`: a
 subclass, no fast path, a draft tree, a latency model other than the roofline, an idle
-proposer, numba not loaded, no depth to draft to; for auto a policy cost model of its own; for
-kld_variance a draft model or a history over 128) the replica steps as before. `RUNNERS` says
+proposer, numba not loaded, no depth to draft to; for auto, goodput and the oracle a policy
+cost model of its own; for kld_variance a draft model or a history over 128; for the oracle
+one that knows probabilities, or a draft model; goodput per request) the replica steps as
+before. `RUNNERS` says
 which policies have such a loop; each runner gathers the batch's numbers and the policy's
 state for it, the requests' traces being kept in a `TraceStore` from submit to finish. The
 steps taken one at a time have the policy's part compiled too: auto's with prompt chunks
-under chunked prefill (`choose_once`, `verify_once`), and both policies' engine steps with
+under chunked prefill (`choose_once`, `verify_once`), and every runner's engine steps with
 prompt chunks under vLLM's scheduler (`propose_once`).
 
 The loops write their records into buffers kept here (`_buffers`), one set for the process:
@@ -434,8 +436,9 @@ def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float
 def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: list[int],
                     drafts: list[int], emitted: list[int], decoding: list[bool],
                     kv_capacity_tokens: int) -> list[int]:
-    """`_propose_auto` for a walked policy (`compiled_walked.walked_propose`): the choice
-    before the step, `observe` of what its decodes verified, the drafts proposed at its end."""
+    """`_propose_auto` for a walked policy, goodput or the oracle
+    (`compiled_walked.walked_propose`): the choice before the step, `observe` of what its
+    decodes verified, the drafts proposed at its end."""
     from simulator import compiled_walked
 
     ids = [request.request_id for request in batch]
@@ -476,8 +479,9 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: chunks, taken one at a time, move each request's state out of its row and back); the walked
 #: policies under vLLM's scheduler alone (the plain scheduler's fast path walks them), with or
 #: without a draft model (adaedl's stop reads the draft entropies; gammatune_plus's is folded
-#: into the drafter's caps); goodput (batch-uniform, its censored estimate) under every
-#: scheduler, with or without a draft model (a replica then takes its runs, not held segments)
+#: into the drafter's caps); goodput (batch-uniform, its censored estimate; with or without a
+#: draft model) and the oracle (knows=outcomes, model-free) under every scheduler (a replica
+#: then takes their runs, not held segments or checked walks: `preferred`)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
                  draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,

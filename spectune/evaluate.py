@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -323,7 +324,9 @@ class Runner:
 
             requests = [tasks[i].scenario.requests or 0 for i in todo]
             repays_from = [policy_class(tasks[i].candidate.policy).compiled_steps for i in todo]
-            kernels.prepare(sum(requests), sum(n / t for n, t in zip(requests, repays_from) if t))
+            # (exact shares: ten runs of 30 auto requests repay loading them, as one of 300)
+            kernels.prepare(sum(requests), sum(Fraction(n, t)
+                                               for n, t in zip(requests, repays_from) if t))
         if todo and self.executor == "ray":
             if self._ray is None:
                 from spectune.ray_pool import RayPool

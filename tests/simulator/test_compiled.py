@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from fractions import Fraction
 from types import SimpleNamespace
 
 import numpy as np
@@ -219,7 +220,9 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("smollm2-ngram", "none", "gammatune_plus", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "adaedl", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "oracle", {"scheduler": "vllm-v1"}),
-            ("smollm2-ngram", "none", "goodput", {"scheduler": "vllm-v1"})]:
+            ("smollm2-ngram", "none", "goodput", {"scheduler": "vllm-v1"}),
+            ("smollm2-ngram", "none", "oracle", {}),
+            ("beta:7,3~20", "Llama-68M", "goodput", {})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
         config = SchedulerConfig(**scheduler)
@@ -278,7 +281,14 @@ def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, 
     with Runner(tmp_path, jobs=1) as runner:
         runner.run(tasks)
     # (before its runs, each then asking for its own)
-    assert asked[0] == (80, 20 / Auto.compiled_steps + 20 / Goodput.compiled_steps)
+    assert asked[0] == (80, Fraction(20, Auto.compiled_steps)
+                        + Fraction(20, Goodput.compiled_steps))
+    asked.clear()  # (ten runs of 30 auto requests repay loading them, as one of 300)
+    spec = SimulationSpec(requests=30, workload="azure-conv")
+    with Runner(tmp_path / "ten", jobs=1) as runner:
+        runner.run([Task(spec, SchedulerConfig(), Candidate("auto", ()), rate=4.0, seed=seed)
+                    for seed in range(10)])
+    assert asked[0] == (300, 1)
 
 
 def test_without_numba_runs_take_the_numpy_code(monkeypatch):

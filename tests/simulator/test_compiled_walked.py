@@ -120,6 +120,8 @@ CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, sc
      "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3, {}),
     ("goodput", {"replan_every": "3", "kv_headroom": "1.5"}, "beta:7,3~20", "fixed:200,300",
      4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("goodput", {"k0_bonus": "1.3", "replan_every": "4"}, "beta:3.5,6.5~20", "azure-conv",
+     8.0, "none", 1, {}),  # (plans of 0, each re-plan probing)
     ("goodput", {"replan_every": "2"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
      {"max_batched_tokens": 24}),
 ]
@@ -176,6 +178,8 @@ def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params
     assert bool(preempting) == bool(settings.get("kv_capacity_tokens"))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    if params.get("k0_bonus") == "1.3":  # (its probes were taken, in runs among them)
+        assert fast.steps["max_k"].eq(1).sum() > 20
 
 
 def test_the_per_step_rules_are_the_policies_python(loops):
@@ -222,7 +226,7 @@ def test_the_per_step_rules_are_the_policies_python(loops):
         assert _adaedl_stop(k, lam, 0.7, entropy, 0, g, last) == want
 
 
-def test_runs_stand_for_the_walked_policies_under_vllms_scheduler_alone(loops):
+def test_where_the_runs_stand_for_each_policy(loops):
     """Under the plain scheduler the fast path walks them (no runs), but the oracle's and
     goodput's runs take their steps under every scheduler; a subclass, the numpy code, the
     oracle that knows probabilities or prices a draft model's passes, goodput per request or
@@ -312,17 +316,37 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
     # (long prompts at batch ~200 on an A100: a deeper cap can cost more than it brings, so
     # some steps cap the runs, tests/simulator/test_fast_path_oracle.py)
     ("beta:7,3~20", "azure-code", 60.0, "A100", {"max_num_seqs": 256}, {})])
-def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(loops, acceptance, lengths,
-                                                                    rate, hardware, settings,
-                                                                    params):
+def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, loops,
+                                                                    acceptance, lengths, rate,
+                                                                    hardware, settings, params):
     """The oracle's decode steps under the plain scheduler run at once, each priced at every
-    cap of its batch's runs, instead of its checked walks: the step path's records."""
+    cap of its batch's runs, instead of its checked walks: the step path's records (on the
+    A100, with steps whose best cap is below the longest run: checked on the step path)."""
+    from policies import oracle
+    from simulator import compiled_walked
+
     loops(True)
+    steps, capped = [], []
+    kernel, best_cap = compiled_walked.walked_steps, oracle._best_cap
+
+    def counted(*args):
+        result = kernel(*args)
+        steps.append(result[1])
+        return result
+
+    def best(sums, runs, contexts, top):
+        cap = best_cap(sums, runs, contexts, top)
+        capped.append(cap < top)
+        return cap
+    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    monkeypatch.setattr(oracle, "_best_cap", best)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=200, lengths=lengths,
                           acceptance=acceptance, draft="none", seed=4, hardware=hardware)
     scheduler = SchedulerConfig(**settings)
     fast = _run(spec, scheduler, "oracle", params, 1)
     slow = _run(spec, scheduler, "oracle", params, 1, fast_path=False)
     assert fast.meta["steps_at_once"] and not fast.meta["fast_path"]
+    assert sum(steps) > len(fast.steps) / 2
+    assert any(capped) == (hardware == "A100")
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)

@@ -17,6 +17,15 @@ from spectune.simulate import SimulationSpec, build_inputs
 from traces import parametric_trace, parse_acceptance
 
 
+@pytest.fixture(autouse=True)
+def held_not_runs(monkeypatch):
+    """goodput's held segments, not its runs of steps: with the compiled loops a replica takes
+    those where they stand for it (tests/simulator/test_compiled_walked.py), and its held
+    segments still stand where they do not (the numpy code, another estimate, a profile)."""
+    from simulator import replica
+    monkeypatch.setattr(replica, "prefers_runs", lambda policy: False)
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """Segments run and preemptions made, over the runs of a test."""
