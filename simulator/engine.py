@@ -21,7 +21,9 @@ from simulator.latency import LatencyModel
 from simulator.logs import RequestLog, StepLog, StepTotals
 from simulator.replica import Replica, check_fits
 from simulator.request import RequestState
+from simulator.scheduler import scheduler_class
 from simulator.step_cost import StepCostModel
+from simulator.stepped import repays_loading
 from traces import SpeculationTrace, Workload
 
 
@@ -144,7 +146,8 @@ def simulate(
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
     # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
-    repays_from = type(policy).compiled_steps
+    repays_from = repays_loading(type(policy),
+                                 scheduler_class(scheduler.scheduler).plans_whole_step)
     kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)
     started = time.perf_counter()
     env = simpy.Environment()

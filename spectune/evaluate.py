@@ -321,9 +321,13 @@ class Runner:
         if todo and self.executor != "ray":  # the compiled loops, where this batch repays
             # loading them: loaded here, before the workers fork, they inherit them
             from policies import policy_class
+            from simulator.scheduler import scheduler_class
+            from simulator.stepped import repays_loading
 
             requests = [tasks[i].scenario.requests or 0 for i in todo]
-            repays_from = [policy_class(tasks[i].candidate.policy).compiled_steps for i in todo]
+            repays_from = [repays_loading(policy_class(tasks[i].candidate.policy),
+                                          scheduler_class(tasks[i].scheduler.scheduler)
+                                          .plans_whole_step) for i in todo]
             # (exact shares: ten runs of 30 auto requests repay loading them, as one of 300)
             kernels.prepare(sum(requests), sum(Fraction(n, t)
                                                for n, t in zip(requests, repays_from) if t))

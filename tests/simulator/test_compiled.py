@@ -268,6 +268,30 @@ def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
     assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps), (6, 0.0)]
 
 
+def test_a_walked_policy_loads_them_for_shorter_runs_under_vllms_scheduler(monkeypatch):
+    """Under vLLM's scheduler a walked policy's engine steps run compiled only with the loops
+    (else one at a time in Python), so a run repays them from fewer requests there."""
+    from policies import make_policy
+    from simulator import ClusterConfig
+    from simulator.engine import simulate
+    from simulator.stepped import PLANNED_REPAYS_FROM
+    from spectune.simulate import SimulationSpec, build_inputs
+
+    asked = []
+    monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
+    spec = SimulationSpec(workload="poisson", rate=4.0, requests=6, lengths="azure-conv",
+                          acceptance="beta:7,3", seed=0, draft="none")
+    for scheduler in (SchedulerConfig(), SchedulerConfig(scheduler="vllm-v1")):
+        inputs = build_inputs(spec, {}, scheduler)
+        for policy in ("heuristic", "goodput"):
+            simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                     make_policy(policy, {}), inputs.kv_capacity_tokens, scheduler,
+                     ClusterConfig(1, "least-loaded"))
+    # (goodput's runs stand under every scheduler: its own threshold under either)
+    assert asked == [(6, 0.0), (6, 6 / Goodput.compiled_steps), (6, 6 / PLANNED_REPAYS_FROM),
+                     (6, 6 / Goodput.compiled_steps)]
+
+
 def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, tmp_path):
     from spectune.evaluate import Runner, Task
     from spectune.search import Candidate
