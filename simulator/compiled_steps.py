@@ -66,6 +66,28 @@ def _step_s(cached: int, drafted: int, pairs: int, b: int, target, overhead: flo
     return _pass_s(cached, drafted + b, pairs, m0, m1, f_q, f_pair, fixed, comm, c0, c1) + overhead
 
 
+@njit(cache=True)
+def decode_step_s(verified, held, cached_sum: int, priced: bool, draft_model: bool, feeds,
+                  target, draft, overhead: float):
+    """A decode step of requests drafting `verified` over `held` tokens each before the verify
+    (`cached_sum` their sum), as `StepCostModel.iteration_s` prices it (a model-free chain from
+    its verify pass's sums, a draft model's its verify pass then its chain's passes, fed
+    `feeds`): (seconds, drafts, most drafts); 0 seconds where not `priced` (a step whose time
+    is the caller's)."""
+    b = verified.shape[0]
+    drafts = pairs = most = 0
+    for r in range(b):
+        k, c = verified[r], held[r]
+        drafts += k
+        pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
+        most = k if k > most else most
+    if not priced:
+        return 0.0, drafts, most
+    if draft_model:  # (`_chain_step_s`)
+        return chain_step_time(verified, held, feeds, True, target, draft, overhead), drafts, most
+    return _step_s(cached_sum, drafts, pairs, b, target, overhead), drafts, most
+
+
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
 def draft_price(contexts, cached_sum: int, target, overhead: float) -> float:
     """One more draft's price in tokens (`Auto._draft_price`): the tokens a step of these
@@ -312,21 +334,10 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
                 return why, 0, ks
         if not planned:
             verified = ks
-        # -- the step's time (`StepCostModel.iteration_s` of a model-free chain) ------------
-        step_drafts = 0
-        step_pairs = 0
-        most = 0
-        for r in range(b):
-            k, c = verified[r], contexts[r] - 1
-            step_drafts += k
-            step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
-            most = k if k > most else most
-        if mode == PROPOSE:  # (its time is the caller's)
-            durations[n] = 0.0
-        elif draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
-            durations[n] = chain_step_time(verified, held, feeds, True, target, draft, overhead)
-        else:
-            durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+        # -- the step's time (PROPOSE: the caller's) ----------------------------------------
+        durations[n], step_drafts, most = decode_step_s(verified, held, cached_sum,
+                                                        mode != PROPOSE, draft_model, feeds,
+                                                        target, draft, overhead)
         clock[n + 1] = clock[n] + durations[n]  # (as the clock adds each step's timeout)
         # -- verification (`Replica._apply_decode`) and auto's fit of it --------------------
         accepted_total = 0
@@ -472,6 +483,7 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
     # the drafts each step verifies: its ks, or under vLLM those proposed at the last's end
     verified = spec if planned else ks
     proposed = np.empty(b, dtype=np.int64)
+    cached = np.empty(b, dtype=np.int64)  # each request's KV before the verify
     kept = np.empty(width)
     why = STEPS
     n = 0
@@ -485,9 +497,6 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
         # -- ks: each request's k within the bounds, then the drafter's cap (under vLLM where
         # it proposes them, at the step's end) ---------------------------------------------
         cached_sum = 0
-        step_drafts = 0
-        step_pairs = 0
-        most = 0
         for r in range(b):
             k = k_state[rows[r]]
             k = k if k < k_max_cfg else k_max_cfg
@@ -498,16 +507,11 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
                 can = cap[at[r] + g]
                 k = k if k <= can else can
             ks[r] = k
-            k = verified[r]
-            c = prompt[r] + g - 1
-            cached_sum += c
-            step_drafts += k
-            step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
-            most = k if k > most else most
-        if mode == PROPOSE:  # (its time is the caller's)
-            durations[n] = 0.0
-        else:
-            durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+            cached[r] = prompt[r] + g - 1
+            cached_sum += cached[r]
+        durations[n], step_drafts, most = decode_step_s(verified, cached, cached_sum,
+                                                        mode != PROPOSE, False, cached, target,
+                                                        target, overhead)
         clock[n + 1] = clock[n] + durations[n]
         # -- verification, then each request's fit ------------------------------------------
         accepted_total = 0

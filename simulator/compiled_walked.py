@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from policies.compiled import adaedl_next, gammatune_next, heuristic_next
-from simulator.compiled import alternatives_times, chain_step_time
+from simulator.compiled import alternatives_times
 from simulator.compiled_steps import (
     ARRIVAL,
     FINISHED,
@@ -39,6 +39,7 @@ from simulator.compiled_steps import (
     _records,
     _schedule,
     _step_s,
+    decode_step_s,
     next_feeds,
 )
 
@@ -304,27 +305,18 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
                 break
             kv_at[n] = (total_blocks - free) * block_size
         # choose (the state after the last step), then the step's time
-        cached_sum = 0
-        step_drafts = 0
-        step_pairs = 0
-        most = 0
         _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
                 kv_capacity, target, overhead, draft_model, draft)
         if not planned:  # (the plain scheduler's step verifies them, cut at its positions)
             _propose(kind, ks, spec, gen, output, going, at, cap, capped, entropy, level,
                      weights[0] if kind == ADAEDL else 0.0)
+        cached_sum = 0
         for r in range(b):
-            c = prompt[r] + gen[r] - 1  # its KV before the verify
-            held[r] = c
-            cached_sum += c
-            k = spec[r]
-            step_drafts += k
-            step_pairs += (k + 1) * c + (k + 1) * (k + 2) // 2
-            most = k if k > most else most
-        if draft_model:  # its verify pass, then its chain's passes (`_chain_step_s`)
-            durations[n] = chain_step_time(spec, held, feeds, True, target, draft, overhead)
-        else:
-            durations[n] = _step_s(cached_sum, step_drafts, step_pairs, b, target, overhead)
+            held[r] = prompt[r] + gen[r] - 1  # its KV before the verify
+            cached_sum += held[r]
+        durations[n], step_drafts, most = decode_step_s(spec, held, cached_sum, True,
+                                                        draft_model, feeds, target, draft,
+                                                        overhead)
         clock[n + 1] = clock[n] + durations[n]  # (as the clock adds each step's timeout)
         # verification (`Replica._planned_iteration`) and the policy's observe
         accepted_total = 0

@@ -13,6 +13,7 @@ import inspect
 
 import pandas as pd
 import pytest
+from support.preemptions import counted_preemptions
 
 from policies import make_policy
 from policies.auto import Auto
@@ -432,15 +433,7 @@ def test_vllms_engine_steps_in_runs(monkeypatch, loops, policy, acceptance, leng
         return result
     monkeypatch.setattr(compiled_steps, name, counted)
     proposed = _counted(monkeypatch, "propose_once")
-    from simulator.scheduler_vllm import VllmV1Scheduler
-
-    preempting = []
-    make_room = VllmV1Scheduler._make_room
-
-    def counted_room(self, *args):
-        preempting.append(1)  # (each call preempts at least one request)
-        return make_room(self, *args)
-    monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
+    preempting = counted_preemptions(monkeypatch)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)

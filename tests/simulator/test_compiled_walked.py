@@ -16,6 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from support.preemptions import counted_preemptions
 
 from policies import make_policy
 from policies.adaedl import AdaEDL
@@ -152,15 +153,7 @@ def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params
         return propose(*args)
     monkeypatch.setattr(compiled_walked, "walked_steps", counted)
     monkeypatch.setattr(compiled_walked, "walked_propose", counted_propose)
-    from simulator.scheduler_vllm import VllmV1Scheduler
-
-    preempting = []
-    make_room = VllmV1Scheduler._make_room
-
-    def counted_room(self, *args):
-        preempting.append(1)  # (each call preempts at least one request)
-        return make_room(self, *args)
-    monkeypatch.setattr(VllmV1Scheduler, "_make_room", counted_room)
+    preempting = counted_preemptions(monkeypatch)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(scheduler="vllm-v1", **settings)
