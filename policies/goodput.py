@@ -35,6 +35,14 @@ EMA_INPUTS = ("censored", "cumulative", "step", "inverted")
 #: per-request plans stop climbing when no move raises predicted goodput by this fraction: finer
 #: steps are noise next to the acceptance estimates' own error, and cost a cost-model call each
 MIN_GAIN = 1e-3
+#: per request, `request_states`' `state` (simulator/compiled_goodput.py reads it): the batch's
+#: entries (its calls, the plan of a request that arrived after the last plan, whether the
+#: last call probed, whether a run re-planned), then R_FIELDS per request from R_HEAD (its
+#: censored sums, its plan or NO_PLAN, its id); `level` is each request's estimate
+R_CALLS, R_NEW, R_PROBING, R_REPLANNED = range(4)
+R_HEAD, R_FIELDS = 4, 5
+R_ACCEPTED, R_DRAFTED, R_REJECTED, R_PLAN, R_ID = range(R_FIELDS)
+NO_PLAN = -1
 
 
 @register
@@ -214,23 +222,49 @@ class Goodput(Policy):
         return alpha
 
     def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
-        """The batch's state (not a request's: the batch-uniform plan, the censored estimate),
-        for compiled engine steps (`RequestStates`): `state` its censored sums, calls, last
-        plan and whether the last call probed, `level` its estimate; knobs replan_every, its
-        k cap and faithful; weights ema_keep, k0_bonus and kv_headroom."""
+        """The state for compiled engine steps (`RequestStates`): the batch's (the
+        batch-uniform plan, the censored estimate): `state` its censored sums, calls, last
+        plan and whether the last call probed, `level` its estimate; per request, `state` as
+        R_CALLS .. R_ID say (R_REPLANNED 0: a run sets it where it re-plans), `level` each
+        request's estimate. Knobs replan_every, its k cap and faithful; weights ema_keep,
+        k0_bonus and kv_headroom."""
+        knobs = np.array([self.replan_every, min(self.k_max, k_max), self.faithful],
+                         dtype=np.int64)
+        weights = np.array([self.ema_keep, self.k0_bonus, self.kv_headroom], dtype=np.float64)
+        if self.per_request:
+            state = [self._calls, self._k_new, self._probing, 0]  # (R_CALLS .. R_REPLANNED)
+            for rid in request_ids:  # (R_ACCEPTED .. R_ID)
+                state += [*self._totals_r.get(rid, (0, 0, 0)), self._plan_r.get(rid, NO_PLAN),
+                          rid]
+            return RequestStates(
+                "goodput_per_request", np.array(state, dtype=np.int64),
+                np.array([self.request_alpha(rid) for rid in request_ids], dtype=np.float64),
+                np.zeros(0), knobs, weights)
         accepted, drafted, rejected = self._totals
         return RequestStates(
             "goodput", np.array([accepted, drafted, rejected, self._calls, self._k,
                                  self._probing], dtype=np.int64),
-            np.array([self.alpha_hat], dtype=np.float64), np.zeros(0),
-            np.array([self.replan_every, min(self.k_max, k_max), self.faithful],
-                     dtype=np.int64),
-            np.array([self.ema_keep, self.k0_bonus, self.kv_headroom], dtype=np.float64))
+            np.array([self.alpha_hat], dtype=np.float64), np.zeros(0), knobs, weights)
 
     def keep_states(self, request_ids: Sequence[int], states: RequestStates,
                     touched) -> None:
         """The state after compiled engine steps, each of which called `choose` and observed
-        its outcomes."""
+        its outcomes (per request: the sums and estimate of those that drafted, `touched`;
+        where the steps re-planned, the plans of these requests alone, as `choose` keeps)."""
+        if self.per_request:
+            state = states.state.tolist()
+            self._calls, self._k_new = state[R_CALLS], state[R_NEW]
+            self._probing = bool(state[R_PROBING])
+            alphas = states.level.tolist()
+            for i, (rid, moved) in enumerate(zip(request_ids, touched.tolist())):
+                if moved:
+                    at = R_HEAD + R_FIELDS * i
+                    self._totals_r[rid] = state[at + R_ACCEPTED: at + R_REJECTED + 1]
+                    self._alpha_r[rid] = alphas[i]
+            if state[R_REPLANNED]:
+                self._plan_r = {rid: state[R_HEAD + R_FIELDS * i + R_PLAN]
+                                for i, rid in enumerate(request_ids)}
+            return
         accepted, drafted, rejected, calls, plan, probing = states.state.tolist()
         self._totals = [accepted, drafted, rejected]
         self._calls, self._k, self._probing = calls, plan, bool(probing)

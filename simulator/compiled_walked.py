@@ -1,12 +1,13 @@
 """vLLM's engine steps of a steady batch under a policy that the plain scheduler walks a request
 at a time (heuristic, gammatune, gammatune_plus, adaedl: each request's k from its own outcomes;
 the oracle, knows=outcomes, on a model-free chain: each request's accepted run, cut at the
-batch's best cap) or under goodput (its batch plan and censored estimate), run in one compiled
-loop (numba): each step's schedule() check, the policy's `choose` before it, the step's time on
-the roofline (with a draft model's chain), the replay's verdicts, the policy's `observe`, and
-the drafts proposed at the step's end (adaedl's stop at its new lambda, the drafter's cap).
-goodput's and the oracle's decode steps under the plain scheduler (whole prompts, or chunked
-prefill's steps with no prompt to chunk) run in it too, each verifying the ks chosen before it.
+batch's best cap) or under goodput (its batch plan and censored estimate, or each request's:
+simulator/compiled_goodput.py), run in one compiled loop (numba): each step's schedule()
+check, the policy's `choose` before it, the step's time on the roofline (with a draft model's
+chain), the replay's verdicts, the policy's `observe`, and the drafts proposed at the step's
+end (adaedl's stop at its new lambda, the drafter's cap). goodput's and the oracle's decode
+steps under the plain scheduler (whole prompts, or chunked prefill's steps with no prompt to
+chunk) run in it too, each verifying the ks chosen before it.
 
 Why: under the plain scheduler these policies are walked a request at a time
 (`request.walk_alone`), but under vLLM's a step verifies the drafts chosen a step earlier and
@@ -30,7 +31,12 @@ import numpy as np
 from numba import njit
 
 from policies.compiled import adaedl_next, gammatune_next, heuristic_next
-from simulator.compiled import alternatives_times
+from simulator.compiled_goodput import (
+    _goodput_ks,
+    _goodput_observe,
+    per_request_ks,
+    per_request_observe,
+)
 from simulator.compiled_steps import (
     ARRIVAL,
     FINISHED,
@@ -44,15 +50,10 @@ from simulator.compiled_steps import (
 )
 
 #: the policies these steps stand for (`walked_steps`' `kind`)
-HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT = 0, 1, 2, 3, 4
+HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT, GOODPUT_PER_REQUEST = range(6)
 #: ... by the names their `RequestStates` give
 KINDS = {"heuristic": HEURISTIC, "gammatune": GAMMATUNE, "adaedl": ADAEDL, "oracle": ORACLE,
-         "goodput": GOODPUT}
-#: goodput's state (the batch's, not a request's): its `state` entries (its censored sums:
-#: accepted drafts, drafts, first rejections; its calls, its last plan, whether the last call
-#: probed) and its `level` entry (its acceptance estimate)
-G_ACCEPTED, G_DRAFTED, G_REJECTED, G_CALLS, G_PLAN, G_PROBING = range(6)
-G_ALPHA = 0
+         "goodput": GOODPUT, "goodput_per_request": GOODPUT_PER_REQUEST}
 
 
 @njit(cache=True)
@@ -107,101 +108,6 @@ def _oracle_ks(ks, prompt, gen, output, run, at, bound: int, target, overhead: f
 
 
 @njit(cache=True)
-def _expected_emitted(alpha: float, k: int) -> float:
-    """`vocabulary.expected_emitted` (Python's float power: C's pow, as math.pow)."""
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - math.pow(alpha, float(k + 1))) / (1.0 - alpha)
-
-
-@njit(cache=True, error_model="numpy")
-def _goodput_plan(prompt, gen, alpha: float, k_cap: int, k0_bonus: float, headroom: float,
-                  kv_capacity: int, target, overhead: float, draft_model: bool, draft) -> int:
-    """goodput's `_plan_batch`: the batch's goodput at k = 0, 1, ... (its expected tokens over
-    the step's time, 0 where the KV cache with the headroom would not hold it; k = 0's times
-    the bonus), to the first drop. A model-free chain's step priced from its verify pass's sums
-    (`_uniform_goodputs`), a draft model's as `StepCostModel.steps_s` prices the fitting ks at
-    once (`alternatives_times`)."""
-    b = prompt.shape[0]
-    total = 0
-    for r in range(b):
-        total += prompt[r] + gen[r]
-    cached = total - b  # each request's KV before the verify pass
-    base = total // b * b + b  # the need but for the drafts
-    times = np.zeros(0)
-    if draft_model:  # (every fitting k at once: they fit from 0 up to the first that does not)
-        fits = 0
-        while fits <= k_cap and (base + b * fits) * headroom <= kv_capacity:
-            fits += 1
-        rows = np.empty((fits, b), dtype=np.int64)
-        held = np.empty(b, dtype=np.int64)
-        for r in range(b):
-            held[r] = prompt[r] + gen[r] - 1
-            for k in range(fits):
-                rows[k, r] = k
-        if fits:
-            times = alternatives_times(rows, held, target, draft, overhead)
-    best_goodput, best_k = -1.0, 0
-    for k in range(k_cap + 1):
-        goodput = 0.0
-        if (base + b * k) * headroom <= kv_capacity:
-            if draft_model:
-                seconds = times[k]
-            else:
-                pairs = (k + 1) * cached + b * ((k + 1) * (k + 2) // 2)
-                seconds = _step_s(cached, b * k, pairs, b, target, overhead)
-            goodput = b * _expected_emitted(alpha, k) / seconds
-        if k == 0:
-            goodput *= k0_bonus
-        if goodput > best_goodput:
-            best_goodput, best_k = goodput, k
-        else:
-            break
-    return best_k
-
-
-@njit(cache=True)
-def _goodput_ks(ks, state, level, knobs, weights, k_max: int, prompt, gen, kv_capacity: int,
-                target, overhead: float, draft_model: bool, draft) -> None:
-    """goodput's `choose` (one k for the batch, re-planned every `replan_every` calls; a
-    re-plan to k = 0 probes with k = 1 unless `faithful`), its state moved in place."""
-    state[G_CALLS] += 1
-    replan_every, k_cap, faithful = knobs[0], knobs[1], knobs[2]
-    replan = state[G_CALLS] % replan_every == 0
-    if replan:
-        state[G_PLAN] = _goodput_plan(prompt, gen, level[G_ALPHA], k_cap, weights[1], weights[2],
-                                      kv_capacity, target, overhead, draft_model, draft)
-    k = state[G_PLAN] if state[G_PLAN] < k_max else k_max
-    probing = replan and not faithful and k_cap >= 1 and k == 0
-    state[G_PROBING] = probing
-    ks[:] = 1 if probing else k
-
-
-@njit(cache=True)
-def _goodput_observe(spec, emits, decoding, state, level, keep: float) -> None:
-    """goodput's `observe_columns` of a step: its censored estimate's step from the sums of the
-    requests that drafted (`decoding` ones: a prompt chunk verifies none)."""
-    accepted = drafted = rejected = 0
-    for r in range(spec.shape[0]):
-        k = spec[r]
-        if decoding[r] and k > 0:
-            seen = emits[r] - 1
-            accepted += seen
-            drafted += k
-            rejected += 1 if seen < k else 0
-    if not drafted:  # (its ratio would be NaN: skipped, as the prototype skips it)
-        return
-    state[G_ACCEPTED] += accepted
-    state[G_DRAFTED] += drafted
-    state[G_REJECTED] += rejected
-    seen, cut = state[G_ACCEPTED], state[G_REJECTED]
-    x = seen / (seen + cut) if seen + cut else 1.0
-    alpha = keep * level[G_ALPHA] + (1.0 - keep) * x
-    alpha = alpha if alpha > 0.0 else 0.0  # min(1.0, max(0.0, a)), as `_ema_of` clamps
-    level[G_ALPHA] = alpha if alpha < 1.0 else 1.0
-
-
-@njit(cache=True)
 def _choose(kind: int, ks, state, level, knobs, weights, k_max: int, prompt, gen, output, run,
             at, kv_capacity: int, target, overhead: float, draft_model: bool, draft) -> None:
     """Each request's k as the policy's `choose` gives it (in `ks`; goodput's state moved)."""
@@ -211,6 +117,10 @@ def _choose(kind: int, ks, state, level, knobs, weights, k_max: int, prompt, gen
     if kind == GOODPUT:
         _goodput_ks(ks, state, level, knobs, weights, k_max, prompt, gen, kv_capacity, target,
                     overhead, draft_model, draft)
+        return
+    if kind == GOODPUT_PER_REQUEST:
+        per_request_ks(ks, state, level, knobs, weights, k_max, prompt, gen, kv_capacity,
+                       target, overhead, draft_model, draft)
         return
     for r in range(ks.shape[0]):
         if kind == ADAEDL:  # its depth for all: its stop cuts each chain
@@ -232,6 +142,8 @@ def _observe(kind: int, r: int, k: int, seen: int, state, level, rate, knobs, we
     elif kind == ADAEDL:  # (the oracle learns nothing)
         level[r], rate[r] = adaedl_next(level[r], rate[r], k, seen, knobs[0], weights[1],
                                         weights[2], weights[3], weights[4])
+    elif kind == GOODPUT_PER_REQUEST:  # (the batch's goodput reads the step's sums: after)
+        per_request_observe(r, k, seen, state, level, weights[0])
 
 
 @njit(cache=True)
@@ -266,7 +178,9 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
 
     Each request's state moves in place: heuristic's k (`state`); gammatune's g (`state`) and
     g_hat (`level`); adaedl's lambda (`level`) and acceptance rate (`rate`); the oracle has none;
-    goodput's is the batch's (`state`: G_ACCEPTED .. G_PROBING, `level`: G_ALPHA). The policy's
+    goodput's is the batch's (`state`: G_ACCEPTED .. G_PROBING, `level`: G_ALPHA), or per
+    request the batch's and each request's (`state`: R_CALLS .. R_REPLANNED, then R_FIELDS per
+    request; `level`: each request's estimate). The policy's
     integer parameters are `knobs` (heuristic: grow, shrink, ceiling; gammatune: delta, g_min,
     g_max; adaedl: its depth, which is min(max_k, k_max); the oracle: its bound; goodput:
     replan_every, its k cap, faithful) and its others `weights` (gammatune: eta, the ceiling's
@@ -395,9 +309,9 @@ def warm() -> None:
     knobs = np.array([2, 1, 1], dtype=np.int64)
     weights = np.array([0.3, 1e-9, 0.5, 0.9, 0.01])
     trace = np.ones(16, dtype=np.int64)
-    for kind in (HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT):
+    for kind in KINDS.values():
         # (as long as goodput's state, and each request's for two)
-        state, level, rate = np.full(6, 3, dtype=np.int64), np.full(6, 0.5), np.zeros(6)
+        state, level, rate = np.full(16, 3, dtype=np.int64), np.full(6, 0.5), np.zeros(6)
         for draft_model in (False, True):
             for planned in (True, False):
                 walked_steps(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,

@@ -18,9 +18,12 @@ docs/speed.md, "Compiled per-request loops".
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
+import shutil
 import warnings
 from fractions import Fraction
+from pathlib import Path
 from types import ModuleType
 
 #: SPECTUNE_KERNELS
@@ -30,6 +33,14 @@ CHOICES = ("auto", "numba", "numpy")
 AUTO_REQUESTS = 20_000
 #: (or fewer where its policy's steps run in compiled loops: `Policy.compiled_steps`, the
 #: requests from which a run of it repays loading them)
+
+#: the files the compiled loops are built from, and those whose constants they read. numba's
+#: cache checks only the file of each function, not the functions it calls or the constants it
+#: reads from others: after an edit of one of these, a loop calling into it would run its old
+#: code from the cache. So the cache lives in a folder named by their hash (`_cache_dir`).
+SOURCES = ("policies/compiled.py", "policies/goodput.py", "simulator/compiled.py",
+           "simulator/compiled_goodput.py", "simulator/compiled_steps.py",
+           "simulator/compiled_walked.py", "simulator/run_records.py")
 
 _loaded: ModuleType | None = None  # simulator.compiled, once imported
 _policy_loops: ModuleType | None = None  # policies.compiled, loaded with it
@@ -85,12 +96,14 @@ def _load(forced: bool) -> ModuleType | None:
         if _failed and not forced:
             return None
         try:
-            import numba  # noqa: F401
+            import numba
         except ImportError:  # (remembered: a run of 300 auto requests would look again)
             if not _failed:
                 _failed.append("numba is not installed")
             return None
         try:
+            if not os.environ.get("NUMBA_CACHE_DIR"):  # (else the user's, as numba's own)
+                numba.config.CACHE_DIR = _cache_dir()
             from policies import compiled as policy_loops
             from simulator import compiled as module
             from simulator import compiled_steps, compiled_walked
@@ -119,3 +132,26 @@ def _load(forced: bool) -> ModuleType | None:
         gc.freeze()
         _loaded, _policy_loops = module, policy_loops
     return _loaded
+
+
+def sources_hash() -> str:
+    """The hash of `SOURCES`' contents (16 hex digits)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> str:
+    """Where numba caches the compiled loops: a folder named by the hash of `SOURCES`, in
+    simulator/__pycache__ (or the user's cache where that is not writable), so that an edit
+    of any of them compiles every loop anew, once."""
+    here = Path(__file__).resolve().parent / "__pycache__"
+    base = here if os.access(here if here.exists() else here.parent, os.W_OK) else (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spectune")
+    folder = base / f"numba-{sources_hash()}"
+    if not folder.exists():  # (the caches of the sources before this edit: never read again)
+        for old in base.glob("numba-*"):
+            shutil.rmtree(old, ignore_errors=True)
+    return str(folder)

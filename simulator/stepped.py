@@ -495,8 +495,8 @@ RUNNERS: dict[type, Runner] = {
                             (AdaEDL, "draft_entropy"))},
     Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
                    planned=True, preferred=True, propose=_propose_walked),
-    Goodput: Runner(lambda policy, k_max: not policy.per_request
-                    and policy.ema_input == "censored", _run_walked, "", draft_model=True,
+    Goodput: Runner(lambda policy, k_max: policy.ema_input == "censored", _run_walked, "",
+                    draft_model=True,
                     planned=True, preferred=True, propose=_propose_walked),
 }
 

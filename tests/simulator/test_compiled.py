@@ -195,11 +195,12 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
     from spectune.simulate import SimulationSpec, build_inputs
 
     simulator_loops = loops(True)
-    from simulator import compiled_steps, compiled_walked
+    from simulator import compiled_goodput, compiled_steps, compiled_walked
 
     def signatures():
         return {name: len(loop.signatures)
-                for module in (simulator_loops, policy_loops, compiled_steps, compiled_walked)
+                for module in (simulator_loops, policy_loops, compiled_steps, compiled_walked,
+                               compiled_goodput)
                 for name, loop in vars(module).items() if isinstance(loop, CPUDispatcher)}
     warmed = signatures()
     chunked = {"chunked_prefill": True, "max_batched_tokens": 512}
@@ -222,15 +223,44 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("smollm2-ngram", "none", "oracle", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "goodput", {"scheduler": "vllm-v1"}),
             ("smollm2-ngram", "none", "oracle", {}),
-            ("beta:7,3~20", "Llama-68M", "goodput", {})]:
+            ("beta:7,3~20", "Llama-68M", "goodput", {}),
+            ("smollm2-ngram", "none", "goodput/per_request", {"scheduler": "vllm-v1"}),
+            ("beta:7,3~20", "Llama-68M", "goodput/per_request", {})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
         config = SchedulerConfig(**scheduler)
         params = {"k": 4} if policy == "fixed" else {}
         inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, config)
+        if policy == "goodput/per_request":
+            policy, params = "goodput", {"per_request": "true"}
         simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
                  inputs.kv_capacity_tokens, config, ClusterConfig(1, "least-loaded"))
     assert signatures() == warmed
+
+
+def test_the_loops_cache_is_named_by_every_file_they_are_built_from():
+    """numba's cache checks only each function's own file: `kernels.SOURCES` (hashed into the
+    cache's folder name) lists every project module the compiled modules import at their top,
+    their code or their constants, so an edit of any of them compiles the loops anew."""
+    import ast
+    from pathlib import Path
+
+    root = Path(kernels.__file__).resolve().parents[1]
+    compiled = [name for name in kernels.SOURCES if "compiled" in name]
+    assert len(compiled) == 5
+    for name in compiled:
+        for node in ast.parse((root / name).read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in (
+                    "policies", "simulator", "traces"):
+                assert node.module.replace(".", "/") + ".py" in kernels.SOURCES, (name, node.module)
+    names = [kernels.sources_hash()]
+    kernels.SOURCES, saved = kernels.SOURCES[:-1], kernels.SOURCES
+    try:
+        names.append(kernels.sources_hash())
+    finally:
+        kernels.SOURCES = saved
+    assert names[0] != names[1]
+    assert Path(kernels._cache_dir()).name == f"numba-{names[0]}"
 
 
 def test_auto_loads_them_for_long_runs_only(monkeypatch):

@@ -42,6 +42,10 @@ def _state(policy, rid: int) -> tuple:
         return policy._g.get(rid), bits(policy._g_hat.get(rid))
     if isinstance(policy, AdaEDL):
         return bits(policy._lambda.get(rid)), bits(policy._rate.get(rid))
+    if isinstance(policy, Goodput) and policy.per_request:  # (the request's and the batch's)
+        totals = policy._totals_r.get(rid)
+        return (bits(policy._alpha_r.get(rid)), None if totals is None else tuple(totals),
+                policy._plan_r.get(rid), policy._calls, policy._k_new, policy._probing)
     if isinstance(policy, Goodput):  # (the batch's, not the request's)
         return (bits(policy.alpha_hat), tuple(policy._totals), policy._calls, policy._k,
                 policy._probing)
@@ -125,6 +129,18 @@ CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, sc
      8.0, "none", 1, {}),  # (plans of 0, each re-plan probing)
     ("goodput", {"replan_every": "2"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
      {"max_batched_tokens": 24}),
+    ("goodput", {"per_request": "true"}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
+    ("goodput", {"per_request": "true", "replan_every": "3"}, "beta:7,3~20", "azure-conv", 8.0,
+     "Llama-68M", 2, {}),
+    ("goodput", {"per_request": "true", "replan_every": "4", "faithful": "true",
+                 "initial_alpha": "0.3"}, "smollm2-eagle-ngram", "azure-conv", 20.0, "none", 3,
+     {}),
+    ("goodput", {"per_request": "true", "kv_headroom": "1.5", "k_max": "5"}, "beta:7,3~20",
+     "fixed:200,300", 4.0, "none", 1, {"kv_capacity_tokens": 3000}),
+    ("goodput", {"per_request": "true", "k0_bonus": "1.3", "replan_every": "2"},
+     "beta:3.5,6.5~20", "azure-conv", 8.0, "none", 1, {}),
+    ("goodput", {"per_request": "true"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
+     {"max_batched_tokens": 40}),
 ]
 
 
@@ -222,8 +238,8 @@ def test_the_per_step_rules_are_the_policies_python(loops):
 def test_where_the_runs_stand_for_each_policy(loops):
     """Under the plain scheduler the fast path walks them (no runs), but the oracle's and
     goodput's runs take their steps under every scheduler; a subclass, the numpy code, the
-    oracle that knows probabilities or prices a draft model's passes, goodput per request or
-    with another estimate, step."""
+    oracle that knows probabilities or prices a draft model's passes, goodput with another
+    estimate, step."""
     from simulator.step_cost import StepCostModel
 
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
@@ -243,7 +259,8 @@ def test_where_the_runs_stand_for_each_policy(loops):
         assert stepped.prefers_runs(policy)
     assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
-    assert not stepped.steps_at_once(Goodput(per_request=True), cost, None, True, True, 10)
+    for planned in (True, False):
+        assert stepped.steps_at_once(Goodput(per_request=True), cost, None, planned, True, 10)
     assert not stepped.steps_at_once(Goodput(ema_input="step"), cost, None, True, True, 10)
     assert not stepped.steps_at_once(Goodput(), cost, cost, True, True, 10)  # (validate's)
     drafted = SimulationSpec(workload="poisson", rate=8.0, requests=3, lengths="azure-conv",
@@ -263,14 +280,17 @@ def test_where_the_runs_stand_for_each_policy(loops):
     ({"chunked_prefill": True, "max_batched_tokens": 2048}, 1, {}, "none"),
     ({"chunked_prefill": True, "max_batched_tokens": 512}, 2, {"initial_alpha": "0.3"},
      "Llama-68M"),
-    ({"max_num_seqs": 8, "kv_capacity_tokens": 60000}, 1, {"kv_headroom": "3.0"}, "none")])
+    ({"max_num_seqs": 8, "kv_capacity_tokens": 60000}, 1, {"kv_headroom": "3.0"}, "none"),
+    ({}, 1, {"per_request": "true"}, "none"),
+    ({"chunked_prefill": True, "max_batched_tokens": 512}, 2,
+     {"per_request": "true", "replan_every": "3"}, "Llama-68M")])
 def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, loops, settings,
                                                                  replicas, params, draft):
     """goodput's decode steps (no prompt to chunk) under the plain scheduler run at once, each
     verifying the ks chosen before it, instead of its held segments: the same records and
     estimate as every step taken one at a time, with whole prompts and chunked prefill, a
     draft model (its plan priced as `steps_s` prices its ks), admission held by the batch size
-    and a KV cache its headroom reads."""
+    and a KV cache its headroom reads; per request too."""
     from simulator import compiled_walked
 
     loops(True)
