@@ -343,7 +343,8 @@ class Policy:
                            where it folds the stop into the drafter's cap (`stop_positions`).
       compiled_steps       its steps run in compiled loops where they are loaded: the
                            requests from which a run of it repays loading them (0: none
-                           shorter than any policy's, simulator/kernels.py).
+                           shorter than any policy's, simulator/kernels.py); per instance,
+                           `runs_repay_from` (its parameters may change it).
     """
 
     name: ClassVar[str] = ""
@@ -355,6 +356,11 @@ class Policy:
     simulation_only: ClassVar[bool] = False
     walker_stops: ClassVar[bool] = False
     compiled_steps: ClassVar[int] = 0
+
+    def runs_repay_from(self) -> int:
+        """The requests from which a run of this policy, with these parameters, repays loading
+        the compiled loops (`compiled_steps`)."""
+        return self.compiled_steps
 
     @classmethod
     def replaces(cls, name: str, *methods: str) -> bool:

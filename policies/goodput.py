@@ -59,6 +59,10 @@ class Goodput(Policy):
     # a 10,000-request `spectune simulate` of it took 1.83-1.89 s with the loops, 2.31-2.34 s
     # without, about 0.5 s of it their loading)
     compiled_steps: ClassVar[int] = 5_000
+    # (per request its plans cost most in Python, so the loops repay sooner: a `spectune
+    # simulate` of it took 1.30 s with them and 1.44 s without at 500 requests, 1.34 against
+    # 1.07 at 300, 1.37 against 2.26 at 1,000)
+    compiled_steps_per_request: ClassVar[int] = 500
 
     initial_alpha: float = field(default=0.7, metadata={
         "help": "acceptance estimate before anything is observed"})
@@ -118,6 +122,9 @@ class Goodput(Policy):
         self._probing = False  # this call's ks probe k = 0 plans with k = 1 (see `faithful`)
 
     # -- the protocol ------------------------------------------------------------------------
+
+    def runs_repay_from(self) -> int:
+        return self.compiled_steps_per_request if self.per_request else self.compiled_steps
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         b = len(ctx.requests)

@@ -146,7 +146,7 @@ def simulate(
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
     # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
-    repays_from = repays_loading(type(policy),
+    repays_from = repays_loading(policy,
                                  scheduler_class(scheduler.scheduler).plans_whole_step)
     kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)
     started = time.perf_counter()

@@ -533,13 +533,13 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
 PLANNED_REPAYS_FROM = 1_000
 
 
-def repays_loading(kind: type, planned: bool) -> int:
-    """The requests from which a run of a policy of this class repays loading the compiled
-    loops (0: none shorter than any policy's, `simulator/kernels.py`): its own
-    `compiled_steps`, or fewer under vLLM's scheduler (`planned`) for one whose engine steps
-    only the loops take at once there."""
-    own = kind.compiled_steps
-    runner = RUNNERS.get(kind)
+def repays_loading(policy, planned: bool) -> int:
+    """The requests from which a run of this policy repays loading the compiled loops (0: none
+    shorter than any policy's, `simulator/kernels.py`): its own (`Policy.runs_repay_from`),
+    or fewer under vLLM's scheduler (`planned`) for one whose engine steps only the loops take
+    at once there."""
+    own = policy.runs_repay_from()
+    runner = RUNNERS.get(type(policy))
     if planned and runner is not None and runner.planned_only:
         return min(own, PLANNED_REPAYS_FROM) if own else PLANNED_REPAYS_FROM
     return own

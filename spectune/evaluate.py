@@ -320,12 +320,13 @@ class Runner:
 
         if todo and self.executor != "ray":  # the compiled loops, where this batch repays
             # loading them: loaded here, before the workers fork, they inherit them
-            from policies import policy_class
+            from policies import make_policy
             from simulator.scheduler import scheduler_class
             from simulator.stepped import repays_loading
 
             requests = [tasks[i].scenario.requests or 0 for i in todo]
-            repays_from = [repays_loading(policy_class(tasks[i].candidate.policy),
+            repays_from = [repays_loading(make_policy(tasks[i].candidate.policy,
+                                                      tasks[i].candidate.params_dict),
                                           scheduler_class(tasks[i].scheduler.scheduler)
                                           .plans_whole_step) for i in todo]
             # (exact shares: ten runs of 30 auto requests repay loading them, as one of 300)

@@ -292,10 +292,13 @@ def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
     spec = SimulationSpec(workload="poisson", rate=4.0, requests=6, lengths="azure-conv",
                           acceptance="beta:7,3", seed=0)
     inputs = build_inputs(spec, {}, SchedulerConfig())
-    for policy in ("auto", "goodput", "fixed"):
-        simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, {}),
+    for policy, params in (("auto", {}), ("goodput", {}), ("fixed", {}),
+                           ("goodput", {"per_request": "true"})):
+        simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
                  inputs.kv_capacity_tokens, SchedulerConfig(), ClusterConfig(1, "least-loaded"))
-    assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps), (6, 0.0)]
+    assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps), (6, 0.0),
+                     (6, 6 / Goodput.compiled_steps_per_request)]  # (its plans: sooner)
+    assert Goodput.compiled_steps_per_request < Goodput.compiled_steps
 
 
 def test_a_walked_policy_loads_them_for_shorter_runs_under_vllms_scheduler(monkeypatch):
@@ -330,13 +333,15 @@ def test_a_sweep_asks_for_its_batchs_requests_and_those_auto_steps(monkeypatch, 
     asked = []
     monkeypatch.setattr(kernels, "prepare", lambda *args: asked.append(args))
     spec = SimulationSpec(requests=20, workload="azure-conv")
-    tasks = [Task(spec, SchedulerConfig(), Candidate(policy, ()), rate=4.0, seed=0)
-             for policy in ("auto", "fixed", "batch_adaptive", "goodput")]
+    tasks = [Task(spec, SchedulerConfig(), Candidate(policy, params), rate=4.0, seed=0)
+             for policy, params in (("auto", ()), ("fixed", ()), ("batch_adaptive", ()),
+                                    ("goodput", ()), ("goodput", (("per_request", "true"),)))]
     with Runner(tmp_path, jobs=1) as runner:
         runner.run(tasks)
-    # (before its runs, each then asking for its own)
-    assert asked[0] == (80, Fraction(20, Auto.compiled_steps)
-                        + Fraction(20, Goodput.compiled_steps))
+    # (before its runs, each then asking for its own; goodput per request from its own)
+    assert asked[0] == (100, Fraction(20, Auto.compiled_steps)
+                        + Fraction(20, Goodput.compiled_steps)
+                        + Fraction(20, Goodput.compiled_steps_per_request))
     asked.clear()  # (ten runs of 30 auto requests repay loading them, as one of 300)
     spec = SimulationSpec(requests=30, workload="azure-conv")
     with Runner(tmp_path / "ten", jobs=1) as runner:
