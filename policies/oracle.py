@@ -101,10 +101,16 @@ class Oracle(Policy):
         return _OracleWalk(run, min(self.k_max, k_max))
 
     def request_states(self, request_ids: Sequence[int], k_max: int) -> RequestStates:
-        """knows=outcomes, for compiled engine steps (`RequestStates`): no state (it knows the
-        outcomes), knob its bound min(k_max, the engine's)."""
-        return RequestStates("oracle", _NO_INTS, _NO_FLOATS, _NO_FLOATS,
-                             np.array([min(self.k_max, k_max)], dtype=np.int64), _NO_FLOATS)
+        """For compiled engine steps (`RequestStates`): no state (it knows the outcomes, or
+        the probabilities), knobs its bound min(k_max, the engine's); knowing probabilities,
+        then the width of a row of `_grid`'s table and the table, up to this batch's most
+        drafts (row n: how many counts `_grid(n)` tries, then them)."""
+        bound = min(self.k_max, k_max)
+        if self.knows == "outcomes":
+            return RequestStates("oracle", _NO_INTS, _NO_FLOATS, _NO_FLOATS,
+                                 np.array([bound], dtype=np.int64), _NO_FLOATS)
+        return RequestStates("oracle_calibrated", _NO_INTS, _NO_FLOATS, _NO_FLOATS,
+                             _grid_knobs(bound, len(request_ids) * bound), _NO_FLOATS)
 
     def keep_states(self, request_ids: Sequence[int], states: RequestStates,
                     touched: np.ndarray) -> None:
@@ -173,6 +179,26 @@ class Oracle(Policy):
         low, high = grid[k][max(at - 1, 0)], grid[k][min(at + 1, len(grid[k]) - 1)]
         k, d = best_of([(k, x) for x in range(low, high + 1)])
         return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
+
+
+_knobs = np.zeros(0, dtype=np.int64)  # `_grid_knobs`' last, its table's rows kept
+
+
+def _grid_knobs(bound: int, most: int) -> np.ndarray:
+    """The bound, a row's width and `_grid`'s table for 0..at least `most` drafts (grown by
+    doubling, kept for the process), as the compiled oracle reads them."""
+    global _knobs
+    width = GRID + 2
+    if len(_knobs) < 2 + (most + 1) * width:
+        rows = max(most + 1, 2 * ((len(_knobs) - 2) // width), 64)
+        table = np.full((rows, width), -1, dtype=np.int64)
+        for n in range(rows):
+            grid = _grid(n)
+            table[n, 0] = len(grid)
+            table[n, 1:1 + len(grid)] = grid
+        _knobs = np.concatenate(([0, width], table.ravel()))
+    _knobs[0] = bound
+    return _knobs
 
 
 @lru_cache(maxsize=4096)

@@ -37,6 +37,7 @@ from simulator.compiled_goodput import (
     per_request_ks,
     per_request_observe,
 )
+from simulator.compiled_oracle import calibrated_ks
 from simulator.compiled_steps import (
     ARRIVAL,
     FINISHED,
@@ -50,10 +51,11 @@ from simulator.compiled_steps import (
 )
 
 #: the policies these steps stand for (`walked_steps`' `kind`)
-HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT, GOODPUT_PER_REQUEST = range(6)
+HEURISTIC, GAMMATUNE, ADAEDL, ORACLE, GOODPUT, GOODPUT_PER_REQUEST, ORACLE_CALIBRATED = range(7)
 #: ... by the names their `RequestStates` give
 KINDS = {"heuristic": HEURISTIC, "gammatune": GAMMATUNE, "adaedl": ADAEDL, "oracle": ORACLE,
-         "goodput": GOODPUT, "goodput_per_request": GOODPUT_PER_REQUEST}
+         "goodput": GOODPUT, "goodput_per_request": GOODPUT_PER_REQUEST,
+         "oracle_calibrated": ORACLE_CALIBRATED}
 
 
 @njit(cache=True)
@@ -109,10 +111,15 @@ def _oracle_ks(ks, prompt, gen, output, run, at, bound: int, target, overhead: f
 
 @njit(cache=True)
 def _choose(kind: int, ks, state, level, knobs, weights, k_max: int, prompt, gen, output, run,
-            at, kv_capacity: int, target, overhead: float, draft_model: bool, draft) -> None:
+            at, cap, capped: bool, values, kv_capacity: int, target, overhead: float,
+            draft_model: bool, draft) -> None:
     """Each request's k as the policy's `choose` gives it (in `ks`; goodput's state moved)."""
     if kind == ORACLE:
         _oracle_ks(ks, prompt, gen, output, run, at, knobs[0], target, overhead)
+        return
+    if kind == ORACLE_CALIBRATED:  # (`values`: each position's chance of acceptance)
+        calibrated_ks(ks, prompt, gen, output, at, values, cap, capped, knobs, target, overhead,
+                      draft_model, draft)
         return
     if kind == GOODPUT:
         _goodput_ks(ks, state, level, knobs, weights, k_max, prompt, gen, kv_capacity, target,
@@ -165,7 +172,7 @@ def _propose(kind: int, ks, spec, gen, output, emits, at, cap, capped: bool, ent
 
 
 @njit(cache=True, error_model="numpy")  # a zero time divides as numpy does (inf), no error
-def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, capped: bool,
+def walked_steps(kind: int, prompt, output, generated, at, run, cap, values, capped: bool,
                  state, level, rate, knobs, weights, k_max: int, kv_capacity: int, target,
                  overhead: float, start: float, horizon: float, max_steps: int,
                  draft_model: bool, draft, feeds, rule: int, planned: bool, spec, blocks,
@@ -173,8 +180,9 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
                  drafted_by, touched):
     """Up to `max_steps` engine steps of the b requests (`prompt`, `output` tokens; `generated`
     so far, moved in place) under `kind`'s policy, as `Replica._planned_iteration` takes a
-    steady batch's. Request r's accepted runs, drafter caps (`capped`) and draft entropies at
-    its position g are run/cap/entropy[at[r] + g] (`TraceStore`).
+    steady batch's. Request r's accepted runs, drafter caps (`capped`) and the policy's signal
+    at its position g (adaedl: the draft's entropy; the oracle knowing probabilities: the
+    chance of acceptance) are run/cap/values[at[r] + g] (`TraceStore`).
 
     Each request's state moves in place: heuristic's k (`state`); gammatune's g (`state`) and
     g_hat (`level`); adaedl's lambda (`level`) and acceptance rate (`rate`); the oracle has none;
@@ -182,7 +190,8 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
     request the batch's and each request's (`state`: R_CALLS .. R_REPLANNED, then R_FIELDS per
     request; `level`: each request's estimate). The policy's
     integer parameters are `knobs` (heuristic: grow, shrink, ceiling; gammatune: delta, g_min,
-    g_max; adaedl: its depth, which is min(max_k, k_max); the oracle: its bound; goodput:
+    g_max; adaedl: its depth, which is min(max_k, k_max); the oracle: its bound, and knowing
+    probabilities its grids after it (`Oracle.request_states`); goodput:
     replan_every, its k cap, faithful) and its others `weights` (gammatune: eta, the ceiling's
     tolerance; adaedl: gamma, beta1, beta2, epsilon, target acceptance; goodput: ema_keep,
     k0_bonus, kv_headroom). `touched[r]` gains 1 where request r drafted and 2 where a draft
@@ -220,9 +229,9 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
             kv_at[n] = (total_blocks - free) * block_size
         # choose (the state after the last step), then the step's time
         _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
-                kv_capacity, target, overhead, draft_model, draft)
+                cap, capped, values, kv_capacity, target, overhead, draft_model, draft)
         if not planned:  # (the plain scheduler's step verifies them, cut at its positions)
-            _propose(kind, ks, spec, gen, output, going, at, cap, capped, entropy, level,
+            _propose(kind, ks, spec, gen, output, going, at, cap, capped, values, level,
                      weights[0] if kind == ADAEDL else 0.0)
         cached_sum = 0
         for r in range(b):
@@ -262,7 +271,7 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
         emitted_at[n] = emitted_total
         n += 1
         if planned:  # the drafts proposed at its end, for the next step
-            _propose(kind, ks, spec, gen, output, emits, at, cap, capped, entropy, level,
+            _propose(kind, ks, spec, gen, output, emits, at, cap, capped, values, level,
                      weights[0] if kind == ADAEDL else 0.0)
         if finished:
             why = FINISHED
@@ -274,7 +283,7 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, entropy, ca
 
 
 @njit(cache=True)
-def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, capped: bool,
+def walked_propose(kind: int, prompt, output, generated, at, run, cap, values, capped: bool,
                    state, level, rate, knobs, weights, k_max: int, kv_capacity: int, target,
                    overhead: float, draft_model: bool, draft, spec, emitted, decoding,
                    touched) -> None:
@@ -287,8 +296,8 @@ def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, 
     b = output.shape[0]
     ks = np.empty(b, dtype=np.int64)
     gen = generated  # (moved in place)
-    _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at,
-            kv_capacity, target, overhead, draft_model, draft)
+    _choose(kind, ks, state, level, knobs, weights, k_max, prompt, gen, output, run, at, cap,
+            capped, values, kv_capacity, target, overhead, draft_model, draft)
     for r in range(b):
         k = spec[r]
         if decoding[r] and k > 0:
@@ -296,22 +305,24 @@ def walked_propose(kind: int, prompt, output, generated, at, run, cap, entropy, 
         gen[r] += emitted[r]
     if kind == GOODPUT:
         _goodput_observe(spec, emitted, decoding, state, level, weights[0])
-    _propose(kind, ks, spec, gen, output, emitted, at, cap, capped, entropy, level,
+    _propose(kind, ks, spec, gen, output, emitted, at, cap, capped, values, level,
              weights[0] if kind == ADAEDL else 0.0)
 
 
 def warm() -> None:
     """Call the loops once on the types the runners give them (numba's one-time load)."""
+    from policies.oracle import _grid_knobs
     from simulator.run_records import RECORDS
 
     ints = np.ones(2, dtype=np.int64)
     target = (1.0, 1.0, 1.0, 1.0, 1.0, False, 0.0, 0.0)  # (a role's pass numbers, as given)
-    knobs = np.array([2, 1, 1], dtype=np.int64)
     weights = np.array([0.3, 1e-9, 0.5, 0.9, 0.01])
     trace = np.ones(16, dtype=np.int64)
+    grids = _grid_knobs(2, 8)  # (the calibrated oracle's bound and grids)
     for kind in KINDS.values():
         # (as long as goodput's state, and each request's for two)
         state, level, rate = np.full(16, 3, dtype=np.int64), np.full(6, 0.5), np.zeros(6)
+        knobs = grids if kind == ORACLE_CALIBRATED else np.array([2, 1, 1], dtype=np.int64)
         for draft_model in (False, True):
             for planned in (True, False):
                 walked_steps(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,

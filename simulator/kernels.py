@@ -39,8 +39,9 @@ AUTO_REQUESTS = 20_000
 #: reads from others: after an edit of one of these, a loop calling into it would run its old
 #: code from the cache. So the cache lives in a folder named by their hash (`_cache_dir`).
 SOURCES = ("policies/compiled.py", "policies/goodput.py", "simulator/compiled.py",
-           "simulator/compiled_goodput.py", "simulator/compiled_steps.py",
-           "simulator/compiled_walked.py", "simulator/run_records.py")
+           "simulator/compiled_goodput.py", "simulator/compiled_oracle.py",
+           "simulator/compiled_steps.py", "simulator/compiled_walked.py",
+           "simulator/run_records.py")
 
 _loaded: ModuleType | None = None  # simulator.compiled, once imported
 _policy_loops: ModuleType | None = None  # policies.compiled, loaded with it

@@ -248,6 +248,8 @@ class Replica:
         #: the trace's signals a step reads per request: the policy's, and its stop rule's
         self._signal_names = tuple(sorted(kind.signals if self.folds_stop
                                           else signals_needed(policy)))
+        if self.traces is not None and self.traces.signal not in ("", *self._signal_names):
+            self._signal_names += (self.traces.signal,)  # (what the runs read: its store's)
         self._idle: simpy.Event | None = None
         self._ks_for: tuple[int, ...] | None = None  # _planned_segment: the ids `_ks` is for
         self._ks_at = -1  # _decode_segment: the scheduler's `changes` that `_ks` was asked at

@@ -157,8 +157,8 @@ class Runner:
 
     applies: Callable[[object, int], bool]
     run: Callable[..., StepsRun]
-    signal: str
-    draft_model: bool = False  # it runs with a draft model's chain too
+    signal: str | Callable[[object], str]  # (or the policy's: a function of it)
+    draft_model: bool | Callable[[object], bool] = False  # it runs with a draft model's chain too
     planned: bool = False  # it runs vLLM V1's engine steps too (`Room`)
     planned_only: bool = False  # ... and those alone
     #: where it stands for the policy, a replica takes its runs rather than the fast path's
@@ -480,8 +480,10 @@ def _weight_table(decay: float, width: int) -> tuple[np.ndarray, np.ndarray]:
 #: policies under vLLM's scheduler alone (the plain scheduler's fast path walks them), with or
 #: without a draft model (adaedl's stop reads the draft entropies; gammatune_plus's is folded
 #: into the drafter's caps); goodput (batch-uniform, its censored estimate; with or without a
-#: draft model) and the oracle (knows=outcomes, model-free) under every scheduler (a replica
-#: then takes their runs, not held segments or checked walks: `preferred`)
+#: draft model, or per request) and the oracle (knows=outcomes model-free; knows=probabilities
+#: with or without a draft model, its trace's chances of acceptance kept in the store) under
+#: every scheduler (a replica then takes their runs, not held segments or checked walks:
+#: `preferred`)
 RUNNERS: dict[type, Runner] = {
     Auto: Runner(lambda policy, k_max: min(policy.k_max, k_max) > 0, _run_auto, "draft_top1",
                  draft_model=True, planned=True, choose=_choose_auto, verify=_verify_auto,
@@ -493,8 +495,10 @@ RUNNERS: dict[type, Runner] = {
                     propose=_propose_walked)
        for kind, signal in ((Heuristic, ""), (GammaTune, ""), (GammaTunePlus, ""),
                             (AdaEDL, "draft_entropy"))},
-    Oracle: Runner(lambda policy, k_max: policy.knows == "outcomes", _run_walked, "",
-                   planned=True, preferred=True, propose=_propose_walked),
+    Oracle: Runner(lambda policy, k_max: True, _run_walked,
+                   lambda policy: "" if policy.knows == "outcomes" else "accept_prob",
+                   draft_model=lambda policy: policy.knows == "probabilities", planned=True,
+                   preferred=True, propose=_propose_walked),
     Goodput: Runner(lambda policy, k_max: policy.ema_input == "censored", _run_walked, "",
                     draft_model=True,
                     planned=True, preferred=True, propose=_propose_walked),
@@ -522,7 +526,9 @@ def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
     # a draft model's chain, each step and each alternative priced by its passes (auto's
     # alternatives as `StepCostModel.steps_s` prices them with the compiled loops)
     latency = cost.latency
-    return (runner.draft_model and cost.draft_tree is None and roofline["draft"] is not None
+    draft_model = (runner.draft_model(policy) if callable(runner.draft_model)
+                   else runner.draft_model)
+    return (draft_model and cost.draft_tree is None and roofline["draft"] is not None
             and latency.arrays_match_scalars and latency.batch_pricing)
 
 
@@ -555,7 +561,8 @@ def prefers_runs(policy) -> bool:
 def trace_store(policy, capped: bool) -> TraceStore:
     """The store a replica keeps its requests' traces in for this policy's runs (`capped`: the
     drafter's caps bind)."""
-    return TraceStore(RUNNERS[type(policy)].signal, capped)
+    signal = RUNNERS[type(policy)].signal
+    return TraceStore(signal(policy) if callable(signal) else signal, capped)
 
 
 def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,

@@ -195,12 +195,12 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
     from spectune.simulate import SimulationSpec, build_inputs
 
     simulator_loops = loops(True)
-    from simulator import compiled_goodput, compiled_steps, compiled_walked
+    from simulator import compiled_goodput, compiled_oracle, compiled_steps, compiled_walked
 
     def signatures():
         return {name: len(loop.signatures)
                 for module in (simulator_loops, policy_loops, compiled_steps, compiled_walked,
-                               compiled_goodput)
+                               compiled_goodput, compiled_oracle)
                 for name, loop in vars(module).items() if isinstance(loop, CPUDispatcher)}
     warmed = signatures()
     chunked = {"chunked_prefill": True, "max_batched_tokens": 512}
@@ -225,14 +225,18 @@ def test_loading_compiles_every_specialisation_a_run_calls(loops):
             ("smollm2-ngram", "none", "oracle", {}),
             ("beta:7,3~20", "Llama-68M", "goodput", {}),
             ("smollm2-ngram", "none", "goodput/per_request", {"scheduler": "vllm-v1"}),
-            ("beta:7,3~20", "Llama-68M", "goodput/per_request", {})]:
+            ("beta:7,3~20", "Llama-68M", "goodput/per_request", {}),
+            ("beta:7,3~20", "none", "oracle/probabilities", {}),
+            ("beta:7,3~20", "Llama-68M", "oracle/probabilities", {"scheduler": "vllm-v1"})]:
         spec = SimulationSpec(workload="poisson", rate=12.0, requests=60, lengths="azure-conv",
                               acceptance=acceptance, seed=1, draft=draft)
         config = SchedulerConfig(**scheduler)
         params = {"k": 4} if policy == "fixed" else {}
         inputs = build_inputs(spec, {key: str(v) for key, v in params.items()}, config)
-        if policy == "goodput/per_request":
-            policy, params = "goodput", {"per_request": "true"}
+        if "/" in policy:
+            policy, params = {"goodput/per_request": ("goodput", {"per_request": "true"}),
+                              "oracle/probabilities": ("oracle", {"knows": "probabilities"})
+                              }[policy]
         simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
                  inputs.kv_capacity_tokens, config, ClusterConfig(1, "least-loaded"))
     assert signatures() == warmed
@@ -247,7 +251,7 @@ def test_the_loops_cache_is_named_by_every_file_they_are_built_from():
 
     root = Path(kernels.__file__).resolve().parents[1]
     compiled = [name for name in kernels.SOURCES if "compiled" in name]
-    assert len(compiled) == 5
+    assert len(compiled) == 6
     for name in compiled:
         for node in ast.parse((root / name).read_text()).body:
             if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in (

@@ -129,6 +129,13 @@ CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, sc
      8.0, "none", 1, {}),  # (plans of 0, each re-plan probing)
     ("goodput", {"replan_every": "2"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
      {"max_batched_tokens": 24}),
+    ("oracle", {"knows": "probabilities"}, "beta:7,3~20", "azure-conv", 12.0, "none", 1, {}),
+    ("oracle", {"knows": "probabilities", "k_max": "6"}, "beta:3.5,6.5~20", "azure-conv", 8.0,
+     "Llama-68M", 2, {}),
+    ("oracle", {"knows": "probabilities"}, "beta:7,3~20", "fixed:200,300", 4.0, "none", 1,
+     {"kv_capacity_tokens": 3000}),
+    ("oracle", {"knows": "probabilities"}, "beta:7,3~20", "fixed:20,300", 3.0, "none", 1,
+     {"max_batched_tokens": 40}),
     ("goodput", {"per_request": "true"}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
     ("goodput", {"per_request": "true", "replan_every": "3"}, "beta:7,3~20", "azure-conv", 8.0,
      "Llama-68M", 2, {}),
@@ -238,7 +245,7 @@ def test_the_per_step_rules_are_the_policies_python(loops):
 def test_where_the_runs_stand_for_each_policy(loops):
     """Under the plain scheduler the fast path walks them (no runs), but the oracle's and
     goodput's runs take their steps under every scheduler; a subclass, the numpy code, the
-    oracle that knows probabilities or prices a draft model's passes, goodput with another
+    oracle that knows outcomes and prices a draft model's passes, goodput with another
     estimate, step."""
     from simulator.step_cost import StepCostModel
 
@@ -258,7 +265,11 @@ def test_where_the_runs_stand_for_each_policy(loops):
             assert stepped.steps_at_once(policy, cost, None, planned, True, 10)
         assert stepped.prefers_runs(policy)
     assert not stepped.steps_at_once(Mine(), cost, None, True, True, 10)
-    assert not stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, True, True, 10)
+    for planned in (True, False):  # (knowing probabilities: from its store's chances)
+        assert stepped.steps_at_once(Oracle(knows="probabilities"), cost, None, planned, True,
+                                     10)
+    assert stepped.trace_store(Oracle(knows="probabilities"), False).signal == "accept_prob"
+    assert stepped.trace_store(Oracle(), False).signal == ""
     for planned in (True, False):
         assert stepped.steps_at_once(Goodput(per_request=True), cost, None, planned, True, 10)
     assert not stepped.steps_at_once(Goodput(ema_input="step"), cost, None, True, True, 10)
@@ -269,6 +280,7 @@ def test_where_the_runs_stand_for_each_policy(loops):
                                speculating=True)
     assert stepped.steps_at_once(Heuristic(), with_model, None, True, True, 10)
     assert not stepped.steps_at_once(Oracle(), with_model, None, True, True, 10)
+    assert stepped.steps_at_once(Oracle(knows="probabilities"), with_model, None, True, True, 10)
     assert stepped.steps_at_once(Goodput(), with_model, None, True, True, 10)
     loops(False)
     assert not stepped.steps_at_once(Heuristic(), cost, None, True, True, 10)
@@ -361,5 +373,36 @@ def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch,
     assert fast.meta["steps_at_once"] and not fast.meta["fast_path"]
     assert sum(steps) > len(fast.steps) / 2
     assert any(capped) == (hardware == "A100")
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+@pytest.mark.parametrize("acceptance,settings,draft", [
+    ("beta:7,3~20", {}, "none"), ("iid:0.6", {}, "Llama-68M"),
+    ("beta:3.5,6.5~20", {"chunked_prefill": True, "max_batched_tokens": 1024}, "none")])
+def test_the_calibrated_oracles_decode_steps_in_runs_under_the_plain_scheduler(
+        monkeypatch, loops, acceptance, settings, draft):
+    """The oracle that knows probabilities: its decode steps under the plain scheduler run at
+    once (each step's draft counts ranked and priced compiled, with a draft model's passes
+    too), the step path's records to the bit."""
+    from simulator import compiled_walked
+
+    loops(True)
+    steps = []
+    kernel = compiled_walked.walked_steps
+
+    def counted(*args):
+        result = kernel(*args)
+        steps.append(result[1])
+        return result
+    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    spec = SimulationSpec(workload="poisson", rate=12.0, requests=120, lengths="azure-conv",
+                          acceptance=acceptance, draft=draft, seed=4)
+    scheduler = SchedulerConfig(**settings)
+    params = {"knows": "probabilities"}
+    fast = _run(spec, scheduler, "oracle", params, 1)
+    slow = _run(spec, scheduler, "oracle", params, 1, fast_path=False)
+    assert fast.meta["steps_at_once"] and sum(steps) > len(fast.steps) / 2
+    assert fast.steps["max_k"].nunique() > 3  # (the counts vary step by step)
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
