@@ -309,6 +309,44 @@ def walked_propose(kind: int, prompt, output, generated, at, run, cap, values, c
              weights[0] if kind == ADAEDL else 0.0)
 
 
+@njit(cache=True)
+def walked_choose(kind: int, prompt, output, generated, at, run, cap, values, capped: bool,
+                  state, level, knobs, weights, k_max: int, kv_capacity: int, target,
+                  overhead: float, draft_model: bool, draft, spec) -> None:
+    """A step taken one at a time (with prompt chunks) under the plain scheduler: the policy's
+    `choose` (its state moved), cut by the drafter's cap at each request's position, into
+    `spec` (as `Replica._choose`)."""
+    b = output.shape[0]
+    ks = np.empty(b, dtype=np.int64)
+    _choose(kind, ks, state, level, knobs, weights, k_max, prompt, generated, output, run, at,
+            cap, capped, values, kv_capacity, target, overhead, draft_model, draft)
+    _propose(kind, ks, spec, generated, output, np.ones(b, dtype=np.int64), at, cap, capped,
+             values, level, weights[0] if kind == ADAEDL else 0.0)
+
+
+@njit(cache=True)
+def walked_verify(kind: int, output, generated, at, run, spec, state, level, rate, knobs,
+                  weights, emits, touched) -> None:
+    """That step's verification and the policy's `observe` of it (`Replica._apply_decode`):
+    each request's tokens emitted into `emits`, `generated` moved in place (states and
+    `touched` as `walked_steps`')."""
+    b = output.shape[0]
+    for r in range(b):
+        g, k = generated[r], spec[r]
+        accepted = 0
+        if k:
+            i = at[r] + g
+            accepted = k if k <= run[i] else run[i]
+        left = output[r] - g
+        emit = accepted + 1 if accepted < left else left
+        generated[r] = g + emit
+        emits[r] = emit
+        if k > 0:
+            _observe(kind, r, k, emit - 1, state, level, rate, knobs, weights, touched)
+    if kind == GOODPUT:
+        _goodput_observe(spec, emits, np.ones(b, dtype=np.bool_), state, level, weights[0])
+
+
 def warm() -> None:
     """Call the loops once on the types the runners give them (numba's one-time load)."""
     from policies.oracle import _grid_knobs
@@ -334,3 +372,8 @@ def warm() -> None:
                            np.ones(16), True, state, level, rate, knobs, weights, 4, 1000,
                            target, 0.0, draft_model, target, ints.copy(), ints.copy(),
                            np.ones(2, dtype=np.bool_), ints * 0)
+            walked_choose(kind, ints * 4, ints * 8, ints.copy(), ints * 0, trace, trace,
+                          np.ones(16), True, state, level, knobs, weights, 4, 1000, target,
+                          0.0, draft_model, target, ints.copy())
+        walked_verify(kind, ints * 8, ints.copy(), ints * 0, trace, ints.copy(), state, level,
+                      rate, knobs, weights, ints.copy(), ints * 0)

@@ -497,7 +497,8 @@ class Replica:
     def _choose(self, batch: list[RequestState]) -> list[int]:
         if self.chooses_once:  # (the same ks, compiled: simulator/stepped.py)
             self._stop_rows = None
-            return choose_once(self.policy, batch, self.traces, self.config.k_max, self.cost)
+            return choose_once(self.policy, batch, self.traces, self.config.k_max, self.cost,
+                               self.scheduler.kv_tokens)
         return self._cut_to_cap(batch, self._choose_uncapped(batch))
 
     def _cut_to_cap(self, batch: list[RequestState], ks: list[int]) -> list[int]:

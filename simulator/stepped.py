@@ -288,7 +288,8 @@ def _run_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost, start: f
     return done
 
 
-def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost) -> list[int]:
+def _choose_auto(policy: Auto, batch, store: TraceStore, k_max: int, cost,
+                 kv_capacity_tokens: int = 0) -> list[int]:
     """One step's ks under auto, compiled (`auto_steps`' CHOOSE): what `choose`, its draft
     stop and the drafter's cap give a step taken one at a time (one with prompt chunks); the
     policy's state is unchanged, and its last plan forgotten."""
@@ -458,6 +459,46 @@ def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: 
     return proposals.tolist()
 
 
+def _choose_walked(policy, batch, store: TraceStore, k_max: int, cost,
+                   kv_capacity_tokens: int) -> list[int]:
+    """`_choose_auto` for goodput or the oracle (`compiled_walked.walked_choose`): the ks of a
+    step taken one at a time under the plain scheduler, the policy's state moved as `choose`
+    moves it (goodput's calls and plans)."""
+    from simulator import compiled_walked
+
+    ids = [request.request_id for request in batch]
+    states = policy.request_states(ids, k_max)
+    prompt, output, generated, at = _batch(batch)
+    draft_model, draft, _, _ = _draft_model(cost, batch)
+    ks = np.empty(len(batch), dtype=np.int64)
+    compiled_walked.walked_choose(
+        compiled_walked.KINDS[states.kind], prompt, output, generated, at, store.run,
+        store.cap, store.values, store.capped, states.state, states.level, states.knobs,
+        states.weights, k_max, kv_capacity_tokens, *_pricing(cost, len(batch)), draft_model,
+        draft, ks)
+    policy.keep_states(ids, states, np.zeros(len(batch), dtype=np.int64))
+    return ks.tolist()
+
+
+def _verify_walked(policy, batch, store: TraceStore, ks: list[int], k_max: int, cost
+                   ) -> list[int]:
+    """`_verify_auto` for goodput or the oracle (`compiled_walked.walked_verify`): each
+    request's tokens emitted, the policy's `observe` of them made."""
+    from simulator import compiled_walked
+
+    ids = [request.request_id for request in batch]
+    states = policy.request_states(ids, k_max)
+    _, output, generated, at = _batch(batch)
+    emits = np.empty(len(batch), dtype=np.int64)
+    touched = np.zeros(len(batch), dtype=np.int64)
+    compiled_walked.walked_verify(
+        compiled_walked.KINDS[states.kind], output, generated, at, store.run,
+        np.array(ks, dtype=np.int64), states.state, states.level, states.rate, states.knobs,
+        states.weights, emits, touched)
+    policy.keep_states(ids, states, touched)
+    return emits.tolist()
+
+
 _tables: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
@@ -498,10 +539,11 @@ RUNNERS: dict[type, Runner] = {
     Oracle: Runner(lambda policy, k_max: True, _run_walked,
                    lambda policy: "" if policy.knows == "outcomes" else "accept_prob",
                    draft_model=lambda policy: policy.knows == "probabilities", planned=True,
-                   preferred=True, propose=_propose_walked),
+                   preferred=True, choose=_choose_walked, verify=_verify_walked,
+                   propose=_propose_walked),
     Goodput: Runner(lambda policy, k_max: policy.ema_input == "censored", _run_walked, "",
-                    draft_model=True,
-                    planned=True, preferred=True, propose=_propose_walked),
+                    draft_model=True, planned=True, preferred=True, choose=_choose_walked,
+                    verify=_verify_walked, propose=_propose_walked),
 }
 
 
@@ -585,10 +627,12 @@ def chooses_once(policy) -> bool:
     return runner.choose is not None and runner.verify is not None
 
 
-def choose_once(policy, batch, store: TraceStore, k_max: int, cost) -> list[int]:
+def choose_once(policy, batch, store: TraceStore, k_max: int, cost,
+                kv_capacity_tokens: int) -> list[int]:
     """The ks of one step taken one at a time (a step with prompt chunks), compiled, as the
-    policy's `choose`, its draft stop and the drafter's cap give them (`chooses_once`)."""
-    return RUNNERS[type(policy)].choose(policy, batch, store, k_max, cost)
+    policy's `choose`, its draft stop and the drafter's cap give them (`chooses_once`;
+    `kv_capacity_tokens`: the KV cache its context reads)."""
+    return RUNNERS[type(policy)].choose(policy, batch, store, k_max, cost, kv_capacity_tokens)
 
 
 def verify_once(policy, batch, store: TraceStore, ks: list[int], k_max: int,

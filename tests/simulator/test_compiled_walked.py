@@ -302,18 +302,24 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
     verifying the ks chosen before it, instead of its held segments: the same records and
     estimate as every step taken one at a time, with whole prompts and chunked prefill, a
     draft model (its plan priced as `steps_s` prices its ks), admission held by the batch size
-    and a KV cache its headroom reads; per request too."""
+    and a KV cache its headroom reads; per request too. Under chunked prefill its steps with
+    prompt chunks choose and verify compiled (`walked_choose`, `walked_verify`)."""
     from simulator import compiled_walked
 
     loops(True)
-    ends = []
-    kernel = compiled_walked.walked_steps
+    ends, chosen = [], []
+    kernel, choose = compiled_walked.walked_steps, compiled_walked.walked_choose
 
     def counted(*args):
         result = kernel(*args)
         ends.append(result[1])
         return result
+
+    def counted_choose(*args):
+        chosen.append(1)
+        return choose(*args)
     monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    monkeypatch.setattr(compiled_walked, "walked_choose", counted_choose)
     spec = SimulationSpec(workload="poisson", rate=12.0, requests=150, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft=draft, seed=4)
     scheduler = SchedulerConfig(**settings)
@@ -329,6 +335,8 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
     steps = sum(ends)
     slow = run(False)
     assert fast.meta["steps_at_once"] and steps > len(fast.steps) / 2
+    # (under chunked prefill its steps with prompt chunks choose and verify compiled)
+    assert bool(chosen) == bool(settings.get("chunked_prefill"))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     assert _state(policies[0], 0) == _state(policies[1], 0)
