@@ -51,27 +51,32 @@ def _best_count(depth: int, lo: int, hi: int, grid, grid_size: int, ranked_rows,
                 held, cached_total: int, b: int, target, overhead: float, draft_model: bool,
                 draft, best_rate: float, best: tuple) -> tuple:
     """`best_of`'s tries at one depth (the grid's `grid_size` counts, or every count lo..hi
-    where `grid_size` < 0): each one's ks (each request's count among the first d ranked),
-    priced as `steps_s` prices them; the first with more expected tokens per second than
-    `best_rate` beats `best` ((depth, count))."""
+    where `grid_size` < 0, in increasing order): each one's ks (each request's count among the
+    first d ranked), priced as `steps_s` prices them; the first with more expected tokens per
+    second than `best_rate` beats `best` ((depth, count)). The ks and causal pairs grow draft
+    by draft from 0: a request's k + 1st draft adds c + k + 2 pairs ((k + 2)(k + 3) / 2 less
+    (k + 1)(k + 2) / 2), the same integers as summing each try's."""
     tries = grid_size if grid_size >= 0 else hi - lo + 1
-    rows = np.zeros((tries, b), dtype=np.int64)
+    rows = np.zeros((tries if draft_model else 0, b), dtype=np.int64)
     counts = np.empty(tries, dtype=np.int64)
+    times = np.empty(tries)
+    ks = np.zeros(b, dtype=np.int64)
+    pairs = cached_total + b  # every k = 0: (0 + 1) c + 1 each
+    d = 0
     for t in range(tries):
-        d = grid[t] if grid_size >= 0 else lo + t
+        want = grid[t] if grid_size >= 0 else lo + t
+        while d < want:
+            r = ranked_rows[d]
+            pairs += held[r] + ks[r] + 2
+            ks[r] += 1
+            d += 1
         counts[t] = d
-        for x in range(d):
-            rows[t, ranked_rows[x]] += 1
+        if draft_model:
+            rows[t] = ks
+        else:
+            times[t] = _step_s(cached_total, d, pairs, b, target, overhead)
     if draft_model:
         times = alternatives_times(rows, held, target, draft, overhead)
-    else:
-        times = np.empty(tries)
-        for t in range(tries):
-            pairs = 0
-            for r in range(b):
-                k = rows[t, r]
-                pairs += (k + 1) * held[r] + (k + 1) * (k + 2) // 2
-            times[t] = _step_s(cached_total, counts[t], pairs, b, target, overhead)
     for t in range(tries):
         rate = (b + ranked_worths[counts[t]]) / times[t]
         if rate > best_rate:
