@@ -13,13 +13,13 @@ to the first step its schedule() would plan otherwise. Where it cannot (`steps_a
 subclass, no fast path, a draft tree, a latency model other than the roofline, an idle
 proposer, numba not loaded, no depth to draft to; for auto, goodput and the oracle a policy
 cost model of its own; for kld_variance a draft model or a history over 128; for the oracle
-one that knows probabilities, or a draft model; goodput per request) the replica steps as
-before. `RUNNERS` says
-which policies have such a loop; each runner gathers the batch's numbers and the policy's
-state for it, the requests' traces being kept in a `TraceStore` from submit to finish. The
-steps taken one at a time have the policy's part compiled too: auto's with prompt chunks
-under chunked prefill (`choose_once`, `verify_once`), and every runner's engine steps with
-prompt chunks under vLLM's scheduler (`propose_once`).
+that knows outcomes a draft model; goodput with an estimate other than the censored one) the
+replica steps as before. `RUNNERS` says which policies have such a loop; each runner gathers
+the batch's numbers and the policy's state for it, the requests' traces being kept in a
+`TraceStore` from submit to finish. The steps taken one at a time have the policy's part
+compiled too: auto's, goodput's and the oracle's with prompt chunks under chunked prefill
+(`choose_once`, `verify_once`), and every runner's engine steps with prompt chunks under
+vLLM's scheduler (`propose_once`).
 
 The loops write their records into buffers kept here (`_buffers`), one set for the process:
 each call's are read before the next call of the loops (simulations run one at a time in a
