@@ -124,6 +124,8 @@ class Goodput(Policy):
     # -- the protocol ------------------------------------------------------------------------
 
     def runs_repay_from(self) -> int:
+        if self.ema_input != "censored":  # (its steps run as before: nothing to repay)
+            return 0
         return self.compiled_steps_per_request if self.per_request else self.compiled_steps
 
     def choose(self, ctx: StepContext) -> Sequence[int]:

@@ -181,24 +181,27 @@ class Oracle(Policy):
         return np.bincount(ranked[k - 1][0][:d], minlength=b).tolist()
 
 
-_knobs = np.zeros(0, dtype=np.int64)  # `_grid_knobs`' last, its table's rows kept
+_table = np.zeros(0, dtype=np.int64)  # `_grid_knobs`' table, its rows kept for the process
 
 
 def _grid_knobs(bound: int, most: int) -> np.ndarray:
-    """The bound, a row's width and `_grid`'s table for 0..at least `most` drafts (grown by
-    doubling, kept for the process), as the compiled oracle reads them."""
-    global _knobs
+    """The bound, a row's width and `_grid`'s table for 0..`most` drafts (row n: how many
+    counts it tries, then them), as the compiled oracle reads them: a new array each call (the
+    table's rows are built once, grown by doubling)."""
+    global _table
     width = GRID + 2
-    if len(_knobs) < 2 + (most + 1) * width:
-        rows = max(most + 1, 2 * ((len(_knobs) - 2) // width), 64)
+    if len(_table) < (most + 1) * width:
+        rows = max(most + 1, 2 * (len(_table) // width), 64)
         table = np.full((rows, width), -1, dtype=np.int64)
         for n in range(rows):
             grid = _grid(n)
             table[n, 0] = len(grid)
             table[n, 1:1 + len(grid)] = grid
-        _knobs = np.concatenate(([0, width], table.ravel()))
-    _knobs[0] = bound
-    return _knobs
+        _table = table.ravel()
+    knobs = np.empty(2 + (most + 1) * width, dtype=np.int64)
+    knobs[0], knobs[1] = bound, width
+    knobs[2:] = _table[:(most + 1) * width]
+    return knobs
 
 
 @lru_cache(maxsize=4096)

@@ -117,6 +117,17 @@ def _records(records, drafted_by, b: int, steps: int, start: float):
 
 
 @njit(cache=True)
+def step_emit(k: int, run, i: int, left: int) -> int:
+    """The tokens a request's step emits drafting k at its trace position i (`Replica.
+    _apply_decode`): min(k, run[i]) drafts accepted and one more, cut at the `left` it has to
+    go."""
+    accepted = 0
+    if k:
+        accepted = k if k <= run[i] else run[i]
+    return accepted + 1 if accepted < left else left
+
+
+@njit(cache=True)
 def next_feeds(feeds, ks, emitted, rule: int) -> None:
     """`draft_feed.next_feed` of each request, in place (`rule`: simulator.compiled.RULES)."""
     for r in range(feeds.shape[0]):
@@ -346,14 +357,8 @@ def auto_steps(prompt, output, generated, at, run, cap, top1, capped: bool,
         for r in range(b):
             g, k = gen[r], verified[r]
             i = at[r] + g  # the request's position g in the trace's arrays
-            if mode == PROPOSE:  # (the scheduler's: 0 for a chunk short of its prompt)
-                emit = given_ks[r]
-            else:
-                accepted = 0
-                if k:
-                    accepted = k if k <= run[i] else run[i]
-                left = output[r] - g
-                emit = accepted + 1 if accepted < left else left
+            # (PROPOSE: the scheduler's, 0 for a chunk short of its prompt)
+            emit = given_ks[r] if mode == PROPOSE else step_emit(k, run, i, output[r] - g)
             hits[r] = emit - 1
             shown = emit if emit < k else k  # min(accepted + 1, k, left)
             seen[r] = shown
@@ -530,11 +535,7 @@ def kld_steps(prompt, output, generated, at, run, cap, kl, capped: bool, rows,
                     emits_of[r] = emit
                     continue
             else:
-                accepted = 0
-                if k:
-                    accepted = k if k <= run[i] else run[i]
-                left = output[r] - g
-                emit = accepted + 1 if accepted < left else left
+                emit = step_emit(k, run, i, output[r] - g)
             emits_of[r] = emit
             hits = emit - 1
             shown = emit if emit < k else k  # min(accepted + 1, k, left)

@@ -1,7 +1,8 @@
 """vLLM's engine steps of a steady batch under a policy that the plain scheduler walks a request
 at a time (heuristic, gammatune, gammatune_plus, adaedl: each request's k from its own outcomes;
 the oracle, knows=outcomes, on a model-free chain: each request's accepted run, cut at the
-batch's best cap) or under goodput (its batch plan and censored estimate, or each request's:
+batch's best cap), under the oracle that knows probabilities (simulator/compiled_oracle.py) or
+under goodput (its batch plan and censored estimate, or each request's:
 simulator/compiled_goodput.py), run in one compiled loop (numba): each step's schedule()
 check, the policy's `choose` before it, the step's time on the roofline (with a draft model's
 chain), the replay's verdicts, the policy's `observe`, and the drafts proposed at the step's
@@ -48,6 +49,7 @@ from simulator.compiled_steps import (
     _step_s,
     decode_step_s,
     next_feeds,
+    step_emit,
 )
 
 #: the policies these steps stand for (`walked_steps`' `kind`)
@@ -247,12 +249,7 @@ def walked_steps(kind: int, prompt, output, generated, at, run, cap, values, cap
         finished = False
         for r in range(b):
             g, k = gen[r], spec[r]
-            accepted = 0
-            if k:
-                i = at[r] + g
-                accepted = k if k <= run[i] else run[i]
-            left = output[r] - g
-            emit = accepted + 1 if accepted < left else left
+            emit = step_emit(k, run, at[r] + g, output[r] - g)
             gen[r] = g + emit
             emits[r] = emit
             drafted_by[r] += k
@@ -333,12 +330,7 @@ def walked_verify(kind: int, output, generated, at, run, spec, state, level, rat
     b = output.shape[0]
     for r in range(b):
         g, k = generated[r], spec[r]
-        accepted = 0
-        if k:
-            i = at[r] + g
-            accepted = k if k <= run[i] else run[i]
-        left = output[r] - g
-        emit = accepted + 1 if accepted < left else left
+        emit = step_emit(k, run, at[r] + g, output[r] - g)
         generated[r] = g + emit
         emits[r] = emit
         if k > 0:

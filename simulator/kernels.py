@@ -5,7 +5,7 @@ not depend on which ran; the choice is speed alone. The compiled loops save 20-4
 request, but a process pays about 0.3 s once to load them (numba's import and its first call,
 from the on-disk cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes them where they
 are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`,
-or fewer for a policy whose steps run in compiled loops, its `Policy.compiled_steps`: `auto`'s,
+or fewer for a policy whose steps run in compiled loops, its `Policy.runs_repay_from`: `auto`'s,
 in policies/compiled.py, handed to `policies.kernels` with these, and goodput's runs of steps,
 simulator/compiled_walked.py); a
 sweep whose first batch has that many loads them once before its workers fork
@@ -31,7 +31,7 @@ CHOICES = ("auto", "numba", "numpy")
 #: `auto`: a run of at least this many requests loads the compiled loops (about 0.3 s, which
 #: 20,000 requests' 20-40 us each repay, with a margin)
 AUTO_REQUESTS = 20_000
-#: (or fewer where its policy's steps run in compiled loops: `Policy.compiled_steps`, the
+#: (or fewer where its policy's steps run in compiled loops: `Policy.runs_repay_from`, the
 #: requests from which a run of it repays loading them)
 
 #: the files the compiled loops are built from, and those whose constants they read. numba's
@@ -67,7 +67,7 @@ def prepare(requests: int, repaid: float | Fraction = 0.0) -> ModuleType | None:
     """Choose the loops for a run (or a sweep) of `requests` requests, loading the compiled ones
     where SPECTUNE_KERNELS says so; `repaid`: how many times over the runs of policies whose
     steps run in compiled loops repay loading them (each run's requests over its policy's
-    `compiled_steps`, summed); returns what runs take."""
+    `runs_repay_from`, summed); returns what runs take."""
     global _active
     mode = choice()
     if mode == "numpy":
@@ -102,6 +102,7 @@ def _load(forced: bool) -> ModuleType | None:
             if not _failed:
                 _failed.append("numba is not installed")
             return None
+        users = numba.config.CACHE_DIR  # (restored after: other libraries' caches are theirs)
         try:
             if not os.environ.get("NUMBA_CACHE_DIR"):  # (else the user's, as numba's own)
                 numba.config.CACHE_DIR = _cache_dir()
@@ -124,6 +125,8 @@ def _load(forced: bool) -> ModuleType | None:
                 warnings.warn(f"the compiled loops could not load ({why}); running their "
                               "numpy code (the same results, slower)", stacklevel=2)
             return None
+        finally:  # (each loop keeps the cache it was made with)
+            numba.config.CACHE_DIR = users
         # numba leaves some 140,000 objects behind, and every full collection of the
         # garbage collector would walk them for the rest of the process: about 4% of a
         # run's time (measured on the oracle's step path). Collected once, then kept out of
@@ -152,7 +155,9 @@ def _cache_dir() -> str:
     base = here if os.access(here if here.exists() else here.parent, os.W_OK) else (
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spectune")
     folder = base / f"numba-{sources_hash()}"
-    if not folder.exists():  # (the caches of the sources before this edit: never read again)
+    if base == here and not folder.exists():  # (the caches of this checkout's sources before
+        # this edit, never read again; not in the user's cache, which other installs share)
         for old in base.glob("numba-*"):
-            shutil.rmtree(old, ignore_errors=True)
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
     return str(folder)

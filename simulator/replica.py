@@ -112,7 +112,7 @@ class Replica:
         runs_first = (fast_path and prefers_runs(policy)
                       and getattr(self.scheduler, "max_model_len", None) is None
                       and steps_at_once(policy, cost, policy_cost, self.planned, fast_path,
-                                        scheduler.k_max))
+                                        scheduler.k_max, acceptance.available))
         self.holds = (kind.hold is not Policy.hold and not kind.signals
                       and not kind.uses_draft_stop and not kind.simulation_only
                       and cost.latency.arrays_match_scalars and not runs_first)
@@ -154,8 +154,8 @@ class Replica:
         # vLLM's scheduler, a steady batch's, never near a max_model_len: vLLM's cut at it and
         # its zero drafts are the step path's)
         self.steps_at_once = (not self.fast_path and steps_at_once(
-            policy, cost, policy_cost, self.planned, fast_path, scheduler.k_max)
-            and getattr(self.scheduler, "max_model_len", None) is None)
+            policy, cost, policy_cost, self.planned, fast_path, scheduler.k_max,
+            acceptance.available) and getattr(self.scheduler, "max_model_len", None) is None)
         self.traces = trace_store(policy, self.capped) if self.steps_at_once else None
         #: ... and its steps taken one at a time (with prompt chunks) have their ks, and their
         #: verification and fit, compiled

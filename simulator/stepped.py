@@ -548,14 +548,19 @@ RUNNERS: dict[type, Runner] = {
 
 
 def steps_at_once(policy, cost, policy_cost, planned: bool, fast_path: bool,
-                  k_max: int) -> bool:
+                  k_max: int, available: frozenset[str] | None = None) -> bool:
     """Whether a replica runs this policy's decode steps in compiled runs: one `RUNNERS`
     stands for here (under the engine's `k_max`), under the plain scheduler (with chunked
     prefill, its steps with no prompt to chunk) or, where it runs them (`planned`), vLLM's
     (its steady batch's steps), a chain on the roofline with no idle proposer
     (the steps' prices are the roofline's passes), the policy reading the engine's cost model
-    where it prices steps, and the compiled loops loaded for this run."""
+    where it prices steps, the trace having the signal its runs read (`available`: the
+    trace's signals, where known; else the step path says what it lacks, as it always did),
+    and the compiled loops loaded for this run."""
     runner = RUNNERS.get(type(policy))
+    if available is not None and runner is not None and trace_signal(policy) not in (
+            "", *available):
+        return False
     roofline = getattr(cost, "_roofline", None)
     if not (fast_path and runner is not None and runner.applies(policy, k_max)
             and (not planned or runner.planned) and (planned or not runner.planned_only)
@@ -600,11 +605,16 @@ def prefers_runs(policy) -> bool:
     return runner is not None and runner.preferred
 
 
+def trace_signal(policy) -> str:
+    """The trace's signal this policy's runs read ("" for none)."""
+    signal = RUNNERS[type(policy)].signal
+    return signal(policy) if callable(signal) else signal
+
+
 def trace_store(policy, capped: bool) -> TraceStore:
     """The store a replica keeps its requests' traces in for this policy's runs (`capped`: the
     drafter's caps bind)."""
-    signal = RUNNERS[type(policy)].signal
-    return TraceStore(signal(policy) if callable(signal) else signal, capped)
+    return TraceStore(trace_signal(policy), capped)
 
 
 def run_steps(policy, batch, store: TraceStore, k_max: int, cost, start: float,

@@ -1,8 +1,9 @@
 """goodput's per-request plan, compiled (simulator/compiled_goodput.py), against its Python
 (`Goodput._plan_per_request`): the same ks on many batches, on the roofline with a model-free
 chain (each alternative priced from its verify pass's sums) and with a draft model's (its ks
-priced as `steps_s` prices them), KV caches that leave some plans out, and estimates of 0 and 1
-among them. The engine steps that run it are checked in test_compiled_walked.py."""
+priced as `steps_s` prices them), KV caches that leave some plans out, estimates of 0 and 1
+among them, and requests whose estimates and contexts tie (ranked by their ids, in no order).
+The engine steps that run it are checked in test_compiled_walked.py."""
 
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ def test_per_request_plans_are_the_pythons(loops, draft, hardware):
         policy = Goodput(per_request=True, k_max=k_cap,
                          k0_bonus=float(rng.choice([1.0, 1.1, 1.3])),
                          kv_headroom=float(rng.choice([1.0, 1.1, 2.0])))
-        requests = [FakeRequest(7 * i + int(rng.integers(0, 5)),
-                                prompt_tokens=int(rng.integers(5, 4000)),
-                                generated=int(rng.integers(1, 500))) for i in range(b)]
+        ids = rng.choice(10 * b + 10, b, replace=False)  # (in no order: ties go by id)
+        ties = int(rng.integers(0, 2))  # (contexts and estimates that tie, half the time)
+        requests = [FakeRequest(int(i), prompt_tokens=int(rng.choice([100, 300]) if ties
+                                                          else rng.integers(5, 4000)),
+                                generated=int(rng.choice([1, 2]) if ties
+                                              else rng.integers(1, 500))) for i in ids]
         for request in requests:
             policy._alpha_r[request.request_id] = float(rng.choice(
-                [0.0, 1.0, 0.5, rng.uniform(), rng.uniform()]))
+                [0.0, 1.0, 0.5, 0.7] if ties else [0.0, 1.0, 0.5, rng.uniform(), rng.uniform()]))
         held = sum(request.context_tokens for request in requests)
         kv = int(rng.choice([10**7, 2 * held + 50, held + 3 * b]))
         ctx = StepContext(0.0, 0, 0, requests, 10, cost, kv, kv, 0)

@@ -1,12 +1,14 @@
 """The walked policies (heuristic, gammatune, gammatune_plus, adaedl, and the oracle that knows
-outcomes on a model-free chain) and goodput (its batch plan) under vLLM's scheduler:
+outcomes on a model-free chain), the oracle that knows probabilities and goodput (its batch
+plan, or per request) under vLLM's scheduler:
 a steady batch's engine steps run many at a time in one compiled loop, and the policy part of
 each engine step taken one at a time is compiled (simulator/compiled_walked.py), with the same
 records, to the bit, and the same policy state after every run and every step, as the step
 path's `Replica._planned_iteration`; with the drafter's caps (n-gram, a folded stop), a draft
 model's chain, several replicas, a tight KV cache that preempts and budgets that trim, and the
-policies' parameters moved; goodput's decode steps under the plain scheduler (whole prompts,
-chunked prefill) in runs too. Also each policy's per-step rules against its Python, and where
+policies' parameters moved; goodput's and the oracles' decode steps under the plain scheduler
+(whole prompts, chunked prefill) in runs too, their steps with prompt chunks choosing and
+verifying compiled. Also each policy's per-step rules against its Python, and where
 the runs do not stand for it."""
 
 from __future__ import annotations
@@ -414,3 +416,17 @@ def test_the_calibrated_oracles_decode_steps_in_runs_under_the_plain_scheduler(
     assert fast.steps["max_k"].nunique() > 3  # (the counts vary step by step)
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+def test_the_calibrated_oracle_on_a_trace_without_chances_is_refused_as_before(loops):
+    """A recorded trace has no chance of acceptance per position: the runs do not stand for
+    the oracle that knows probabilities there, and the step path refuses it at its first
+    choice, in one line, as it did before its runs."""
+    from simulator import ConfigError
+
+    loops(True)
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=20, lengths="azure-conv",
+                          acceptance="smollm2-ngram", draft="none", seed=4)
+    for scheduler in (SchedulerConfig(), SchedulerConfig(scheduler="vllm-v1")):
+        with pytest.raises(ConfigError, match="needs a parametric acceptance"):
+            _run(spec, scheduler, "oracle", {"knows": "probabilities"}, 1)
