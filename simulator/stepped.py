@@ -62,6 +62,7 @@ from simulator import kernels
 from simulator.run_records import CLOCK, RECORDS
 
 if TYPE_CHECKING:
+    from policies.base import RequestStates
     from simulator.scheduler_vllm import Room
 
 #: the most steps one run takes (its records' arrays are this long)
@@ -189,15 +190,21 @@ def _pricing(cost, b: int) -> tuple:
     return cost._roofline["target"], float(cost.latency.step_overhead_s(b))
 
 
+def _draft_numbers(cost) -> tuple[bool, tuple]:
+    """Whether the drafter is a model, and its passes' numbers (the target's where it is none:
+    a placeholder the loop does not read)."""
+    numbers = cost._roofline["draft"]
+    return (False, cost._roofline["target"]) if numbers is None else (True, numbers)
+
+
 def _draft_model(cost, batch) -> tuple:
-    """Whether the drafter is a model, its passes' numbers (the target's where it is none: a
-    placeholder the loop does not read), each request's first-pass feed, and the catch-up rule
+    """`_draft_numbers`, each request's first-pass feed, and the catch-up rule
     (simulator.compiled.RULES)."""
     from simulator.compiled import RULES
 
-    numbers = cost._roofline["draft"]
-    if numbers is None:
-        return False, cost._roofline["target"], np.zeros(len(batch), dtype=np.int64), 0
+    draft_model, numbers = _draft_numbers(cost)
+    if not draft_model:
+        return False, numbers, np.zeros(len(batch), dtype=np.int64), 0
     feeds = np.fromiter((request.draft_feed for request in batch), np.int64, len(batch))
     return True, numbers, feeds, RULES[cost.latency.draft_catch_up]
 
@@ -400,6 +407,16 @@ def _propose_kld(policy: KldVariance, batch, store: TraceStore, k_max: int, cost
     return proposals.tolist()
 
 
+def _walked_states(policy, batch, k_max: int) -> tuple[list[int], RequestStates, int]:
+    """The batch's ids, the policy's state of them as arrays (`request_states`), and the
+    walked loop's kind of it."""
+    from simulator import compiled_walked
+
+    ids = [request.request_id for request in batch]
+    states = policy.request_states(ids, k_max)
+    return ids, states, compiled_walked.KINDS[states.kind]
+
+
 def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float,
                 horizon: float, room: Room | None = None, kv_capacity_tokens: int = 0
                 ) -> StepsRun:
@@ -410,8 +427,7 @@ def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float
 
     b = len(batch)
     prompt, output, generated, at = _batch(batch)
-    ids = [request.request_id for request in batch]
-    states = policy.request_states(ids, k_max)
+    ids, states, kind = _walked_states(policy, batch, k_max)
     draft_model, draft, feeds, rule = _draft_model(cost, batch)
     records, drafted = _buffers(b, MAX_STEPS)
     touched = np.zeros(b, dtype=np.int64)
@@ -419,7 +435,7 @@ def _run_walked(policy, batch, store: TraceStore, k_max: int, cost, start: float
                room.block_size) if room is not None else (
                    False, np.zeros(b, dtype=np.int64), _NO_KS, 0, 0, 0, 1)
     why, n = compiled_walked.walked_steps(
-        compiled_walked.KINDS[states.kind], prompt, output, generated, at, store.run, store.cap,
+        kind, prompt, output, generated, at, store.run, store.cap,
         store.values, store.capped, states.state, states.level, states.rate, states.knobs,
         states.weights, k_max, kv_capacity_tokens, *_pricing(cost, b), start, horizon,
         MAX_STEPS, draft_model, draft, feeds, rule, *planned, records, drafted, touched)
@@ -442,14 +458,13 @@ def _propose_walked(policy, batch, store: TraceStore, k_max: int, cost, before: 
     decodes verified, the drafts proposed at its end."""
     from simulator import compiled_walked
 
-    ids = [request.request_id for request in batch]
-    states = policy.request_states(ids, k_max)
+    ids, states, kind = _walked_states(policy, batch, k_max)
     prompt, output, _, at = _batch(batch)
-    draft_model, draft, _, _ = _draft_model(cost, batch)
+    draft_model, draft = _draft_numbers(cost)
     proposals = np.array(drafts, dtype=np.int64)  # (in: those verified; out: those proposed)
     touched = np.zeros(len(batch), dtype=np.int64)
     compiled_walked.walked_propose(
-        compiled_walked.KINDS[states.kind], prompt, output, np.array(before, dtype=np.int64),
+        kind, prompt, output, np.array(before, dtype=np.int64),
         at, store.run, store.cap, store.values, store.capped, states.state, states.level,
         states.rate, states.knobs, states.weights, k_max, kv_capacity_tokens,
         *_pricing(cost, len(batch)), draft_model, draft, proposals,
@@ -466,13 +481,12 @@ def _choose_walked(policy, batch, store: TraceStore, k_max: int, cost,
     moves it (goodput's calls and plans)."""
     from simulator import compiled_walked
 
-    ids = [request.request_id for request in batch]
-    states = policy.request_states(ids, k_max)
+    ids, states, kind = _walked_states(policy, batch, k_max)
     prompt, output, generated, at = _batch(batch)
-    draft_model, draft, _, _ = _draft_model(cost, batch)
+    draft_model, draft = _draft_numbers(cost)
     ks = np.empty(len(batch), dtype=np.int64)
     compiled_walked.walked_choose(
-        compiled_walked.KINDS[states.kind], prompt, output, generated, at, store.run,
+        kind, prompt, output, generated, at, store.run,
         store.cap, store.values, store.capped, states.state, states.level, states.knobs,
         states.weights, k_max, kv_capacity_tokens, *_pricing(cost, len(batch)), draft_model,
         draft, ks)
@@ -486,13 +500,12 @@ def _verify_walked(policy, batch, store: TraceStore, ks: list[int], k_max: int, 
     request's tokens emitted, the policy's `observe` of them made."""
     from simulator import compiled_walked
 
-    ids = [request.request_id for request in batch]
-    states = policy.request_states(ids, k_max)
+    ids, states, kind = _walked_states(policy, batch, k_max)
     _, output, generated, at = _batch(batch)
     emits = np.empty(len(batch), dtype=np.int64)
     touched = np.zeros(len(batch), dtype=np.int64)
     compiled_walked.walked_verify(
-        compiled_walked.KINDS[states.kind], output, generated, at, store.run,
+        kind, output, generated, at, store.run,
         np.array(ks, dtype=np.int64), states.state, states.level, states.rate, states.knobs,
         states.weights, emits, touched)
     policy.keep_states(ids, states, touched)

@@ -99,6 +99,21 @@ def _both(monkeypatch, loops, spec, scheduler, policy, params, replicas):
     return fast, slow, taken, one_at_a_time
 
 
+def _counted(monkeypatch, loop: str = "walked_steps") -> list:
+    """What each call of one of compiled_walked's loops returned, as they are called (a run's
+    (why it ended, steps taken))."""
+    from simulator import compiled_walked
+
+    calls, kernel = [], getattr(compiled_walked, loop)
+
+    def counted(*args):
+        result = kernel(*args)
+        calls.append(result)
+        return result
+    monkeypatch.setattr(compiled_walked, loop, counted)
+    return calls
+
+
 CASES = [  # (policy, parameters, acceptance, lengths, rate, draft, replicas, scheduler's settings)
     ("heuristic", {}, "smollm2-ngram", "azure-conv", 12.0, "none", 1, {}),
     ("heuristic", {"carry_over": "true", "k_init": "2", "grow": "1"}, "beta:7,3~20",
@@ -162,22 +177,10 @@ def test_walked_policies_engine_steps_in_runs(monkeypatch, loops, policy, params
     free blocks could not hold (preempting); the others one at a time, their choice, observe
     and proposals compiled: the same records and states. With a tight KV cache and a small
     budget, runs end at both (and a run whose first step does not fit is stepped)."""
-    from simulator import compiled_steps, compiled_walked
+    from simulator import compiled_steps
 
     loops(True)  # (loaded before counting: loading warms the loops up with calls)
-    ends, proposed = [], []
-    kernel, propose = compiled_walked.walked_steps, compiled_walked.walked_propose
-
-    def counted(*args):
-        result = kernel(*args)
-        ends.append(result)
-        return result
-
-    def counted_propose(*args):
-        proposed.append(1)
-        return propose(*args)
-    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
-    monkeypatch.setattr(compiled_walked, "walked_propose", counted_propose)
+    ends, proposed = _counted(monkeypatch), _counted(monkeypatch, "walked_propose")
     preempting = counted_preemptions(monkeypatch)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=150, lengths=lengths,
                           acceptance=acceptance, draft=draft, seed=4)
@@ -306,22 +309,8 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
     draft model (its plan priced as `steps_s` prices its ks), admission held by the batch size
     and a KV cache its headroom reads; per request too. Under chunked prefill its steps with
     prompt chunks choose and verify compiled (`walked_choose`, `walked_verify`)."""
-    from simulator import compiled_walked
-
     loops(True)
-    ends, chosen = [], []
-    kernel, choose = compiled_walked.walked_steps, compiled_walked.walked_choose
-
-    def counted(*args):
-        result = kernel(*args)
-        ends.append(result[1])
-        return result
-
-    def counted_choose(*args):
-        chosen.append(1)
-        return choose(*args)
-    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
-    monkeypatch.setattr(compiled_walked, "walked_choose", counted_choose)
+    ends, chosen = _counted(monkeypatch), _counted(monkeypatch, "walked_choose")
     spec = SimulationSpec(workload="poisson", rate=12.0, requests=150, lengths="azure-conv",
                           acceptance="smollm2-ngram", draft=draft, seed=4)
     scheduler = SchedulerConfig(**settings)
@@ -334,7 +323,7 @@ def test_goodputs_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch, lo
                         inputs.kv_capacity_tokens, scheduler, ClusterConfig(replicas),
                         fast_path=fast_path)
     fast = run(True)
-    steps = sum(ends)
+    steps = sum(n for _, n in ends)
     slow = run(False)
     assert fast.meta["steps_at_once"] and steps > len(fast.steps) / 2
     # (under chunked prefill its steps with prompt chunks choose and verify compiled)
@@ -358,22 +347,15 @@ def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch,
     cap of its batch's runs, instead of its checked walks: the step path's records (on the
     A100, with steps whose best cap is below the longest run: checked on the step path)."""
     from policies import oracle
-    from simulator import compiled_walked
 
     loops(True)
-    steps, capped = [], []
-    kernel, best_cap = compiled_walked.walked_steps, oracle._best_cap
-
-    def counted(*args):
-        result = kernel(*args)
-        steps.append(result[1])
-        return result
+    runs, capped = _counted(monkeypatch), []
+    best_cap = oracle._best_cap
 
     def best(sums, runs, contexts, top):
         cap = best_cap(sums, runs, contexts, top)
         capped.append(cap < top)
         return cap
-    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
     monkeypatch.setattr(oracle, "_best_cap", best)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=200, lengths=lengths,
                           acceptance=acceptance, draft="none", seed=4, hardware=hardware)
@@ -381,7 +363,7 @@ def test_the_oracles_decode_steps_in_runs_under_the_plain_scheduler(monkeypatch,
     fast = _run(spec, scheduler, "oracle", params, 1)
     slow = _run(spec, scheduler, "oracle", params, 1, fast_path=False)
     assert fast.meta["steps_at_once"] and not fast.meta["fast_path"]
-    assert sum(steps) > len(fast.steps) / 2
+    assert sum(n for _, n in runs) > len(fast.steps) / 2
     assert any(capped) == (hardware == "A100")
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
@@ -395,24 +377,16 @@ def test_the_calibrated_oracles_decode_steps_in_runs_under_the_plain_scheduler(
     """The oracle that knows probabilities: its decode steps under the plain scheduler run at
     once (each step's draft counts ranked and priced compiled, with a draft model's passes
     too), the step path's records to the bit."""
-    from simulator import compiled_walked
 
     loops(True)
-    steps = []
-    kernel = compiled_walked.walked_steps
-
-    def counted(*args):
-        result = kernel(*args)
-        steps.append(result[1])
-        return result
-    monkeypatch.setattr(compiled_walked, "walked_steps", counted)
+    runs = _counted(monkeypatch)
     spec = SimulationSpec(workload="poisson", rate=12.0, requests=120, lengths="azure-conv",
                           acceptance=acceptance, draft=draft, seed=4)
     scheduler = SchedulerConfig(**settings)
     params = {"knows": "probabilities"}
     fast = _run(spec, scheduler, "oracle", params, 1)
     slow = _run(spec, scheduler, "oracle", params, 1, fast_path=False)
-    assert fast.meta["steps_at_once"] and sum(steps) > len(fast.steps) / 2
+    assert fast.meta["steps_at_once"] and sum(n for _, n in runs) > len(fast.steps) / 2
     assert fast.steps["max_k"].nunique() > 3  # (the counts vary step by step)
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
