@@ -24,6 +24,7 @@ from simulator.request import RequestState
 from simulator.scheduler import scheduler_class
 from simulator.step_cost import StepCostModel
 from simulator.stepped import repays_loading
+from simulator.whole_run import run_whole, takes_whole_run
 from traces import SpeculationTrace, Workload
 
 
@@ -161,12 +162,18 @@ def simulate(
     cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance),
                          speculating=policy.may_draft(scheduler.k_max))
     for r in range(cluster.replicas):
-        replica = Replica(env, r, scheduler, kv_capacity_tokens, cost, copy.deepcopy(policy),
-                          replay, steps, requests, router.next_arrival_s, fast_path, policy_cost)
-        router.replicas.append(replica)
-        env.process(replica.serve())
-    env.process(arrivals(env, workload, arrival_s, router, steps))
-    env.run()
+        router.replicas.append(Replica(env, r, scheduler, kv_capacity_tokens, cost,
+                                       copy.deepcopy(policy), replay, steps, requests,
+                                       router.next_arrival_s, fast_path, policy_cost))
+    whole = takes_whole_run(router.replicas, policy, steps)
+    if whole:  # the same records, in one compiled loop (simulator/whole_run.py)
+        run_whole(router.replicas[0], arrival_s, workload.prompt_tokens, workload.output_tokens,
+                  replay, steps, requests)
+    else:
+        for replica in router.replicas:
+            env.process(replica.serve())
+        env.process(arrivals(env, workload, arrival_s, router, steps))
+        env.run()
     engine_s = time.perf_counter() - started
     req_df = requests.frame(workload.request_ids, workload.prompt_tokens, workload.output_tokens)
     meta = {
@@ -182,6 +189,7 @@ def simulate(
         # decode steps run many at a time in compiled runs (simulator/stepped.py): what ran
         # them, not what they gave (the same records either way)
         "steps_at_once": router.replicas[0].steps_at_once,
+        "whole_run": whole,  # ... or the whole run in one (simulator/whole_run.py)
         "engine_s": engine_s,
     }
     steps.close()

@@ -40,6 +40,7 @@ AUTO_REQUESTS = 20_000
 #: code from the cache. So the cache lives in a folder named by their hash (`_cache_dir`).
 SOURCES = ("policies/compiled.py", "policies/goodput.py", "simulator/compiled.py",
            "simulator/compiled_goodput.py", "simulator/compiled_oracle.py",
+           "simulator/compiled_serve.py",
            "simulator/compiled_steps.py", "simulator/compiled_walked.py",
            "simulator/run_records.py")
 
@@ -108,11 +109,12 @@ def _load(forced: bool) -> ModuleType | None:
                 numba.config.CACHE_DIR = _cache_dir()
             from policies import compiled as policy_loops
             from simulator import compiled as module
-            from simulator import compiled_steps, compiled_walked
+            from simulator import compiled_serve, compiled_steps, compiled_walked
             module.warm()
             policy_loops.warm()
             compiled_steps.warm()  # (auto's and kld_variance's runs of steps: stepped.py)
             compiled_walked.warm()  # (the walked policies' under vLLM's scheduler)
+            compiled_serve.warm()  # (a whole run of a fixed k: whole_run.py)
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]

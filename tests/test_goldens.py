@@ -30,7 +30,7 @@ GOLDEN = Path(__file__).parent / "golden"
 #: their steps (compiled runs of steps where numba is loaded: tests/simulator/
 #: test_compiled_steps.py)
 VOLATILE = {"wall_s", "engine_s", "created", "reused_from_cache", "executor", "ray_address",
-            "steps_at_once"}
+            "steps_at_once", "whole_run"}
 
 #: cases whose latency model is fitted at load time (a profile: least squares through BLAS,
 #: numpy's log and exp), whose last bits depend on the CPU's vector units. Their record files

@@ -1,0 +1,117 @@
+"""A whole run in one compiled loop (simulator/compiled_serve.py), where it gives the SimPy
+process's records to the bit: one replica under the plain scheduler, whole prompts, a policy
+that drafts the same k for every request (`fixed`), a model-free chain priced on the roofline
+from the batch's kept sums, the compiled loops loaded.
+
+Why: under load a decode segment lasts a step or two, and each request's arrival, admission,
+prefill, walk and finish in Python cost more than its decode steps (docs/speed.md, "A whole run
+compiled"). Everywhere else the SimPy process runs (`takes_whole_run` False).
+
+The loop reads each request's acceptance run (and its drafter's caps) from a window of
+requests, loaded here a chunk at a time as admission reaches them, so memory holds a chunk's
+runs, not the workload's; its step records come back a buffer at a time into the step log.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies import Policy
+from policies.fixed import Fixed
+from simulator import kernels
+from simulator.acceptance import AcceptanceReplay
+from simulator.logs import STEP_COLUMNS, RequestLog, StepLog
+from simulator.replica import Replica
+from simulator.scheduler import Scheduler
+
+#: requests whose acceptance runs a window holds
+CHUNK = 4096
+#: step records per buffer handed to the step log
+BUFFER = 65536
+#: the kept sums' first capacity, in steps (BatchColumns')
+SUMS = 4096
+
+
+def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> bool:
+    """Whether this run takes the compiled loop: where its records are the SimPy process's."""
+    if len(replicas) != 1 or kernels.compiled() is None or steps.sink is not None:
+        return False
+    replica = replicas[0]
+    cost, config = replica.cost, replica.config
+    return (type(policy) is Fixed and policy.k <= config.k_max
+            and type(replica.scheduler) is Scheduler and not config.chunked_prefill
+            and replica.segments_only and replica.lazy and not replica.holds
+            and not replica.walks and not replica.folds_stop and not replica.feeds
+            and cost._roofline is not None and cost.prices_chain_sums and not cost.idle_s)
+
+
+def run_whole(replica: Replica, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
+              output_tokens: np.ndarray, acceptance: AcceptanceReplay, steps: StepLog,
+              requests: RequestLog) -> None:
+    """Serve the workload on `replica` (its configuration; its SimPy process never starts),
+    writing the request and step records the process would write."""
+    from simulator import compiled_serve as loop  # (loaded with the compiled loops)
+
+    config, cost = replica.config, replica.cost
+    prompt = np.ascontiguousarray(prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(output_tokens, dtype=np.int64)
+    arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
+    capped = bool(replica.capped)
+    rows = config.k_max + 1 if capped and steps.records_rows else 0
+    ints, floats = np.zeros(loop.INTS, np.int64), np.zeros(loop.FLOATS)
+    seats = max(1, min(config.max_num_seqs, len(output)))
+    running, ends = np.zeros(seats, np.int64), np.zeros(seats, np.int64)
+    totals = np.zeros((3, seats), np.int64)
+    sums = np.zeros((4 + rows, SUMS), np.int64)
+    records = np.empty((len(STEP_COLUMNS), BUFFER))
+    step_s, seq_s = _overheads(cost.latency)
+    budget = -1 if config.max_batched_tokens is None else int(config.max_batched_tokens)
+    window = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), 0, 0)
+    while True:
+        runs, run_at, caps, lo, hi = window
+        status, sums = loop.serve(
+            ints, floats, arrival, prompt, output, int(replica.policy.k), config.k_max,
+            capped, rows, int(replica.scheduler.kv_capacity), config.max_num_seqs, budget,
+            runs, run_at, caps, lo, hi, *cost._roofline["target"], step_s, seq_s, sums,
+            running, ends, totals, records, requests.replica, requests.arrival_s,
+            requests.admitted_s, requests.first_token_s, requests.finish_s, requests.steps,
+            requests.drafted, requests.accepted)
+        if status == loop.NEED_RUNS:
+            first = int(ints[loop.WAIT])
+            window = _window(replica, acceptance, output, first,
+                             min(len(output), max(first + CHUNK, int(ints[loop.NEXT]))))
+            continue
+        used = int(ints[loop.USED])
+        if used:
+            steps.add_block(records[:, :used].copy())
+            ints[loop.USED] = 0
+        if status == loop.FLUSH:
+            if not used:  # a segment longer than the buffer
+                records = np.empty((records.shape[0], 2 * records.shape[1]))
+            continue
+        if status == loop.STUCK:
+            raise RuntimeError("replica holds requests it can neither admit nor run")
+        return
+
+
+def _window(replica: Replica, acceptance: AcceptanceReplay, output: np.ndarray, lo: int,
+            hi: int) -> tuple:
+    """Requests lo..hi-1's acceptance runs and (capped) caps, end to end, and where each
+    starts: what `Replica.submit` gives each request (`run`, `_caps`)."""
+    lengths = output[lo:hi]
+    run_at = np.zeros(hi - lo + 1, np.int64)
+    np.cumsum(lengths, out=run_at[1:])
+    runs = np.empty(int(run_at[-1]), np.int64)
+    caps = np.empty(len(runs) if replica.capped else 0, np.int64)
+    for i in range(lo, hi):
+        at, end = run_at[i - lo], run_at[i - lo + 1]
+        runs[at:end] = acceptance.run(i)
+        if replica.capped:
+            caps[at:end] = replica._caps(i)
+    return runs, run_at, caps, lo, hi
+
+
+def _overheads(latency) -> tuple[float, float]:
+    """The roofline's host seconds per step and per running request (`step_overhead_s`)."""
+    params = latency.params
+    return float(params.step_overhead_s), float(params.per_seq_overhead_s)

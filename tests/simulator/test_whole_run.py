@@ -1,0 +1,98 @@
+"""A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): one
+replica, the plain scheduler, whole prompts, a fixed k, a model-free chain on the roofline. Its
+request and step records are the SimPy process's to the bit (the compiled loops loaded for
+both), with the drafter's caps (n-gram recordings) and without, k = 0, tight KV caches, a batch
+cap, a token budget, idle stretches, totals only; with windows, buffers and sums small enough
+that every pause and growth is taken. Elsewhere the SimPy process runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import make_policy
+from simulator import ClusterConfig, SchedulerConfig, simulate, whole_run
+from simulator import engine as engine_module
+from spectune.simulate import SimulationSpec, build_inputs
+
+pytest.importorskip("numba")
+
+#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths)
+CASES = [
+    ("smollm2-ngram", 20.0, 600, 4, {}, None, "azure-conv"),
+    ("smollm2-ngram", 2.0, 150, 6, {}, None, "azure-conv"),  # idle stretches
+    ("smollm2-ngram", 16.0, 500, 3, {"k_max": 3}, None, "azure-conv"),  # drafts up to k_max
+    ("smollm2-eagle-ngram", 24.0, 500, 3, {"k_max": 3}, None, "azure-code"),
+    ("iid:0.7", 20.0, 600, 4, {}, None, "azure-conv"),
+    ("beta:7,3~20", 30.0, 500, 5, {"k_max": 6}, None, "azure-conv"),
+    ("smollm2-ngram", 20.0, 400, 0, {}, None, "azure-conv"),
+    ("iid:0.6", 40.0, 600, 4, {"max_num_seqs": 16}, 30_000, "azure-conv"),
+    ("smollm2-ngram", 40.0, 600, 4, {"max_batched_tokens": 8192}, 60_000, "azure-conv"),
+    ("iid:0.7", 60.0, 600, 4, {}, None, "lognormal:400,6,1.2"),  # many of 1 or 2 tokens
+]
+
+
+def _run(case, whole: bool, keep_steps: bool = True):
+    """The case's run, in the whole run's loop or (`whole` False) in the SimPy process."""
+    acceptance, rate, n, k, settings, kv, lengths = case
+    spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths=lengths,
+                          acceptance=acceptance, seed=3, draft="none")
+    scheduler = SchedulerConfig(**settings)
+    inputs = build_inputs(spec, {"k": str(k)}, scheduler)
+    with pytest.MonkeyPatch.context() as patch:
+        if not whole:
+            patch.setattr(engine_module, "takes_whole_run", lambda *args: False)
+        return simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                        make_policy("fixed", {"k": k}), kv or inputs.kv_capacity_tokens,
+                        scheduler, ClusterConfig(1), keep_steps=keep_steps)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]:g}-k{c[3]}" for c in CASES])
+def test_whole_run_matches_the_process(case, monkeypatch, loops):
+    loops(True)
+    small = {"BUFFER": 7, "CHUNK": 5, "SUMS": 3}  # every pause and growth, many times
+    for name, value in small.items():
+        monkeypatch.setattr(whole_run, name, value)
+    from simulator import compiled_serve
+
+    serve, statuses = compiled_serve.serve, []
+
+    def counted(*args):
+        status, sums = serve(*args)
+        statuses.append(status)
+        return status, sums
+
+    monkeypatch.setattr(compiled_serve, "serve", counted)
+    whole, process = _run(case, True), _run(case, False)
+    for status in (compiled_serve.FLUSH, compiled_serve.NEED_RUNS):
+        assert statuses.count(status) > 5
+    assert whole.meta["whole_run"] and not process.meta["whole_run"]
+    assert whole.meta["fast_path"] and process.meta["fast_path"]
+    assert len(process.steps) > 200
+    assert whole.requests.equals(process.requests)
+    assert whole.steps.equals(process.steps)
+    assert whole.totals == process.totals
+
+
+def test_totals_only(loops):
+    loops(True)
+    whole, process = _run(CASES[0], True, False), _run(CASES[0], False, False)
+    assert whole.meta["whole_run"] and whole.steps.empty
+    assert whole.requests.equals(process.requests)
+    assert whole.totals == process.totals and whole.totals.iterations > 600
+
+
+@pytest.mark.parametrize("what", ["replicas", "chunked", "policy", "numpy", "draft model"])
+def test_elsewhere_the_process_runs(what, monkeypatch, loops):
+    """Where the loop does not give the process's records (or the loops are not loaded)."""
+    loops(what != "numpy")
+    scheduler = (SchedulerConfig(chunked_prefill=True, max_batched_tokens=2048)
+                 if what == "chunked" else SchedulerConfig())
+    spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
+                          acceptance="iid:0.7", seed=1,
+                          draft="Llama-68M" if what == "draft model" else "none")
+    policy = ("batch_adaptive", {}) if what == "policy" else ("fixed", {"k": 3})
+    inputs = build_inputs(spec, {}, scheduler)
+    result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
+                      inputs.kv_capacity_tokens, scheduler,
+                      ClusterConfig(2 if what == "replicas" else 1))
+    assert result.meta["whole_run"] is False and result.meta["fast_path"]
