@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from simulator.compiled import _pass_s, add_shares, walk
+from simulator.compiled import feeds as chain_feeds
 
 #: `ints` slots: the next request to arrive, the first waiting, the replica's step index, KV
 #: tokens reserved, decode steps committed (the sums' `now`), the sums' first column's step,
@@ -86,18 +87,23 @@ def _room(sums, ints, length: int):
 def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: bool, rows: int,
           kv_capacity: int, max_seqs: int, budget: int, runs, run_at, caps, lo: int, hi: int,
           m0: float, m1: float, f_q: float, f_pair: float, fixed: float, comm: bool, c0: float,
-          c1: float, step_s: float, seq_s: float, sums, running, ends, totals, records,
-          log_replica, log_arrival, log_admitted, log_first, log_finish, log_steps,
-          log_drafted, log_accepted):
+          c1: float, step_s: float, seq_s: float, draft: bool, d0: float, d1: float,
+          df_q: float, df_pair: float, dfixed: float, dcomm: bool, dc0: float, dc1: float,
+          rule: int, first_feed: int, sums, running, ends, totals, records, log_replica,
+          log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
+          log_accepted):
     """Run until the workload is served (`DONE`), or until the caller must flush the step
     records (`FLUSH`) or give the acceptance runs of requests from `ints[WAIT]` (`NEED_RUNS`).
 
     Requests lo..hi-1 have their run (and `capped`: their caps) at runs[run_at[i - lo]:
     run_at[i - lo + 1]]. `running` holds the running requests (slots 0..RUNNING-1), `ends`
     the step each one's walk ends at, `totals` its walk's steps, drafts and accepted tokens.
-    `budget` < 0: no token budget. Returns (status, sums): the sums may have grown."""
+    `budget` < 0: no token budget. `draft`: a draft model's passes too (its numbers d0..dc1,
+    its catch-up `rule` and first feed), priced from the sums' rows by drafts. Returns
+    (status, sums): the sums may have grown."""
     n_requests = arrival.shape[0]
     reserve_extra = k_max
+    passes = np.zeros(k_max + 2)  # a step's draft passes' seconds, j = 1..k_max
     while True:
         now = floats[NOW]
         held = ints[NEXT] - ints[WAIT] + ints[RUNNING]
@@ -139,6 +145,9 @@ def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: boo
                 pairs += prompt[i] * (prompt[i] + 1) // 2
             duration = _pass_s(0, used, pairs, m0, m1, f_q, f_pair, fixed, comm, c0,
                                c1) + (step_s + seq_s * seqs)
+            if draft:  # (the draft model prefills the prompts too)
+                duration += _pass_s(0, used, pairs, d0, d1, df_q, df_pair, dfixed, dcomm, dc0,
+                                    dc1)
             waiting = ints[NEXT] - ints[WAIT]
             held = waiting + seqs + ints[RUNNING]
             end = now + duration
@@ -173,8 +182,10 @@ def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: boo
                                      capped, 1, 1, output[i], k)
                 m = chain.shape[0] - 1
                 sums, col = _room(sums, ints, m + 1)
+                walk_feeds = (chain_feeds(chain, drafts, capped, k, first_feed, rule) if draft
+                              else drafts)
                 add_shares(sums, col, chain, prompt[i] - 1, drafts, capped, k, 1, _FIRST,
-                           rows, False, drafts)
+                           rows, draft, walk_feeds)
                 slot = ints[RUNNING]
                 running[slot] = i
                 ends[slot] = ints[CNOW] + m
@@ -213,6 +224,9 @@ def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: boo
             col = at + taken
             duration = _pass_s(sums[0, col], sums[1, col] + batch, sums[2, col], m0, m1, f_q,
                                f_pair, fixed, comm, c0, c1) + overhead
+            if draft:
+                duration = duration + _draft_passes(sums, col, rows, capped, passes, d0, d1,
+                                                    df_q, df_pair, dfixed, dcomm, dc0, dc1)
             r = r0 + taken
             records[1, r] = (clock + start if not capped else clock) if taken else start
             clock = clock + duration if taken or capped else duration
@@ -269,6 +283,50 @@ def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: boo
 
 
 
+@njit(cache=True)
+def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, m0: float, m1: float,
+                  f_q: float, f_pair: float, fixed: float, comm: bool, c0: float,
+                  c1: float) -> float:
+    """A step's draft passes j = 1..P from the sums' rows by drafts (`chain_pass_times` of
+    `BatchColumns.draft_passes`): pass j over the requests drafting at least j, pass 1 with
+    the catch-up; summed from the last pass to the first (`in_step_order`: a capped chain's
+    step, as the step path adds them) or from the first (the passes' sum over their rows).
+    Passes past the step's deepest cost 0 there, and adding 0 changes no sum."""
+    cached_row = _FIRST + rows
+    extra_row = sums.shape[0] - 2
+    deepest = 0
+    n = 0
+    cached = 0
+    for j in range(rows - 1, 0, -1):  # (at least j: summed from the top)
+        n += sums[_FIRST + j, col]
+        cached += sums[cached_row + j, col]
+        t = 0.0
+        if n > 0:
+            if deepest == 0:
+                deepest = j
+            held = cached + n * (j - 1)
+            pairs = cached + n * j
+            tokens = n
+            if j == 1:
+                tokens += sums[extra_row, col]
+                held -= sums[extra_row, col]
+                pairs += sums[extra_row + 1, col]
+            if tokens > 0:
+                t = _pass_s(held, tokens, pairs, m0, m1, f_q, f_pair, fixed, comm, c0, c1)
+        passes[j] = t
+    if deepest == 0:
+        return 0.0
+    if in_step_order:
+        total = passes[deepest]
+        for j in range(deepest - 1, 0, -1):
+            total += passes[j]
+        return total
+    total = passes[1]
+    for j in range(2, deepest + 1):
+        total += passes[j]
+    return total
+
+
 def warm() -> None:
     """Run the loop once on the types `run_whole` gives it (numba's one-time load)."""
     target = (1e-3, 1e-6, 1e-6, 1e-9, 1e-4, False, 0.0, 0.0)  # (a role's pass numbers)
@@ -280,7 +338,7 @@ def warm() -> None:
         logs = [np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)]
         logs += [np.zeros(2, dtype=np.int64) for _ in range(3)]
         serve(np.zeros(INTS, dtype=np.int64), floats, arrival, lengths, lengths, 2, 2, capped,
-              rows, 1000, 8, -1, runs, run_at, runs, 0, 2, *target, 1e-4, 1e-6,
-              np.zeros((_FIRST + rows, 16), dtype=np.int64), np.zeros(2, dtype=np.int64),
+              rows, 1000, 8, -1, runs, run_at, runs, 0, 2, *target, 1e-4, 1e-6, False, *target,
+              0, 1, np.zeros((_FIRST + rows, 16), dtype=np.int64), np.zeros(2, dtype=np.int64),
               np.zeros(2, dtype=np.int64), np.zeros((3, 2), dtype=np.int64),
               np.empty((_ROWS, 64)), *logs)

@@ -20,6 +20,7 @@ from policies import Policy
 from policies.fixed import Fixed
 from simulator import kernels
 from simulator.acceptance import AcceptanceReplay
+from simulator.draft_feed import FIRST_FEED
 from simulator.logs import STEP_COLUMNS, RequestLog, StepLog
 from simulator.replica import Replica
 from simulator.scheduler import Scheduler
@@ -41,8 +42,8 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
     return (type(policy) is Fixed and policy.k <= config.k_max
             and type(replica.scheduler) is Scheduler and not config.chunked_prefill
             and replica.segments_only and replica.lazy and not replica.holds
-            and not replica.walks and not replica.folds_stop and not replica.feeds
-            and cost._roofline is not None and cost.prices_chain_sums and not cost.idle_s)
+            and not replica.walks and not replica.folds_stop and cost._roofline is not None
+            and cost.draft_tree is None and not cost.idle_s)
 
 
 def run_whole(replica: Replica, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
@@ -56,23 +57,25 @@ def run_whole(replica: Replica, arrival_s: np.ndarray, prompt_tokens: np.ndarray
     prompt = np.ascontiguousarray(prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(output_tokens, dtype=np.int64)
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
-    capped = bool(replica.capped)
-    rows = config.k_max + 1 if capped and steps.records_rows else 0
+    capped, draft = bool(replica.capped), bool(replica.feeds)
+    rows = config.k_max + 1 if draft or (capped and steps.records_rows) else 0
     ints, floats = np.zeros(loop.INTS, np.int64), np.zeros(loop.FLOATS)
     seats = max(1, min(config.max_num_seqs, len(output)))
     running, ends = np.zeros(seats, np.int64), np.zeros(seats, np.int64)
     totals = np.zeros((3, seats), np.int64)
-    sums = np.zeros((4 + rows, SUMS), np.int64)
+    sums = np.zeros((4 + rows + (rows + 2 if draft else 0), SUMS), np.int64)
     records = np.empty((len(STEP_COLUMNS), BUFFER))
     step_s, seq_s = _overheads(cost.latency)
     budget = -1 if config.max_batched_tokens is None else int(config.max_batched_tokens)
+    rule = kernels.compiled().RULES[replica.catch_up]
     window = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), 0, 0)
     while True:
         runs, run_at, caps, lo, hi = window
         status, sums = loop.serve(
             ints, floats, arrival, prompt, output, int(replica.policy.k), config.k_max,
             capped, rows, int(replica.scheduler.kv_capacity), config.max_num_seqs, budget,
-            runs, run_at, caps, lo, hi, *cost._roofline["target"], step_s, seq_s, sums,
+            runs, run_at, caps, lo, hi, *cost._roofline["target"], step_s, seq_s, draft,
+            *(cost._roofline["draft"] or cost._roofline["target"]), rule, FIRST_FEED, sums,
             running, ends, totals, records, requests.replica, requests.arrival_s,
             requests.admitted_s, requests.first_token_s, requests.finish_s, requests.steps,
             requests.drafted, requests.accepted)

@@ -1,9 +1,10 @@
 """A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): one
-replica, the plain scheduler, whole prompts, a fixed k, a model-free chain on the roofline. Its
-request and step records are the SimPy process's to the bit (the compiled loops loaded for
-both), with the drafter's caps (n-gram recordings) and without, k = 0, tight KV caches, a batch
-cap, a token budget, idle stretches, totals only; with windows, buffers and sums small enough
-that every pause and growth is taken. Elsewhere the SimPy process runs."""
+replica, the plain scheduler, whole prompts, a fixed k, a chain on the roofline (model-free or a
+draft model's). Its request and step records are the SimPy process's to the bit (the compiled
+loops loaded for both), with the drafter's caps (n-gram recordings) and without, k = 0 and
+k = k_max, tight KV caches, a batch cap, a token budget, idle stretches, totals only; with
+windows, buffers and sums small enough that every pause and growth is taken. Elsewhere the
+SimPy process runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from spectune.simulate import SimulationSpec, build_inputs
 
 pytest.importorskip("numba")
 
-#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths)
+#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths[, draft])
 CASES = [
     ("smollm2-ngram", 20.0, 600, 4, {}, None, "azure-conv"),
     ("smollm2-ngram", 2.0, 150, 6, {}, None, "azure-conv"),  # idle stretches
@@ -28,14 +29,20 @@ CASES = [
     ("iid:0.6", 40.0, 600, 4, {"max_num_seqs": 16}, 30_000, "azure-conv"),
     ("smollm2-ngram", 40.0, 600, 4, {"max_batched_tokens": 8192}, 60_000, "azure-conv"),
     ("iid:0.7", 60.0, 600, 4, {}, None, "lognormal:400,6,1.2"),  # many of 1 or 2 tokens
+    ("smollm2-ngram", 20.0, 600, 4, {}, None, "azure-conv", "Llama-68M"),
+    ("beta:7,3~20", 20.0, 600, 4, {}, None, "azure-conv", "Llama-68M"),
+    ("smollm2-ngram", 30.0, 500, 8, {}, None, "azure-conv", "Llama-68M"),
+    ("iid:0.7", 3.0, 200, 3, {}, None, "azure-conv", "Llama-68M"),
+    ("smollm2-ngram", 20.0, 400, 0, {}, None, "azure-conv", "Llama-68M"),
+    ("beta:7,3~20", 40.0, 600, 5, {"max_num_seqs": 24}, 40_000, "azure-conv", "Llama-68M"),
 ]
 
 
 def _run(case, whole: bool, keep_steps: bool = True):
     """The case's run, in the whole run's loop or (`whole` False) in the SimPy process."""
-    acceptance, rate, n, k, settings, kv, lengths = case
+    acceptance, rate, n, k, settings, kv, lengths, *draft = case
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths=lengths,
-                          acceptance=acceptance, seed=3, draft="none")
+                          acceptance=acceptance, seed=3, draft=draft[0] if draft else "none")
     scheduler = SchedulerConfig(**settings)
     inputs = build_inputs(spec, {"k": str(k)}, scheduler)
     with pytest.MonkeyPatch.context() as patch:
@@ -46,7 +53,8 @@ def _run(case, whole: bool, keep_steps: bool = True):
                         scheduler, ClusterConfig(1), keep_steps=keep_steps)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]:g}-k{c[3]}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]:g}-k{c[3]}{'-draft' * (len(c) > 7)}"
+                                             for c in CASES])
 def test_whole_run_matches_the_process(case, monkeypatch, loops):
     loops(True)
     small = {"BUFFER": 7, "CHUNK": 5, "SUMS": 3}  # every pause and growth, many times
@@ -81,15 +89,14 @@ def test_totals_only(loops):
     assert whole.totals == process.totals and whole.totals.iterations > 600
 
 
-@pytest.mark.parametrize("what", ["replicas", "chunked", "policy", "numpy", "draft model"])
+@pytest.mark.parametrize("what", ["replicas", "chunked", "policy", "numpy"])
 def test_elsewhere_the_process_runs(what, monkeypatch, loops):
     """Where the loop does not give the process's records (or the loops are not loaded)."""
     loops(what != "numpy")
     scheduler = (SchedulerConfig(chunked_prefill=True, max_batched_tokens=2048)
                  if what == "chunked" else SchedulerConfig())
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
-                          acceptance="iid:0.7", seed=1,
-                          draft="Llama-68M" if what == "draft model" else "none")
+                          acceptance="iid:0.7", seed=1, draft="none")
     policy = ("batch_adaptive", {}) if what == "policy" else ("fixed", {"k": 3})
     inputs = build_inputs(spec, {}, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
