@@ -24,7 +24,7 @@ from simulator.request import RequestState
 from simulator.scheduler import scheduler_class
 from simulator.step_cost import StepCostModel
 from simulator.stepped import repays_loading
-from simulator.whole_run import run_whole, takes_whole_run
+from simulator.whole_run import repays_loading_from, run_whole, takes_whole_run
 from traces import SpeculationTrace, Workload
 
 
@@ -146,21 +146,24 @@ def simulate(
     cluster = cluster or ClusterConfig()
     if kv_capacity_tokens < 1:
         raise ConfigError(f"KV capacity must be >= 1 token, got {kv_capacity_tokens}")
-    # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
-    repays_from = repays_loading(policy,
-                                 scheduler_class(scheduler.scheduler).plans_whole_step)
-    kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)
-    started = time.perf_counter()
-    env = simpy.Environment()
     arrival_s = np.asarray(workload.arrival_s, dtype=np.float64)
     arrival_s = arrival_s - arrival_s[0]
     check_fits(workload.request_ids, workload.prompt_tokens, workload.output_tokens, scheduler,
                kv_capacity_tokens)
     replay = replay_for(acceptance, workload.output_tokens, policy, scheduler.k_max)
-    steps, requests = StepLog(keep_steps, steps_sink), RequestLog(len(workload))
-    router = _Cluster(arrival_s, cluster.router)
     cost = StepCostModel(latency, draft_tree=_draft_tree(latency, acceptance),
                          speculating=policy.may_draft(scheduler.k_max))
+    # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
+    repays_from = repays_loading(policy,
+                                 scheduler_class(scheduler.scheduler).plans_whole_step)
+    whole_from = repays_loading_from(policy, scheduler, cluster, cost, fast_path, steps_sink)
+    if whole_from and (not repays_from or whole_from < repays_from):
+        repays_from = whole_from
+    kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)
+    started = time.perf_counter()
+    env = simpy.Environment()
+    steps, requests = StepLog(keep_steps, steps_sink), RequestLog(len(workload))
+    router = _Cluster(arrival_s, cluster.router)
     for r in range(cluster.replicas):
         router.replicas.append(Replica(env, r, scheduler, kv_capacity_tokens, cost,
                                        copy.deepcopy(policy), replay, steps, requests,

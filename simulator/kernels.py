@@ -7,7 +7,8 @@ from the on-disk cache), so by default (`SPECTUNE_KERNELS=auto`) a run takes the
 are loaded already or where it has enough requests to pay for loading them (`AUTO_REQUESTS`,
 or fewer for a policy whose steps run in compiled loops, its `Policy.runs_repay_from`: `auto`'s,
 in policies/compiled.py, handed to `policies.kernels` with these, and goodput's runs of steps,
-simulator/compiled_walked.py); a
+simulator/compiled_walked.py; or a run that takes the whole run's loop, simulator/whole_run.py's
+`REPAYS_FROM`); a
 sweep whose first batch has that many loads them once before its workers fork
 (spectune/evaluate.py), and its workers inherit them (a Ray sweep's workers choose run by run).
 `SPECTUNE_KERNELS=numba` loads them for every run, `numpy` never. Without numba (a bare GPU

@@ -103,3 +103,29 @@ def test_elsewhere_the_process_runs(what, monkeypatch, loops):
                       inputs.kv_capacity_tokens, scheduler,
                       ClusterConfig(2 if what == "replicas" else 1))
     assert result.meta["whole_run"] is False and result.meta["fast_path"]
+
+
+def test_a_run_it_would_take_loads_the_loops_from_fewer_requests(monkeypatch, loops):
+    """SPECTUNE_KERNELS=auto: a run the whole run would take loads the compiled loops from
+    `REPAYS_FROM` requests (a draft model's chain from fewer), far below `AUTO_REQUESTS`."""
+    from simulator import kernels
+
+    loops(True)  # (loaded once in this process; the choice restored after the test)
+    monkeypatch.setenv("SPECTUNE_KERNELS", "auto")
+    monkeypatch.setattr(whole_run, "REPAYS_FROM", {True: 50, False: 80})
+    scheduler = SchedulerConfig()
+    taken = {}
+    for draft in ("none", "Llama-68M"):
+        for requests in (60, 90):
+            monkeypatch.setattr(kernels, "_loaded", None)  # (a fresh process's state)
+            monkeypatch.setattr(kernels, "_active", None)
+            spec = SimulationSpec(workload="poisson", rate=8.0, requests=requests,
+                                  lengths="azure-conv", acceptance="iid:0.7", seed=1,
+                                  draft=draft)
+            inputs = build_inputs(spec, {}, scheduler)
+            result = simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                              make_policy("fixed", {"k": 3}), inputs.kv_capacity_tokens,
+                              scheduler)
+            taken[draft, requests] = result.meta["whole_run"]
+    assert taken == {("none", 60): False, ("none", 90): True, ("Llama-68M", 60): True,
+                     ("Llama-68M", 90): True}
