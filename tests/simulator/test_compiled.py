@@ -282,7 +282,7 @@ def test_auto_loads_them_for_long_runs_only(monkeypatch):
 
 def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
     from policies import make_policy
-    from simulator import ClusterConfig, SchedulerConfig
+    from simulator import ClusterConfig, SchedulerConfig, whole_run
     from simulator.engine import simulate
     from spectune.simulate import SimulationSpec, build_inputs
 
@@ -301,7 +301,8 @@ def test_a_policy_that_steps_compiled_loads_them_for_shorter_runs(monkeypatch):
                            ("goodput", {"per_request": "true"})):
         simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(policy, params),
                  inputs.kv_capacity_tokens, SchedulerConfig(), ClusterConfig(1, "least-loaded"))
-    assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps), (6, 0.0),
+    assert asked == [(6, 6 / Auto.compiled_steps), (6, 6 / Goodput.compiled_steps),
+                     (6, 6 / whole_run.REPAYS_FROM[True]),  # (fixed: the whole run's loop)
                      (6, 6 / Goodput.compiled_steps_per_request)]  # (its plans: sooner)
     assert Goodput.compiled_steps_per_request < Goodput.compiled_steps
 
