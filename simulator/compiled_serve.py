@@ -34,14 +34,32 @@ from numba import njit
 from simulator.compiled import _pass_s, add_shares, walk
 from simulator.compiled import feeds as chain_feeds
 
-#: `ints` slots: the next request to arrive, the first waiting, the replica's step index, KV
-#: tokens reserved, decode steps committed (the sums' `now`), the sums' first column's step,
-#: running requests, step records in the buffer
-NEXT, WAIT, STEP, KV, CNOW, ORIGIN, RUNNING, USED = range(8)
-INTS = 8
-#: `floats` slots: the clock, the arrival process's clock
-NOW, ARRIVED = range(2)
-FLOATS = 2
+#: `ints` slots: the next request to arrive, step records in the buffer
+NEXT, USED = range(2)
+INTS = 2
+#: `floats` slots: the arrival process's clock
+ARRIVED = 0
+FLOATS = 1
+#: per replica (`state` rows' slots): its step index, KV tokens reserved, decode steps
+#: committed (its sums' `now`), its sums' first column's step, running requests (decoding),
+#: waiting, being prefilled, where its first waiting request is searched from, its phase,
+#: what its iteration is, whether its segment ends where walks do
+STEP, KV, CNOW, ORIGIN, RUNNING, WAITING, PREFILLING, HEAD, PHASE, KIND, ENDS_WALKS = range(11)
+STATE = 11
+#: phases: waiting for a request; in an iteration (until `times[r]`); at its next iteration's
+#: start (at `times[r]`)
+IDLE, BUSY, READY = range(3)
+#: iterations
+PREFILL, SEGMENT = range(2)
+#: `config` slots
+K, K_MAX, CAPPED, ROWS, KV_CAPACITY, MAX_SEQS, BUDGET, DRAFT, RULE, FIRST_FEED, ROUTER = range(11)
+CONFIG = 11
+#: routers (simulator/engine.py's `_Cluster.route`)
+LEAST_LOADED, ROUND_ROBIN = range(2)
+#: `numbers`: the target's pass numbers (8: its all-reduces' flag as 0 or 1), the host's
+#: seconds per step and per running request, the draft model's pass numbers (8)
+TARGET, STEP_S, SEQ_S, DRAFT_NUMBERS = 0, 8, 9, 10
+NUMBERS = 18
 #: what the loop returns
 DONE, FLUSH, NEED_RUNS, STUCK = range(4)
 #: the step records' columns (simulator/logs.py's STEP_COLUMNS)
@@ -51,242 +69,341 @@ _FIRST = 4
 
 
 @njit(cache=True)
-def _arrive(ints, floats, arrival, limit: float, log_replica, log_arrival) -> None:
-    """Every arrival that fires at or before `limit`: the arrival process's clock plus its
-    delay (a delay of 0 or less: at that clock, submitted in the same step)."""
-    n = arrival.shape[0]
-    while ints[NEXT] < n:
-        i = ints[NEXT]
-        clock = floats[ARRIVED]
-        delay = arrival[i] - clock
-        at = clock + delay if delay > 0 else clock
-        if at > limit:
-            return
-        floats[ARRIVED] = at
-        log_replica[i] = 0
-        log_arrival[i] = at
-        ints[NEXT] = i + 1
+def _pass(numbers, at: int, held, tokens, pairs) -> float:
+    """One pass of the target (`at` = TARGET) or the draft model (DRAFT_NUMBERS)."""
+    return _pass_s(held, tokens, pairs, numbers[at], numbers[at + 1], numbers[at + 2],
+                   numbers[at + 3], numbers[at + 4], numbers[at + 5] != 0.0, numbers[at + 6],
+                   numbers[at + 7])
 
 
 @njit(cache=True)
-def _room(sums, ints, length: int):
-    """The sums' column of step `now` with `length` columns from it (BatchColumns._room: the
-    past dropped, or the arrays grown)."""
-    at = ints[CNOW] - ints[ORIGIN]
-    capacity = sums.shape[1]
+def _room(sums, state, r: int, length: int):
+    """Replica r's sums' column of its step `now`, with `length` columns from it
+    (BatchColumns._room: its past dropped, or every replica's arrays grown)."""
+    at = state[r, CNOW] - state[r, ORIGIN]
+    capacity = sums.shape[2]
     if at + length <= capacity:
         return sums, at
     live = capacity - at
-    grown = np.zeros((sums.shape[0], max(capacity, 2 * length)), np.int64)
-    grown[:, :live] = sums[:, at:]
-    ints[ORIGIN] = ints[CNOW]
+    grown = sums
+    if 2 * length > capacity:
+        grown = np.zeros((sums.shape[0], sums.shape[1], 2 * length), np.int64)
+        grown[:, :, :capacity] = sums
+    for row in range(sums.shape[1]):
+        keep = sums[r, row, at:].copy()
+        grown[r, row, :] = 0
+        grown[r, row, :live] = keep
+    state[r, ORIGIN] = state[r, CNOW]
     return grown, 0
 
 
 @njit(cache=True)
-def serve(ints, floats, arrival, prompt, output, k: int, k_max: int, capped: bool, rows: int,
-          kv_capacity: int, max_seqs: int, budget: int, runs, run_at, caps, lo: int, hi: int,
-          m0: float, m1: float, f_q: float, f_pair: float, fixed: float, comm: bool, c0: float,
-          c1: float, step_s: float, seq_s: float, draft: bool, d0: float, d1: float,
-          df_q: float, df_pair: float, dfixed: float, dcomm: bool, dc0: float, dc1: float,
-          rule: int, first_feed: int, sums, running, ends, totals, records, log_replica,
-          log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
-          log_accepted):
-    """Run until the workload is served (`DONE`), or until the caller must flush the step
-    records (`FLUSH`) or give the acceptance runs of requests from `ints[WAIT]` (`NEED_RUNS`).
-
-    Requests lo..hi-1 have their run (and `capped`: their caps) at runs[run_at[i - lo]:
-    run_at[i - lo + 1]]. `running` holds the running requests (slots 0..RUNNING-1), `ends`
-    the step each one's walk ends at, `totals` its walk's steps, drafts and accepted tokens.
-    `budget` < 0: no token budget. `draft`: a draft model's passes too (its numbers d0..dc1,
-    its catch-up `rule` and first feed), priced from the sums' rows by drafts. Returns
-    (status, sums): the sums may have grown."""
-    n_requests = arrival.shape[0]
-    reserve_extra = k_max
-    passes = np.zeros(k_max + 2)  # a step's draft passes' seconds, j = 1..k_max
-    while True:
-        now = floats[NOW]
-        held = ints[NEXT] - ints[WAIT] + ints[RUNNING]
-        if held == 0:  # idle: woken by the next arrival
-            if ints[NEXT] >= n_requests:
-                return DONE, sums
-            i = ints[NEXT]
-            clock = floats[ARRIVED]
-            delay = arrival[i] - clock
-            wake = clock + delay if delay > 0 else clock
-            _arrive(ints, floats, arrival, wake, log_replica, log_arrival)
-            floats[NOW] = wake
-            continue
-        # admit_whole: FCFS while the batch cap, the KV cache and the token budget allow
-        first = ints[WAIT]
-        last = first
-        used = 0
-        kv = ints[KV]
-        while last < ints[NEXT]:
-            need = prompt[last] + output[last] + reserve_extra
-            if ints[RUNNING] + (last - first) >= max_seqs or kv + need > kv_capacity:
-                break
-            if budget >= 0 and used + prompt[last] > budget:
-                break
-            used += prompt[last]
-            kv += need
-            last += 1
-        if last > first:
-            if last > hi or first < lo:
-                return NEED_RUNS, sums
-            if ints[USED] + 1 > records.shape[1]:
-                return FLUSH, sums
-            ints[KV] = kv
-            ints[WAIT] = last
-            seqs = last - first
-            pairs = 0
-            for i in range(first, last):
-                log_admitted[i] = now
-                pairs += prompt[i] * (prompt[i] + 1) // 2
-            duration = _pass_s(0, used, pairs, m0, m1, f_q, f_pair, fixed, comm, c0,
-                               c1) + (step_s + seq_s * seqs)
-            if draft:  # (the draft model prefills the prompts too)
-                duration += _pass_s(0, used, pairs, d0, d1, df_q, df_pair, dfixed, dcomm, dc0,
-                                    dc1)
-            waiting = ints[NEXT] - ints[WAIT]
-            held = waiting + seqs + ints[RUNNING]
-            end = now + duration
-            _arrive(ints, floats, arrival, end, log_replica, log_arrival)
-            floats[NOW] = end
-            ints[STEP] += 1
-            r = ints[USED]
-            records[0, r] = 0.0
-            records[1, r] = now
-            records[2, r] = duration
-            records[3, r] = 0.0
-            records[4, r] = seqs
-            records[5, r] = used
-            for c in range(6, 10):
-                records[c, r] = 0.0
-            records[10, r] = waiting
-            records[11, r] = held
-            records[12, r] = kv
-            ints[USED] = r + 1
-            for i in range(first, last):
-                log_first[i] = end
-                if output[i] <= 1:  # its prompt's token was its last
-                    log_finish[i] = end
-                    log_steps[i] = 0
-                    log_drafted[i] = 0
-                    log_accepted[i] = 0
-                    ints[KV] -= prompt[i] + output[i] + reserve_extra
-                    continue
-                at = run_at[i - lo]
-                run = runs[at: run_at[i - lo + 1]]
-                chain, drafts = walk(run, caps[at: run_at[i - lo + 1]] if capped else run,
-                                     capped, 1, 1, output[i], k)
-                m = chain.shape[0] - 1
-                sums, col = _room(sums, ints, m + 1)
-                walk_feeds = (chain_feeds(chain, drafts, capped, k, first_feed, rule) if draft
-                              else drafts)
-                add_shares(sums, col, chain, prompt[i] - 1, drafts, capped, k, 1, _FIRST,
-                           rows, draft, walk_feeds)
-                slot = ints[RUNNING]
-                running[slot] = i
-                ends[slot] = ints[CNOW] + m
-                drafted = 0
-                for d in range(m):
-                    drafted += drafts[d] if capped else k
-                totals[0, slot] = m
-                totals[1, slot] = drafted
-                totals[2, slot] = output[i] - 1 - m
-                ints[RUNNING] = slot + 1
-            continue
-        if ints[RUNNING] == 0:
-            return STUCK, sums
-        # a decode segment
-        batch = ints[RUNNING]
-        steps = ends[0]
-        for s in range(1, batch):
-            if ends[s] < steps:
-                steps = ends[s]
-        steps -= ints[CNOW]
-        if ints[USED] + steps > records.shape[1]:
-            return FLUSH, sums
-        at = ints[CNOW] - ints[ORIGIN]
-        overhead = step_s + seq_s * batch
-        horizon = arrival[ints[NEXT]] if ints[NEXT] < n_requests else np.inf
-        waiting = ints[NEXT] - ints[WAIT]
-        held = waiting + batch
-        kv = ints[KV]
-        r0 = ints[USED]
-        start = now
-        clock = 0.0 if not capped else now  # uncapped: the delays summed, from the start
-        if not capped:
-            horizon = horizon - start
-        taken = 0
-        while taken < steps:
-            col = at + taken
-            duration = _pass_s(sums[0, col], sums[1, col] + batch, sums[2, col], m0, m1, f_q,
-                               f_pair, fixed, comm, c0, c1) + overhead
-            if draft:
-                duration = duration + _draft_passes(sums, col, rows, capped, passes, d0, d1,
-                                                    df_q, df_pair, dfixed, dcomm, dc0, dc1)
-            r = r0 + taken
-            records[1, r] = (clock + start if not capped else clock) if taken else start
-            clock = clock + duration if taken or capped else duration
-            records[0, r] = 0.0
-            records[2, r] = duration
-            records[3, r] = batch
-            records[4, r] = 0.0
-            records[5, r] = 0.0
-            emitted = sums[0, col + 1] - sums[0, col]
-            if capped:
-                records[6, r] = sums[1, col]
-                deepest = rows - 1
-                while deepest > 0 and sums[_FIRST + deepest, col] == 0:
-                    deepest -= 1
-                records[7, r] = deepest
-            else:
-                records[6, r] = k * batch
-                records[7, r] = k
-            records[8, r] = emitted - batch
-            records[9, r] = emitted
-            records[10, r] = waiting
-            records[11, r] = held
-            records[12, r] = kv
-            taken += 1
-            if clock >= horizon:
-                break
-        end = clock if capped else start + clock
-        ints[USED] = r0 + taken
-        _arrive(ints, floats, arrival, end, log_replica, log_arrival)
-        floats[NOW] = end
-        ints[STEP] += taken
-        ints[CNOW] += taken
-        if taken < steps:
-            continue
-        # the walks that end here: finished (their last entry out of the sums)
-        now_col = ints[CNOW] - ints[ORIGIN]
-        s = 0
-        while s < ints[RUNNING]:
-            if ends[s] > ints[CNOW]:
-                s += 1
-                continue
-            i = running[s]
-            log_finish[i] = end
-            log_steps[i] = totals[0, s]
-            log_drafted[i] = totals[1, s]
-            log_accepted[i] = totals[2, s]
-            ints[KV] -= prompt[i] + output[i] + reserve_extra
-            sums[0, now_col] -= output[i] + prompt[i] - 1
-            last = ints[RUNNING] - 1
-            running[s] = running[last]
-            ends[s] = ends[last]
-            totals[:, s] = totals[:, last]
-            ints[RUNNING] = last
-
+def _route(state, config, i: int) -> int:
+    """The replica request i goes to: the least loaded (then the lowest index), or i's turn."""
+    replicas = state.shape[0]
+    if config[ROUTER] == ROUND_ROBIN:
+        return i % replicas
+    best, least = 0, -1
+    for r in range(replicas):
+        load = state[r, WAITING] + state[r, PREFILLING] + state[r, RUNNING]
+        if least < 0 or load < least:
+            best, least = r, load
+    return best
 
 
 @njit(cache=True)
-def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, m0: float, m1: float,
-                  f_q: float, f_pair: float, fixed: float, comm: bool, c0: float,
-                  c1: float) -> float:
+def _next_arrival(arrival, config, replicas: int, r: int, i: int) -> float:
+    """When the next request that could change replica r's state arrives (`_Cluster.
+    next_arrival_s`): the next of all under least-loaded routing, its own under round-robin."""
+    if config[ROUTER] == ROUND_ROBIN:
+        i += (r - i) % replicas
+    return arrival[i] if i < arrival.shape[0] else np.inf
+
+
+@njit(cache=True)
+def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, runs, run_at,
+          caps, lo: int, hi: int, sums, running, ends, totals, pending, records, log_replica,
+          log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
+          log_accepted):
+    """Run until the workload is served (`DONE`), or until the caller must flush the step
+    records (`FLUSH`) or give the acceptance runs of waiting requests (`NEED_RUNS`).
+
+    Events in SimPy's order: an arrival at or before the earliest replica event (URGENT, as
+    `_Arrival`); then that replica's (replicas at one time touch nothing of each other's, so
+    their order there changes nothing). A replica's iteration is decided at its start (its
+    records then too: each is fixed by then) and its end applied at its end.
+
+    Requests lo..hi-1 have their run (and capped: their caps) at runs[run_at[i - lo]:
+    run_at[i - lo + 1]]. Per replica r: `running[r]` its decoding requests, `ends[r]` the step
+    each one's walk ends at, `totals[r]` its walk's steps, drafts and accepted tokens;
+    `pending[r]` the requests its prefill admitted (their walks' lengths and totals in
+    `totals[r]` past its running ones). Returns (status, sums): the sums may have grown."""
+    n_requests = arrival.shape[0]
+    replicas = state.shape[0]
+    draft = config[DRAFT] != 0
+    passes = np.zeros(config[K_MAX] + 2)  # a step's draft passes' seconds, j = 1..k_max
+    while True:
+        best, t_best = -1, np.inf
+        for r in range(replicas):
+            if state[r, PHASE] != IDLE and (best < 0 or times[r] < t_best):
+                best, t_best = r, times[r]
+        i = ints[NEXT]
+        if i < n_requests:  # the next arrival fires first, even at the same time
+            clock = floats[ARRIVED]
+            delay = arrival[i] - clock
+            at = clock + delay if delay > 0 else clock
+            if best < 0 or at <= t_best:
+                floats[ARRIVED] = at
+                r = _route(state, config, i)
+                log_replica[i] = r
+                log_arrival[i] = at
+                state[r, WAITING] += 1
+                ints[NEXT] = i + 1
+                if state[r, PHASE] == IDLE:  # woken: its next iteration starts now
+                    state[r, PHASE] = READY
+                    times[r] = at
+                continue
+        if best < 0:
+            return DONE, sums
+        r, now = best, t_best
+        if state[r, PHASE] == BUSY:  # its iteration's end
+            if state[r, KIND] == PREFILL:
+                _start_decoding(r, now, state, config, prompt, output, running, ends, totals,
+                                pending, log_first, log_finish, log_steps, log_drafted,
+                                log_accepted)
+            elif state[r, ENDS_WALKS]:
+                _finish_walks(r, now, state, config, prompt, output, sums, running, ends,
+                              totals, log_finish, log_steps, log_drafted, log_accepted)
+            state[r, PHASE] = READY
+            continue
+        # its next iteration
+        if state[r, WAITING] + state[r, RUNNING] == 0:
+            state[r, PHASE] = IDLE
+            continue
+        admitted, used, kv, head = _admit(r, state, config, prompt, output, log_replica,
+                                          ints[NEXT], pending)
+        if admitted:
+            for a in range(admitted):
+                i = pending[r, a]
+                if output[i] > 1 and (i < lo or i >= hi):
+                    return NEED_RUNS, sums
+            if ints[USED] + 1 > records.shape[1]:
+                return FLUSH, sums
+            state[r, KV], state[r, HEAD] = kv, head
+            state[r, WAITING] -= admitted
+            state[r, PREFILLING] = admitted
+            pairs = 0
+            for a in range(admitted):
+                i = pending[r, a]
+                log_admitted[i] = now
+                pairs += prompt[i] * (prompt[i] + 1) // 2
+            duration = _pass(numbers, TARGET, 0, used, pairs) + (
+                numbers[STEP_S] + numbers[SEQ_S] * admitted)
+            if draft:  # (the draft model prefills the prompts too)
+                duration += _pass(numbers, DRAFT_NUMBERS, 0, used, pairs)
+            row = ints[USED]
+            _record(records, row, r, now, duration, 0, admitted, used, 0, 0, 0, 0,
+                    state[r, WAITING], state[r, WAITING] + admitted + state[r, RUNNING], kv)
+            ints[USED] = row + 1
+            for a in range(admitted):  # walked now: nothing reads the sums before its end
+                i = pending[r, a]
+                if output[i] > 1:
+                    sums = _walk_in(r, a, i, lo, state, config, prompt, output, runs, run_at,
+                                    caps, sums, totals)
+            state[r, STEP] += 1
+            state[r, PHASE], state[r, KIND] = BUSY, PREFILL
+            times[r] = now + duration
+            continue
+        batch = state[r, RUNNING]
+        if batch == 0:
+            return STUCK, sums
+        steps = ends[r, 0]
+        for s in range(1, batch):
+            steps = min(steps, ends[r, s])
+        steps -= state[r, CNOW]
+        if ints[USED] + steps > records.shape[1]:
+            return FLUSH, sums
+        taken, end = _segment(r, now, steps, _next_arrival(arrival, config, replicas, r,
+                                                           ints[NEXT]),
+                              state, config, numbers, sums, records, ints[USED], passes)
+        ints[USED] += taken
+        state[r, STEP] += taken
+        state[r, CNOW] += taken
+        state[r, ENDS_WALKS] = taken == steps
+        state[r, PHASE], state[r, KIND] = BUSY, SEGMENT
+        times[r] = end
+
+
+@njit(cache=True)
+def _admit(r: int, state, config, prompt, output, route, arrived: int, pending):
+    """`admit_whole` of replica r: its waiting requests in arrival order while its batch cap,
+    KV cache and token budget allow (into `pending[r]`). Returns how many, their prompt
+    tokens, the KV reserved after them, and where its next waiting one is searched from."""
+    admitted, used, kv = 0, 0, state[r, KV]
+    i = state[r, HEAD]
+    left = state[r, WAITING]
+    budget = config[BUDGET]
+    while left:
+        while route[i] != r:  # (requests of other replicas)
+            i += 1
+        need = prompt[i] + output[i] + config[K_MAX]
+        if (state[r, RUNNING] + admitted >= config[MAX_SEQS]
+                or kv + need > config[KV_CAPACITY]
+                or (budget >= 0 and used + prompt[i] > budget)):
+            break
+        used += prompt[i]
+        kv += need
+        pending[r, admitted] = i
+        admitted += 1
+        left -= 1
+        i += 1
+    return admitted, used, kv, i
+
+
+@njit(cache=True)
+def _walk_in(r: int, a: int, i: int, lo: int, state, config, prompt, output, runs, run_at,
+             caps, sums, totals):
+    """Request i's walk from its first token (`walk_chain`), its shares added to replica r's
+    sums at its step `now` (its walk's `add_shares`, with its draft feeds where a draft model
+    drafts), its length and totals kept as the a-th past replica r's running requests."""
+    k, capped, draft = config[K], config[CAPPED] != 0, config[DRAFT] != 0
+    first, last = run_at[i - lo], run_at[i - lo + 1]
+    run = runs[first:last]
+    chain, drafts = walk(run, caps[first:last] if capped else run, capped, 1, 1, output[i], k)
+    m = chain.shape[0] - 1
+    sums, col = _room(sums, state, r, m + 1)
+    walk_feeds = (chain_feeds(chain, drafts, capped, k, config[FIRST_FEED], config[RULE])
+                  if draft else drafts)
+    add_shares(sums[r], col, chain, prompt[i] - 1, drafts, capped, k, 1, _FIRST, config[ROWS],
+               draft, walk_feeds)
+    drafted = 0
+    for d in range(m):
+        drafted += drafts[d] if capped else k
+    slot = state[r, RUNNING] + a
+    totals[r, 0, slot] = m
+    totals[r, 1, slot] = drafted
+    totals[r, 2, slot] = output[i] - 1 - m
+    return sums
+
+
+@njit(cache=True)
+def _start_decoding(r: int, now: float, state, config, prompt, output, running, ends, totals,
+                    pending, log_first, log_finish, log_steps, log_drafted, log_accepted):
+    """Replica r's prefill ends: its prompts' first tokens now; a request of one token
+    finishes (`start_decoding`, `finish_done`), the others decode along their walks."""
+    walked = state[r, RUNNING]  # (the a-th admitted's walk kept at walked + a)
+    for a in range(state[r, PREFILLING]):
+        i = pending[r, a]
+        log_first[i] = now
+        if output[i] <= 1:
+            log_finish[i] = now
+            log_steps[i] = 0
+            log_drafted[i] = 0
+            log_accepted[i] = 0
+            state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
+            continue
+        slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
+        running[r, slot] = i
+        ends[r, slot] = state[r, CNOW] + totals[r, 0, walked + a]
+        for c in range(3):
+            totals[r, c, slot] = totals[r, c, walked + a]
+        state[r, RUNNING] = slot + 1
+    state[r, PREFILLING] = 0
+
+
+@njit(cache=True)
+def _finish_walks(r: int, now: float, state, config, prompt, output, sums, running, ends,
+                  totals, log_finish, log_steps, log_drafted, log_accepted) -> None:
+    """Replica r's requests whose walks end at its step `now` finish (`finish_done`): their
+    records, their KV, their walk's last entry out of the sums."""
+    col = state[r, CNOW] - state[r, ORIGIN]
+    s = 0
+    while s < state[r, RUNNING]:
+        if ends[r, s] > state[r, CNOW]:
+            s += 1
+            continue
+        i = running[r, s]
+        log_finish[i] = now
+        log_steps[i] = totals[r, 0, s]
+        log_drafted[i] = totals[r, 1, s]
+        log_accepted[i] = totals[r, 2, s]
+        state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
+        sums[r, 0, col] -= output[i] + prompt[i] - 1
+        last = state[r, RUNNING] - 1
+        running[r, s] = running[r, last]
+        ends[r, s] = ends[r, last]
+        for c in range(3):
+            totals[r, c, s] = totals[r, c, last]
+        state[r, RUNNING] = last
+
+
+@njit(cache=True)
+def _record(records, row: int, r: int, start: float, duration: float, decode: int,
+            prefill: int, prefill_tokens: int, drafted: int, max_k: int, accepted: int,
+            emitted: int, waiting: int, held: int, kv: int) -> None:
+    """One step record (simulator/logs.py's STEP_COLUMNS, in their order)."""
+    records[0, row] = r
+    records[1, row] = start
+    records[2, row] = duration
+    records[3, row] = decode
+    records[4, row] = prefill
+    records[5, row] = prefill_tokens
+    records[6, row] = drafted
+    records[7, row] = max_k
+    records[8, row] = accepted
+    records[9, row] = emitted
+    records[10, row] = waiting
+    records[11, row] = held
+    records[12, row] = kv
+
+
+@njit(cache=True)
+def _segment(r: int, start: float, steps: int, horizon: float, state, config, numbers, sums,
+             records, row: int, passes):
+    """Replica r's decode segment (`_decode_segment`): its steps priced from its sums, up to
+    its first walk's end or the first step that ends at or after `horizon` (the next
+    arrival), on the clock the replica keeps: an uncapped stretch's delays summed from its
+    start, a capped one's clock step by step. Writes its records; returns how many steps and
+    when the segment ends."""
+    k, capped, rows = config[K], config[CAPPED] != 0, config[ROWS]
+    draft = config[DRAFT] != 0
+    batch = state[r, RUNNING]
+    at = state[r, CNOW] - state[r, ORIGIN]
+    overhead = numbers[STEP_S] + numbers[SEQ_S] * batch
+    waiting = state[r, WAITING]
+    held = waiting + batch
+    kv = state[r, KV]
+    clock = start  # capped: the clock; uncapped: the delays summed, from the first
+    if not capped:
+        horizon = horizon - start
+    taken = 0
+    sums_r = sums[r]
+    while taken < steps:
+        col = at + taken
+        duration = _pass(numbers, TARGET, sums_r[0, col], sums_r[1, col] + batch,
+                         sums_r[2, col]) + overhead
+        if draft:
+            duration = duration + _draft_passes(sums_r, col, rows, capped, passes, numbers)
+        begins = start if not taken else (clock + start if not capped else clock)
+        clock = clock + duration if taken or capped else duration
+        emitted = sums_r[0, col + 1] - sums_r[0, col]
+        if capped:
+            deepest = rows - 1
+            while deepest > 0 and sums_r[_FIRST + deepest, col] == 0:
+                deepest -= 1
+            drafted, max_k = sums_r[1, col], deepest
+        else:
+            drafted, max_k = k * batch, k
+        _record(records, row + taken, r, begins, duration, batch, 0, 0, drafted, max_k,
+                emitted - batch, emitted, waiting, held, kv)
+        taken += 1
+        if clock >= horizon:
+            break
+    return taken, (clock if capped else start + clock)
+
+
+@njit(cache=True)
+def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, numbers) -> float:
     """A step's draft passes j = 1..P from the sums' rows by drafts (`chain_pass_times` of
     `BatchColumns.draft_passes`): pass j over the requests drafting at least j, pass 1 with
     the catch-up; summed from the last pass to the first (`in_step_order`: a capped chain's
@@ -312,7 +429,7 @@ def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, m0: fl
                 held -= sums[extra_row, col]
                 pairs += sums[extra_row + 1, col]
             if tokens > 0:
-                t = _pass_s(held, tokens, pairs, m0, m1, f_q, f_pair, fixed, comm, c0, c1)
+                t = _pass(numbers, DRAFT_NUMBERS, held, tokens, pairs)
         passes[j] = t
     if deepest == 0:
         return 0.0
@@ -329,16 +446,17 @@ def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, m0: fl
 
 def warm() -> None:
     """Run the loop once on the types `run_whole` gives it (numba's one-time load)."""
-    target = (1e-3, 1e-6, 1e-6, 1e-9, 1e-4, False, 0.0, 0.0)  # (a role's pass numbers)
+    numbers = np.full(NUMBERS, 1e-6)
     arrival, lengths = np.array([0.0, 0.5]), np.array([4, 3], dtype=np.int64)
     runs, run_at = np.ones(7, dtype=np.int64), np.array([0, 4, 7], dtype=np.int64)
-    for capped in (False, True):
+    for capped in (0, 1):
         rows = 3 if capped else 0
-        floats = np.zeros(2)
+        config = np.array([2, 2, capped, rows, 1000, 8, -1, 0, 0, 1, 0], dtype=np.int64)
         logs = [np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)]
         logs += [np.zeros(2, dtype=np.int64) for _ in range(3)]
-        serve(np.zeros(INTS, dtype=np.int64), floats, arrival, lengths, lengths, 2, 2, capped,
-              rows, 1000, 8, -1, runs, run_at, runs, 0, 2, *target, 1e-4, 1e-6, False, *target,
-              0, 1, np.zeros((_FIRST + rows, 16), dtype=np.int64), np.zeros(2, dtype=np.int64),
-              np.zeros(2, dtype=np.int64), np.zeros((3, 2), dtype=np.int64),
-              np.empty((_ROWS, 64)), *logs)
+        serve(np.zeros(INTS, dtype=np.int64), np.zeros(FLOATS),
+              np.zeros((1, STATE), dtype=np.int64), np.zeros(1), config, numbers, arrival,
+              lengths, lengths, runs, run_at, runs, 0, 2,
+              np.zeros((1, _FIRST + rows, 16), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
+              np.zeros((1, 2), dtype=np.int64), np.zeros((1, 3, 2), dtype=np.int64),
+              np.zeros((1, 2), dtype=np.int64), np.empty((_ROWS, 64)), *logs)

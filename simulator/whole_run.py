@@ -44,11 +44,11 @@ REPAYS_FROM = {True: 4_000, False: 8_000}  # (with a draft model, model-free)
 
 
 def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cluster: ClusterConfig,
-                cost: StepCostModel, fast_path: bool, sink) -> int:
+                        cost: StepCostModel, fast_path: bool, sink) -> int:
     """The requests from which a run repays loading the compiled loops for the whole run
     (0: it would not take it): what `takes_whole_run` checks, known before any replica is
     made."""
-    if not (fast_path and sink is None and cluster.replicas == 1 and type(policy) is Fixed
+    if not (fast_path and sink is None and type(policy) is Fixed
             and policy.k <= scheduler.k_max and scheduler.scheduler == Scheduler.name
             and not scheduler.chunked_prefill and cost._roofline is not None
             and cost.draft_tree is None and not cost.idle_s):
@@ -58,7 +58,7 @@ def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cluster: Clu
 
 def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> bool:
     """Whether this run takes the compiled loop: where its records are the SimPy process's."""
-    if len(replicas) != 1 or kernels.compiled() is None or steps.sink is not None:
+    if kernels.compiled() is None or steps.sink is not None:
         return False
     replica = replicas[0]
     cost, config = replica.cost, replica.config
@@ -69,43 +69,51 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
             and cost.draft_tree is None and not cost.idle_s)
 
 
-def run_whole(replica: Replica, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
-              output_tokens: np.ndarray, acceptance: AcceptanceReplay, steps: StepLog,
-              requests: RequestLog) -> None:
-    """Serve the workload on `replica` (its configuration; its SimPy process never starts),
-    writing the request and step records the process would write."""
+def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
+              prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+              acceptance: AcceptanceReplay, steps: StepLog, requests: RequestLog) -> None:
+    """Serve the workload on `replicas` (their configuration; their SimPy processes never
+    start), writing the request and step records the processes would write."""
     from simulator import compiled_serve as loop  # (loaded with the compiled loops)
 
+    replica = replicas[0]
     config, cost = replica.config, replica.cost
     prompt = np.ascontiguousarray(prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(output_tokens, dtype=np.int64)
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
     capped, draft = bool(replica.capped), bool(replica.feeds)
     rows = config.k_max + 1 if draft or (capped and steps.records_rows) else 0
+    settings = np.zeros(loop.CONFIG, np.int64)
+    settings[[loop.K, loop.K_MAX, loop.CAPPED, loop.ROWS, loop.KV_CAPACITY, loop.MAX_SEQS]] = (
+        replica.policy.k, config.k_max, capped, rows, replica.scheduler.kv_capacity,
+        config.max_num_seqs)
+    settings[loop.BUDGET] = -1 if config.max_batched_tokens is None else config.max_batched_tokens
+    settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER]] = (
+        draft, kernels.compiled().RULES[replica.catch_up], FIRST_FEED,
+        loop.ROUND_ROBIN if router == "round-robin" else loop.LEAST_LOADED)
+    numbers = np.array([*_numbers(cost._roofline["target"]), *_overheads(cost.latency),
+                        *_numbers(cost._roofline["draft"] or cost._roofline["target"])])
+    n = len(replicas)
     ints, floats = np.zeros(loop.INTS, np.int64), np.zeros(loop.FLOATS)
+    state, times = np.zeros((n, loop.STATE), np.int64), np.zeros(n)
     seats = max(1, min(config.max_num_seqs, len(output)))
-    running, ends = np.zeros(seats, np.int64), np.zeros(seats, np.int64)
-    totals = np.zeros((3, seats), np.int64)
-    sums = np.zeros((4 + rows + (rows + 2 if draft else 0), SUMS), np.int64)
+    running, ends = np.zeros((n, seats), np.int64), np.zeros((n, seats), np.int64)
+    totals, pending = np.zeros((n, 3, seats), np.int64), np.zeros((n, seats), np.int64)
+    sums = np.zeros((n, 4 + rows + (rows + 2 if draft else 0), SUMS), np.int64)
     records = np.empty((len(STEP_COLUMNS), BUFFER))
-    step_s, seq_s = _overheads(cost.latency)
-    budget = -1 if config.max_batched_tokens is None else int(config.max_batched_tokens)
-    rule = kernels.compiled().RULES[replica.catch_up]
     window = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), 0, 0)
     while True:
         runs, run_at, caps, lo, hi = window
         status, sums = loop.serve(
-            ints, floats, arrival, prompt, output, int(replica.policy.k), config.k_max,
-            capped, rows, int(replica.scheduler.kv_capacity), config.max_num_seqs, budget,
-            runs, run_at, caps, lo, hi, *cost._roofline["target"], step_s, seq_s, draft,
-            *(cost._roofline["draft"] or cost._roofline["target"]), rule, FIRST_FEED, sums,
-            running, ends, totals, records, requests.replica, requests.arrival_s,
-            requests.admitted_s, requests.first_token_s, requests.finish_s, requests.steps,
-            requests.drafted, requests.accepted)
-        if status == loop.NEED_RUNS:
-            first = int(ints[loop.WAIT])
+            ints, floats, state, times, settings, numbers, arrival, prompt, output, runs,
+            run_at, caps, lo, hi, sums, running, ends, totals, pending, records,
+            requests.replica, requests.arrival_s, requests.admitted_s, requests.first_token_s,
+            requests.finish_s, requests.steps, requests.drafted, requests.accepted)
+        if status == loop.NEED_RUNS:  # from the first request any replica has waiting
+            first = int(state[state[:, loop.WAITING] > 0, loop.HEAD].min())
+            arrived = int(ints[loop.NEXT])
             window = _window(replica, acceptance, output, first,
-                             min(len(output), max(first + CHUNK, int(ints[loop.NEXT]))))
+                             min(len(output), max(first + CHUNK, arrived)))
             continue
         used = int(ints[loop.USED])
         if used:
@@ -118,6 +126,11 @@ def run_whole(replica: Replica, arrival_s: np.ndarray, prompt_tokens: np.ndarray
         if status == loop.STUCK:
             raise RuntimeError("replica holds requests it can neither admit nor run")
         return
+
+
+def _numbers(numbers: tuple) -> tuple[float, ...]:
+    """A role's pass numbers as floats (its all-reduces' flag as 0 or 1)."""
+    return tuple(float(x) for x in numbers)
 
 
 def _window(replica: Replica, acceptance: AcceptanceReplay, output: np.ndarray, lo: int,

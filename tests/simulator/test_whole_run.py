@@ -1,10 +1,10 @@
-"""A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): one
-replica, the plain scheduler, whole prompts, a fixed k, a chain on the roofline (model-free or a
-draft model's). Its request and step records are the SimPy process's to the bit (the compiled
-loops loaded for both), with the drafter's caps (n-gram recordings) and without, k = 0 and
-k = k_max, tight KV caches, a batch cap, a token budget, idle stretches, totals only; with
-windows, buffers and sums small enough that every pause and growth is taken. Elsewhere the
-SimPy process runs."""
+"""A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): the
+plain scheduler, whole prompts, a fixed k, a chain on the roofline (model-free or a draft
+model's), one replica or several behind either router. Its request and step records are the
+SimPy processes' to the bit (the compiled loops loaded for both), with the drafter's caps
+(n-gram recordings) and without, k = 0 and k = k_max, tight KV caches, a batch cap, a token
+budget, idle stretches, totals only; with windows, buffers and sums small enough that every
+pause and growth is taken. Elsewhere the SimPy processes run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from spectune.simulate import SimulationSpec, build_inputs
 
 pytest.importorskip("numba")
 
-#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths[, draft])
+#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths[, draft[,
+#: replicas and router]])
 CASES = [
     ("smollm2-ngram", 20.0, 600, 4, {}, None, "azure-conv"),
     ("smollm2-ngram", 2.0, 150, 6, {}, None, "azure-conv"),  # idle stretches
@@ -35,14 +36,24 @@ CASES = [
     ("iid:0.7", 3.0, 200, 3, {}, None, "azure-conv", "Llama-68M"),
     ("smollm2-ngram", 20.0, 400, 0, {}, None, "azure-conv", "Llama-68M"),
     ("beta:7,3~20", 40.0, 600, 5, {"max_num_seqs": 24}, 40_000, "azure-conv", "Llama-68M"),
+    ("smollm2-ngram", 60.0, 900, 4, {}, None, "azure-conv", "none", 3, "least-loaded"),
+    ("smollm2-ngram", 60.0, 900, 4, {}, None, "azure-conv", "none", 3, "round-robin"),
+    ("iid:0.7", 40.0, 900, 4, {}, None, "azure-conv", "none", 3, "round-robin"),  # uncapped
+    ("smollm2-ngram", 6.0, 300, 6, {}, None, "azure-conv", "none", 3, "least-loaded"),
+    ("beta:7,3~20", 50.0, 900, 4, {}, None, "azure-conv", "Llama-68M", 4, "least-loaded"),
+    ("smollm2-ngram", 30.0, 900, 4, {}, None, "azure-conv", "Llama-68M", 3, "round-robin"),
+    ("iid:0.6", 80.0, 900, 4, {"max_num_seqs": 16}, 30_000, "azure-conv", "none", 3,
+     "least-loaded"),
+    ("iid:0.7", 200.0, 900, 3, {}, None, "lognormal:400,6,1.2", "none", 5, "least-loaded"),
 ]
 
 
 def _run(case, whole: bool, keep_steps: bool = True):
     """The case's run, in the whole run's loop or (`whole` False) in the SimPy process."""
-    acceptance, rate, n, k, settings, kv, lengths, *draft = case
+    acceptance, rate, n, k, settings, kv, lengths, *more = case
+    draft, replicas, router = _rest(more)
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths=lengths,
-                          acceptance=acceptance, seed=3, draft=draft[0] if draft else "none")
+                          acceptance=acceptance, seed=3, draft=draft)
     scheduler = SchedulerConfig(**settings)
     inputs = build_inputs(spec, {"k": str(k)}, scheduler)
     with pytest.MonkeyPatch.context() as patch:
@@ -50,11 +61,22 @@ def _run(case, whole: bool, keep_steps: bool = True):
             patch.setattr(engine_module, "takes_whole_run", lambda *args: False)
         return simulate(inputs.workload, inputs.latency, inputs.acceptance,
                         make_policy("fixed", {"k": k}), kv or inputs.kv_capacity_tokens,
-                        scheduler, ClusterConfig(1), keep_steps=keep_steps)
+                        scheduler, ClusterConfig(replicas, router), keep_steps=keep_steps)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]:g}-k{c[3]}{'-draft' * (len(c) > 7)}"
-                                             for c in CASES])
+def _rest(more: list) -> tuple:
+    """A case's draft, replicas and router (by default: none, 1, least-loaded)."""
+    defaults = ("none", 1, "least-loaded")
+    return (*more, *defaults[len(more):])
+
+
+def _name(case) -> str:
+    draft, replicas, router = _rest(case[7:])
+    return (f"{case[0]}-{case[1]:g}-k{case[3]}" + ("-draft" if draft != "none" else "")
+            + (f"-{replicas}-{router}" if replicas > 1 else ""))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_name(case) for case in CASES])
 def test_whole_run_matches_the_process(case, monkeypatch, loops):
     loops(True)
     small = {"BUFFER": 7, "CHUNK": 5, "SUMS": 3}  # every pause and growth, many times
@@ -89,19 +111,19 @@ def test_totals_only(loops):
     assert whole.totals == process.totals and whole.totals.iterations > 600
 
 
-@pytest.mark.parametrize("what", ["replicas", "chunked", "policy", "numpy"])
+@pytest.mark.parametrize("what", ["vllm-v1", "chunked", "policy", "numpy"])
 def test_elsewhere_the_process_runs(what, monkeypatch, loops):
     """Where the loop does not give the process's records (or the loops are not loaded)."""
     loops(what != "numpy")
     scheduler = (SchedulerConfig(chunked_prefill=True, max_batched_tokens=2048)
-                 if what == "chunked" else SchedulerConfig())
+                 if what == "chunked" else SchedulerConfig(scheduler="vllm-v1")
+                 if what == "vllm-v1" else SchedulerConfig())
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
                           acceptance="iid:0.7", seed=1, draft="none")
     policy = ("batch_adaptive", {}) if what == "policy" else ("fixed", {"k": 3})
     inputs = build_inputs(spec, {}, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
-                      inputs.kv_capacity_tokens, scheduler,
-                      ClusterConfig(2 if what == "replicas" else 1))
+                      inputs.kv_capacity_tokens, scheduler, ClusterConfig(2))
     assert result.meta["whole_run"] is False and result.meta["fast_path"]
 
 
