@@ -94,8 +94,8 @@ def measure(n: int, k: int, acceptance: str = "iid:0.7", rate: float = 2.0,
         "records_s": (t2 - t1) - engine_s + (t3 - t2), "total_s": t3 - t0,
         "iterations": summary["iterations"], "mean_batch": summary["mean_batch_size"],
         "sim_seconds": summary["duration_s"], "fast_path": result.meta["fast_path"],
-        "path": ("fast" if result.meta["fast_path"] else "runs"
-                 if result.meta["steps_at_once"] else "step"),
+        "path": ("whole" if result.meta["whole_run"] else "fast" if result.meta["fast_path"]
+                 else "runs" if result.meta["steps_at_once"] else "step"),
         "e2e_mean": summary["e2e_s"]["mean"],
     }
 

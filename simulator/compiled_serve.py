@@ -49,11 +49,12 @@ STATE = 11
 #: phases: waiting for a request; in an iteration (until `times[r]`); at its next iteration's
 #: start (at `times[r]`)
 IDLE, BUSY, READY = range(3)
-#: iterations
-PREFILL, SEGMENT = range(2)
+#: iterations: whole prompts prefilled, a decode segment, a step with prompt chunks
+PREFILL, SEGMENT, CHUNKED = range(3)
 #: `config` slots
 K, K_MAX, CAPPED, ROWS, KV_CAPACITY, MAX_SEQS, BUDGET, DRAFT, RULE, FIRST_FEED, ROUTER = range(11)
-CONFIG = 11
+CHUNKS = 11  # chunked prefill (`BUDGET` the token budget of every step)
+CONFIG = 12
 #: routers (simulator/engine.py's `_Cluster.route`)
 LEAST_LOADED, ROUND_ROBIN = range(2)
 #: `numbers`: the target's pass numbers (8: its all-reduces' flag as 0 or 1), the host's
@@ -122,8 +123,8 @@ def _next_arrival(arrival, config, replicas: int, r: int, i: int) -> float:
 
 @njit(cache=True)
 def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, runs, run_at,
-          caps, lo: int, hi: int, sums, running, ends, totals, pending, records, log_replica,
-          log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
+          caps, lo: int, hi: int, sums, running, ends, totals, pending, prefilled, records,
+          log_replica, log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
           log_accepted):
     """Run until the workload is served (`DONE`), or until the caller must flush the step
     records (`FLUSH`) or give the acceptance runs of waiting requests (`NEED_RUNS`).
@@ -137,11 +138,14 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
     run_at[i - lo + 1]]. Per replica r: `running[r]` its decoding requests, `ends[r]` the step
     each one's walk ends at, `totals[r]` its walk's steps, drafts and accepted tokens;
     `pending[r]` the requests its prefill admitted (their walks' lengths and totals in
-    `totals[r]` past its running ones). Returns (status, sums): the sums may have grown."""
+    `totals[r]` past its running ones); under chunked prefill the requests it is prefilling,
+    oldest first, and `prefilled[r]` their prompt tokens done. Returns (status, sums): the
+    sums may have grown."""
     n_requests = arrival.shape[0]
     replicas = state.shape[0]
     draft = config[DRAFT] != 0
     passes = np.zeros(config[K_MAX] + 2)  # a step's draft passes' seconds, j = 1..k_max
+    chunk_n = np.zeros(pending.shape[1], np.int64)  # a chunked step's chunks' tokens
     while True:
         best, t_best = -1, np.inf
         for r in range(replicas):
@@ -171,14 +175,38 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
                 _start_decoding(r, now, state, config, prompt, output, running, ends, totals,
                                 pending, log_first, log_finish, log_steps, log_drafted,
                                 log_accepted)
-            elif state[r, ENDS_WALKS]:
+            elif state[r, KIND] == CHUNKED:
+                _end_chunks(r, now, state, config, prompt, output, running, ends, totals,
+                            pending, prefilled, log_first, log_finish, log_steps, log_drafted,
+                            log_accepted)
+            if state[r, KIND] != PREFILL and state[r, ENDS_WALKS]:
                 _finish_walks(r, now, state, config, prompt, output, sums, running, ends,
                               totals, log_finish, log_steps, log_drafted, log_accepted)
             state[r, PHASE] = READY
             continue
         # its next iteration
-        if state[r, WAITING] + state[r, RUNNING] == 0:
+        if state[r, WAITING] + state[r, PREFILLING] + state[r, RUNNING] == 0:
             state[r, PHASE] = IDLE
+            continue
+        if config[CHUNKS] and (state[r, RUNNING] == 0 or _prefill_pending(
+                r, state, config, prompt, output, log_replica)):
+            status = _chunk_step(r, now, state, config, numbers, prompt, output, log_replica,
+                                 ints, lo, hi, sums, pending, prefilled, log_admitted, records,
+                                 chunk_n)
+            if status != DONE:
+                return status, sums
+            for a in range(state[r, PREFILLING]):  # the prompts whole after this step
+                i = pending[r, a]
+                if prefilled[r, a] < prompt[i]:
+                    break
+                if output[i] > 1:  # (walked from the step after this one)
+                    sums = _walk_in(r, a, i, lo, state, config, prompt, output, runs, run_at,
+                                    caps, sums, totals, state[r, CNOW] + (state[r, RUNNING] > 0))
+            state[r, ENDS_WALKS] = state[r, RUNNING] > 0
+            state[r, CNOW] += state[r, RUNNING] > 0
+            state[r, STEP] += 1
+            state[r, PHASE], state[r, KIND] = BUSY, CHUNKED
+            times[r] = now + records[2, ints[USED] - 1]
             continue
         admitted, used, kv, head = _admit(r, state, config, prompt, output, log_replica,
                                           ints[NEXT], pending)
@@ -209,7 +237,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
                 i = pending[r, a]
                 if output[i] > 1:
                     sums = _walk_in(r, a, i, lo, state, config, prompt, output, runs, run_at,
-                                    caps, sums, totals)
+                                    caps, sums, totals, state[r, CNOW])
             state[r, STEP] += 1
             state[r, PHASE], state[r, KIND] = BUSY, PREFILL
             times[r] = now + duration
@@ -262,16 +290,18 @@ def _admit(r: int, state, config, prompt, output, route, arrived: int, pending):
 
 @njit(cache=True)
 def _walk_in(r: int, a: int, i: int, lo: int, state, config, prompt, output, runs, run_at,
-             caps, sums, totals):
+             caps, sums, totals, step: int):
     """Request i's walk from its first token (`walk_chain`), its shares added to replica r's
-    sums at its step `now` (its walk's `add_shares`, with its draft feeds where a draft model
-    drafts), its length and totals kept as the a-th past replica r's running requests."""
+    sums from its decode step `step` (its walk's `add_shares`, with its draft feeds where a
+    draft model drafts), its length and totals kept as the a-th past replica r's running
+    requests."""
     k, capped, draft = config[K], config[CAPPED] != 0, config[DRAFT] != 0
     first, last = run_at[i - lo], run_at[i - lo + 1]
     run = runs[first:last]
     chain, drafts = walk(run, caps[first:last] if capped else run, capped, 1, 1, output[i], k)
     m = chain.shape[0] - 1
-    sums, col = _room(sums, state, r, m + 1)
+    sums, col = _room(sums, state, r, step - state[r, CNOW] + m + 1)
+    col += step - state[r, CNOW]
     walk_feeds = (chain_feeds(chain, drafts, capped, k, config[FIRST_FEED], config[RULE])
                   if draft else drafts)
     add_shares(sums[r], col, chain, prompt[i] - 1, drafts, capped, k, 1, _FIRST, config[ROWS],
@@ -309,6 +339,144 @@ def _start_decoding(r: int, now: float, state, config, prompt, output, running, 
             totals[r, c, slot] = totals[r, c, walked + a]
         state[r, RUNNING] = slot + 1
     state[r, PREFILLING] = 0
+
+
+@njit(cache=True)
+def _next_waiting(r: int, state, route) -> int:
+    """Replica r's first waiting request (it has one)."""
+    i = state[r, HEAD]
+    while route[i] != r:  # (requests of other replicas)
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _prefill_pending(r: int, state, config, prompt, output, route) -> bool:
+    """`prefill_pending`: a prompt being prefilled, or a waiting one that fits now."""
+    if state[r, PREFILLING]:
+        return True
+    if not state[r, WAITING]:
+        return False
+    i = _next_waiting(r, state, route)
+    return (state[r, RUNNING] + state[r, PREFILLING] < config[MAX_SEQS]
+            and state[r, KV] + prompt[i] + output[i] + config[K_MAX] <= config[KV_CAPACITY])
+
+
+@njit(cache=True)
+def _chunk_step(r: int, now: float, state, config, numbers, prompt, output, route, ints,
+                lo: int, hi: int, sums, pending, prefilled, log_admitted, records,
+                chunk_n) -> int:
+    """Replica r's step with prompt chunks (`_chunked_step`, or `_mixed_iteration` with no
+    decode): its decodes' share from its sums, the token budget left to the prompts being
+    prefilled (oldest first), then to waiting ones admitted while they fit (`plan_chunks`),
+    priced as one pass (`chain_mixed_s`) and recorded; the chunks' progress kept (`chunk_n`:
+    each one's tokens). Returns DONE, or (nothing changed) NEED_RUNS or FLUSH."""
+    size = state[r, RUNNING]
+    col = state[r, CNOW] - state[r, ORIGIN]
+    drafted = cached = pairs = emitted = max_k = 0
+    if size:
+        drafted, cached, pairs = sums[r, 1, col], sums[r, 0, col], sums[r, 2, col]
+        emitted = sums[r, 0, col + 1] - sums[r, 0, col]
+        max_k = config[K]
+        if config[ROWS]:  # the most drafts of any (rows d = 0..k_max)
+            max_k = config[ROWS] - 1
+            while max_k > 0 and sums[r, _FIRST + max_k, col] == 0:
+                max_k -= 1
+        elif config[CAPPED]:
+            max_k = 0
+    budget = max(0, config[BUDGET] - (size + drafted))
+    held = state[r, PREFILLING]
+    for a in range(held):  # the prompts being prefilled, oldest first
+        n = 0
+        if budget > 0:
+            n = min(prompt[pending[r, a]] - prefilled[r, a], budget)
+            budget -= n
+        chunk_n[a] = n
+    kv, i, new = state[r, KV], state[r, HEAD], 0
+    left = state[r, WAITING]
+    while left and budget > 0:  # then waiting ones, while they fit
+        while route[i] != r:
+            i += 1
+        need = prompt[i] + output[i] + config[K_MAX]
+        if size + held + new >= config[MAX_SEQS] or kv + need > config[KV_CAPACITY]:
+            break
+        kv += need
+        pending[r, held + new] = i
+        prefilled[r, held + new] = 0
+        chunk_n[held + new] = min(prompt[i], budget)
+        budget -= chunk_n[held + new]
+        new += 1
+        left -= 1
+        i += 1
+    for a in range(held + new):  # the prompts whole after it are walked: their runs
+        j = pending[r, a]
+        if prefilled[r, a] + chunk_n[a] < prompt[j]:
+            break
+        if output[j] > 1 and (j < lo or j >= hi):
+            return NEED_RUNS
+    if ints[USED] + 1 > records.shape[1]:
+        return FLUSH
+    state[r, KV], state[r, HEAD] = kv, i
+    state[r, WAITING] -= new
+    state[r, PREFILLING] = held + new
+    seqs = tokens = done = chunk_pairs = 0
+    for a in range(held + new):
+        n = chunk_n[a]
+        if n == 0:
+            continue
+        c = prefilled[r, a]
+        seqs += 1
+        tokens += n
+        done += c
+        chunk_pairs += n * c + n * (n + 1) // 2
+        prefilled[r, a] = c + n
+        if a >= held:
+            log_admitted[pending[r, a]] = now
+    everyone = size + seqs
+    query = drafted + size + tokens
+    duration = 0.0
+    if everyone > 0 and query > 0:
+        duration = _pass(numbers, TARGET, cached + done, query, pairs + chunk_pairs)
+    duration = duration + (numbers[STEP_S] + numbers[SEQ_S] * everyone if everyone > 0 else 0.0)
+    row = ints[USED]
+    _record(records, row, r, now, duration, size, seqs, tokens, drafted, max_k, emitted - size,
+            emitted, state[r, WAITING], state[r, WAITING] + held + new + size, kv)
+    ints[USED] = row + 1
+    return DONE
+
+
+@njit(cache=True)
+def _end_chunks(r: int, now: float, state, config, prompt, output, running, ends, totals,
+                pending, prefilled, log_first, log_finish, log_steps, log_drafted,
+                log_accepted) -> None:
+    """Replica r's step with prompt chunks ends: the prompts now whole (the first ones
+    being prefilled) start decoding along their walks, or (one token) finish
+    (`_start_whole`, `start_decoding`, `finish_done`)."""
+    walked = state[r, RUNNING]  # (the a-th one's walk kept at walked + a)
+    whole = 0
+    for a in range(state[r, PREFILLING]):
+        i = pending[r, a]
+        if prefilled[r, a] < prompt[i]:
+            break
+        whole += 1
+        log_first[i] = now
+        if output[i] <= 1:
+            log_finish[i] = now
+            log_steps[i] = 0
+            log_drafted[i] = 0
+            log_accepted[i] = 0
+            state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
+            continue
+        slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
+        running[r, slot] = i
+        ends[r, slot] = state[r, CNOW] + totals[r, 0, walked + a]
+        for c in range(3):
+            totals[r, c, slot] = totals[r, c, walked + a]
+        state[r, RUNNING] = slot + 1
+    for a in range(whole, state[r, PREFILLING]):  # the rest move up
+        pending[r, a - whole] = pending[r, a]
+        prefilled[r, a - whole] = prefilled[r, a]
+    state[r, PREFILLING] -= whole
 
 
 @njit(cache=True)
@@ -363,9 +531,10 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
     """Replica r's decode segment (`_decode_segment`): its steps priced from its sums, up to
     its first walk's end or the first step that ends at or after `horizon` (the next
     arrival), on the clock the replica keeps: an uncapped stretch's delays summed from its
-    start, a capped one's clock step by step. Writes its records; returns how many steps and
-    when the segment ends."""
+    start, a capped one's (or any under chunked prefill) clock step by step. Writes its
+    records; returns how many steps and when the segment ends."""
     k, capped, rows = config[K], config[CAPPED] != 0, config[ROWS]
+    clocked = capped or config[CHUNKS] != 0
     draft = config[DRAFT] != 0
     batch = state[r, RUNNING]
     at = state[r, CNOW] - state[r, ORIGIN]
@@ -373,8 +542,8 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
     waiting = state[r, WAITING]
     held = waiting + batch
     kv = state[r, KV]
-    clock = start  # capped: the clock; uncapped: the delays summed, from the first
-    if not capped:
+    clock = start  # clocked: the clock; else the delays summed, from the first
+    if not clocked:
         horizon = horizon - start
     taken = 0
     sums_r = sums[r]
@@ -384,8 +553,8 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
                          sums_r[2, col]) + overhead
         if draft:
             duration = duration + _draft_passes(sums_r, col, rows, capped, passes, numbers)
-        begins = start if not taken else (clock + start if not capped else clock)
-        clock = clock + duration if taken or capped else duration
+        begins = start if not taken else (clock + start if not clocked else clock)
+        clock = clock + duration if taken or clocked else duration
         emitted = sums_r[0, col + 1] - sums_r[0, col]
         if capped:
             deepest = rows - 1
@@ -399,7 +568,7 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
         taken += 1
         if clock >= horizon:
             break
-    return taken, (clock if capped else start + clock)
+    return taken, (clock if clocked else start + clock)
 
 
 @njit(cache=True)
@@ -449,9 +618,10 @@ def warm() -> None:
     numbers = np.full(NUMBERS, 1e-6)
     arrival, lengths = np.array([0.0, 0.5]), np.array([4, 3], dtype=np.int64)
     runs, run_at = np.ones(7, dtype=np.int64), np.array([0, 4, 7], dtype=np.int64)
-    for capped in (0, 1):
+    for capped, chunks in ((0, 0), (1, 0), (0, 1)):
         rows = 3 if capped else 0
-        config = np.array([2, 2, capped, rows, 1000, 8, -1, 0, 0, 1, 0], dtype=np.int64)
+        config = np.array([2, 2, capped, rows, 1000, 8, 64 if chunks else -1, 0, 0, 1, 0,
+                           chunks], dtype=np.int64)
         logs = [np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)]
         logs += [np.zeros(2, dtype=np.int64) for _ in range(3)]
         serve(np.zeros(INTS, dtype=np.int64), np.zeros(FLOATS),
@@ -459,4 +629,5 @@ def warm() -> None:
               lengths, lengths, runs, run_at, runs, 0, 2,
               np.zeros((1, _FIRST + rows, 16), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
               np.zeros((1, 2), dtype=np.int64), np.zeros((1, 3, 2), dtype=np.int64),
-              np.zeros((1, 2), dtype=np.int64), np.empty((_ROWS, 64)), *logs)
+              np.zeros((1, 2), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
+              np.empty((_ROWS, 64)), *logs)

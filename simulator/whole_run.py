@@ -50,8 +50,8 @@ def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cluster: Clu
     made."""
     if not (fast_path and sink is None and type(policy) is Fixed
             and policy.k <= scheduler.k_max and scheduler.scheduler == Scheduler.name
-            and not scheduler.chunked_prefill and cost._roofline is not None
-            and cost.draft_tree is None and not cost.idle_s):
+            and cost._roofline is not None and cost.draft_tree is None and not cost.idle_s
+            and not (scheduler.chunked_prefill and cost._roofline["draft"] is not None)):
         return 0
     return REPAYS_FROM[cost._roofline["draft"] is not None]
 
@@ -63,8 +63,9 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
     replica = replicas[0]
     cost, config = replica.cost, replica.config
     return (type(policy) is Fixed and policy.k <= config.k_max
-            and type(replica.scheduler) is Scheduler and not config.chunked_prefill
-            and replica.segments_only and replica.lazy and not replica.holds
+            and type(replica.scheduler) is Scheduler
+            and (replica.segments_only or replica.chunk_sums) and replica.lazy
+            and not replica.holds
             and not replica.walks and not replica.folds_stop and cost._roofline is not None
             and cost.draft_tree is None and not cost.idle_s)
 
@@ -88,9 +89,10 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
         replica.policy.k, config.k_max, capped, rows, replica.scheduler.kv_capacity,
         config.max_num_seqs)
     settings[loop.BUDGET] = -1 if config.max_batched_tokens is None else config.max_batched_tokens
-    settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER]] = (
+    settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER, loop.CHUNKS]] = (
         draft, kernels.compiled().RULES[replica.catch_up], FIRST_FEED,
-        loop.ROUND_ROBIN if router == "round-robin" else loop.LEAST_LOADED)
+        loop.ROUND_ROBIN if router == "round-robin" else loop.LEAST_LOADED,
+        config.chunked_prefill)
     numbers = np.array([*_numbers(cost._roofline["target"]), *_overheads(cost.latency),
                         *_numbers(cost._roofline["draft"] or cost._roofline["target"])])
     n = len(replicas)
@@ -99,6 +101,7 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     seats = max(1, min(config.max_num_seqs, len(output)))
     running, ends = np.zeros((n, seats), np.int64), np.zeros((n, seats), np.int64)
     totals, pending = np.zeros((n, 3, seats), np.int64), np.zeros((n, seats), np.int64)
+    prefilled = np.zeros((n, seats), np.int64)
     sums = np.zeros((n, 4 + rows + (rows + 2 if draft else 0), SUMS), np.int64)
     records = np.empty((len(STEP_COLUMNS), BUFFER))
     window = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), 0, 0)
@@ -106,11 +109,13 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
         runs, run_at, caps, lo, hi = window
         status, sums = loop.serve(
             ints, floats, state, times, settings, numbers, arrival, prompt, output, runs,
-            run_at, caps, lo, hi, sums, running, ends, totals, pending, records,
+            run_at, caps, lo, hi, sums, running, ends, totals, pending, prefilled, records,
             requests.replica, requests.arrival_s, requests.admitted_s, requests.first_token_s,
             requests.finish_s, requests.steps, requests.drafted, requests.accepted)
-        if status == loop.NEED_RUNS:  # from the first request any replica has waiting
-            first = int(state[state[:, loop.WAITING] > 0, loop.HEAD].min())
+        if status == loop.NEED_RUNS:  # from the first request any replica has waiting, or
+            # (chunked prefill) is prefilling
+            first = int(min(state[state[:, loop.WAITING] > 0, loop.HEAD].min(initial=len(output)),
+                            pending[state[:, loop.PREFILLING] > 0, 0].min(initial=len(output))))
             arrived = int(ints[loop.NEXT])
             window = _window(replica, acceptance, output, first,
                              min(len(output), max(first + CHUNK, arrived)))

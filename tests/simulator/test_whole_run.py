@@ -1,10 +1,10 @@
 """A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): the
-plain scheduler, whole prompts, a fixed k, a chain on the roofline (model-free or a draft
-model's), one replica or several behind either router. Its request and step records are the
-SimPy processes' to the bit (the compiled loops loaded for both), with the drafter's caps
-(n-gram recordings) and without, k = 0 and k = k_max, tight KV caches, a batch cap, a token
-budget, idle stretches, totals only; with windows, buffers and sums small enough that every
-pause and growth is taken. Elsewhere the SimPy processes run."""
+plain scheduler with whole prompts or chunked prefill (model-free there), a fixed k, a chain on
+the roofline (model-free or a draft model's), one replica or several behind either router. Its
+request and step records are the SimPy processes' to the bit (the compiled loops loaded for
+both), with the drafter's caps (n-gram recordings) and without, k = 0 and k = k_max, tight KV
+caches, a batch cap, token budgets, idle stretches, totals only; with windows, buffers and sums
+small enough that every pause and growth is taken. Elsewhere the SimPy processes run."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from spectune.simulate import SimulationSpec, build_inputs
 
 pytest.importorskip("numba")
 
+CHUNKED = {"chunked_prefill": True, "max_batched_tokens": 2048}
 #: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths[, draft[,
 #: replicas and router]])
 CASES = [
@@ -45,6 +46,17 @@ CASES = [
     ("iid:0.6", 80.0, 900, 4, {"max_num_seqs": 16}, 30_000, "azure-conv", "none", 3,
      "least-loaded"),
     ("iid:0.7", 200.0, 900, 3, {}, None, "lognormal:400,6,1.2", "none", 5, "least-loaded"),
+    ("smollm2-ngram", 20.0, 600, 4, CHUNKED, None, "azure-conv"),
+    ("iid:0.7", 20.0, 600, 4, CHUNKED, None, "azure-conv"),
+    ("iid:0.7", 2.0, 150, 3, {**CHUNKED, "max_batched_tokens": 512}, None, "azure-conv"),
+    ("beta:7,3~20", 40.0, 600, 5, {**CHUNKED, "max_batched_tokens": 1024, "max_num_seqs": 24},
+     40_000, "azure-conv"),
+    ("smollm2-ngram", 20.0, 400, 0, CHUNKED, None, "azure-conv"),
+    ("iid:0.7", 60.0, 600, 4, {**CHUNKED, "max_batched_tokens": 256}, None,
+     "lognormal:400,6,1.2"),
+    ("smollm2-ngram", 60.0, 900, 4, {**CHUNKED, "max_batched_tokens": 4096}, None,
+     "azure-conv", "none", 3, "least-loaded"),
+    ("iid:0.7", 40.0, 900, 4, CHUNKED, None, "azure-conv", "none", 3, "round-robin"),
 ]
 
 
@@ -73,6 +85,7 @@ def _rest(more: list) -> tuple:
 def _name(case) -> str:
     draft, replicas, router = _rest(case[7:])
     return (f"{case[0]}-{case[1]:g}-k{case[3]}" + ("-draft" if draft != "none" else "")
+            + ("-chunked" if case[4].get("chunked_prefill") else "")
             + (f"-{replicas}-{router}" if replicas > 1 else ""))
 
 
@@ -111,15 +124,16 @@ def test_totals_only(loops):
     assert whole.totals == process.totals and whole.totals.iterations > 600
 
 
-@pytest.mark.parametrize("what", ["vllm-v1", "chunked", "policy", "numpy"])
+@pytest.mark.parametrize("what", ["vllm-v1", "chunked draft", "policy", "numpy"])
 def test_elsewhere_the_process_runs(what, monkeypatch, loops):
     """Where the loop does not give the process's records (or the loops are not loaded)."""
     loops(what != "numpy")
-    scheduler = (SchedulerConfig(chunked_prefill=True, max_batched_tokens=2048)
-                 if what == "chunked" else SchedulerConfig(scheduler="vllm-v1")
+    scheduler = (SchedulerConfig(**CHUNKED)
+                 if what == "chunked draft" else SchedulerConfig(scheduler="vllm-v1")
                  if what == "vllm-v1" else SchedulerConfig())
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
-                          acceptance="iid:0.7", seed=1, draft="none")
+                          acceptance="iid:0.7", seed=1,
+                          draft="Llama-68M" if what == "chunked draft" else "none")
     policy = ("batch_adaptive", {}) if what == "policy" else ("fixed", {"k": 3})
     inputs = build_inputs(spec, {}, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
