@@ -392,6 +392,14 @@ class Policy:
         """
         raise NotImplementedError
 
+    def constant_k(self, k_max: int) -> int | None:
+        """The k that `choose` gives every request at every step under a look-ahead of
+        `k_max` (before a drafter's caps and a folded stop), where it always does; None (the
+        default) where its ks depend on anything else, or where it would be refused. A
+        simulator runs such a policy's whole run in one compiled loop (simulator/whole_run.py);
+        a subclass that redefines `choose` is not trusted with its parent's (`replaces`)."""
+        return None
+
     @classmethod
     def observes(cls) -> bool:
         """Whether it learns from outcomes: it overrides `observe` or `observe_columns` (an

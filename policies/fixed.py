@@ -30,3 +30,6 @@ class Fixed(Policy):
 
     def choose(self, ctx: StepContext) -> Sequence[int]:
         return [self.k] * len(ctx.requests)
+
+    def constant_k(self, k_max: int) -> int | None:
+        return self.k if self.k <= k_max else None  # (above it: the engine's refusal)

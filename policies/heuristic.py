@@ -189,6 +189,9 @@ class Confidence(Policy):
     def choose(self, ctx: StepContext) -> Sequence[int]:
         return [min(self.max_k, ctx.k_max)] * len(ctx.requests)
 
+    def constant_k(self, k_max: int) -> int | None:
+        return min(self.max_k, k_max)
+
     def stop_drafting(
         self, request: RequestView, depth: int, draft_top1: float, draft_entropy: float
     ) -> bool:

@@ -1,7 +1,8 @@
-"""A whole run of one replica under the plain scheduler, compiled (numba): arrivals, FCFS
-admission with KV reservations, whole-prompt prefill iterations and fast-path decode segments,
-for a policy that drafts the same k for every request (`fixed`) with a model-free chain on the
-roofline, to the records of the SimPy process (`Replica.serve`) to the bit.
+"""A whole run under the plain scheduler, compiled (numba): arrivals, the router, FCFS admission
+with KV reservations, whole-prompt prefills or chunked prefill's steps, fast-path decode
+segments and finishes on every replica, for a policy that drafts one k for every request at
+every step (`Policy.constant_k`: fixed, confidence) with a chain on the roofline (model-free, or
+a draft model's with whole prompts), to the SimPy processes' records (`Replica.serve`) to the bit.
 
 Why: under load a segment lasts a step or two, so what a simulated iteration costs is each
 request's arrival, admission, prefill, walk and finish in Python, tens of us spread over a
@@ -9,21 +10,24 @@ dozen functions (docs/speed.md, "A whole run compiled"). Here they are a few arr
 
 What it follows, event by event (simulator/engine.py, simulator/replica.py):
 - an arrival fires at the arrival process's clock plus its delay (`_Arrival`, URGENT: before
-  an iteration ending at the same time resumes the replica);
-- an idle replica starts at the arrival that woke it;
-- `admit_whole`, then a prefill iteration (`cost.prefill_s`), its record, first tokens and
-  the requests of one token finished at its end;
-- else a decode segment: the kept sums' next steps priced (`verify_times`'s passes), up to the
-  first walk's end or the first step that ends at or after the next arrival, on the clock the
-  replica keeps (`_decode_segment`: an uncapped stretch's summed delays, a capped one's step
-  by step clock); its records; the walks that end with it finished.
-Each request is walked when its prompt is whole (the Python path walks it at the next
-pricing: no decode step comes between) and its share of the sums added once (`add_shares`).
+  any iteration ending at the same time resumes its replica), routed to the least loaded
+  replica or by turn; an idle replica starts at the arrival that woke it;
+- whole prompts: `admit_whole`, then a prefill iteration (`cost.prefill_s`), its record, first
+  tokens and the requests of one token finished at its end;
+- chunked prefill: while a prompt is pending (`prefill_pending`), a step with the decodes'
+  share and the prompt chunks the budget leaves (`plan_chunks`, `chain_mixed_s`);
+- else a decode segment: the kept sums' next steps priced (`verify_times`'s passes, a draft
+  model's from the sums' rows by drafts), up to the first walk's end or the first step that
+  ends at or after the next arrival that could reach the replica, on the clock the replica
+  keeps (`_decode_segment`: an uncapped stretch's summed delays, else step by step); its
+  records; the walks that end with it finished.
+Each request is walked once (`walk`) and its share of its replica's sums added once
+(`add_shares`), from the decode step it starts at.
 
-Resumable: the loop returns at its top when the step records' buffer may not hold the next
-segment (`FLUSH`), or when the next admission needs a request whose acceptance run is not in
-the window it was given (`NEED_RUNS`); the caller (simulator/whole_run.py) flushes or loads
-and calls it again with the same state.
+Resumable: the loop returns at an iteration's start when the step records' buffer may not hold
+it (`FLUSH`), or when it needs a request's acceptance run that is not in the window it was
+given (`NEED_RUNS`); the caller (simulator/whole_run.py) flushes or loads and calls it again
+with the same state.
 """
 
 from __future__ import annotations

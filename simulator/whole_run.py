@@ -1,11 +1,12 @@
 """A whole run in one compiled loop (simulator/compiled_serve.py), where it gives the SimPy
-process's records to the bit: one replica under the plain scheduler, whole prompts, a policy
-that drafts the same k for every request (`fixed`), a model-free chain priced on the roofline
-from the batch's kept sums, the compiled loops loaded.
+processes' records to the bit: the plain scheduler (whole prompts, or chunked prefill with a
+model-free chain), any replicas behind either router, a policy that drafts one k everywhere
+(`Policy.constant_k`), a chain priced on the roofline from the batch's kept sums, the compiled
+loops loaded.
 
 Why: under load a decode segment lasts a step or two, and each request's arrival, admission,
 prefill, walk and finish in Python cost more than its decode steps (docs/speed.md, "A whole run
-compiled"). Everywhere else the SimPy process runs (`takes_whole_run` False).
+compiled"). Everywhere else the SimPy processes run (`takes_whole_run` False).
 
 The loop reads each request's acceptance run (and its drafter's caps) from a window of
 requests, loaded here a chunk at a time as admission reaches them, so memory holds a chunk's
@@ -17,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from policies import Policy
-from policies.fixed import Fixed
 from simulator import kernels
 from simulator.acceptance import AcceptanceReplay
 from simulator.config import ClusterConfig, SchedulerConfig
@@ -48,12 +48,17 @@ def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cluster: Clu
     """The requests from which a run repays loading the compiled loops for the whole run
     (0: it would not take it): what `takes_whole_run` checks, known before any replica is
     made."""
-    if not (fast_path and sink is None and type(policy) is Fixed
-            and policy.k <= scheduler.k_max and scheduler.scheduler == Scheduler.name
+    if not (fast_path and sink is None and constant_k(policy, scheduler.k_max) is not None
+            and scheduler.scheduler == Scheduler.name
             and cost._roofline is not None and cost.draft_tree is None and not cost.idle_s
             and not (scheduler.chunked_prefill and cost._roofline["draft"] is not None)):
         return 0
     return REPAYS_FROM[cost._roofline["draft"] is not None]
+
+
+def constant_k(policy: Policy, k_max: int) -> int | None:
+    """`Policy.constant_k`, where the class that says it also chose (`replaces`)."""
+    return policy.constant_k(k_max) if type(policy).replaces("constant_k", "choose") else None
 
 
 def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> bool:
@@ -62,11 +67,11 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
         return False
     replica = replicas[0]
     cost, config = replica.cost, replica.config
-    return (type(policy) is Fixed and policy.k <= config.k_max
+    return (constant_k(policy, config.k_max) is not None
             and type(replica.scheduler) is Scheduler
             and (replica.segments_only or replica.chunk_sums) and replica.lazy
             and not replica.holds
-            and not replica.walks and not replica.folds_stop and cost._roofline is not None
+            and not replica.walks and cost._roofline is not None
             and cost.draft_tree is None and not cost.idle_s)
 
 
@@ -86,7 +91,8 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     rows = config.k_max + 1 if draft or (capped and steps.records_rows) else 0
     settings = np.zeros(loop.CONFIG, np.int64)
     settings[[loop.K, loop.K_MAX, loop.CAPPED, loop.ROWS, loop.KV_CAPACITY, loop.MAX_SEQS]] = (
-        replica.policy.k, config.k_max, capped, rows, replica.scheduler.kv_capacity,
+        constant_k(replica.policy, config.k_max), config.k_max, capped, rows,
+        replica.scheduler.kv_capacity,
         config.max_num_seqs)
     settings[loop.BUDGET] = -1 if config.max_batched_tokens is None else config.max_batched_tokens
     settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER, loop.CHUNKS]] = (

@@ -18,8 +18,8 @@ from spectune.simulate import SimulationSpec, build_inputs
 pytest.importorskip("numba")
 
 CHUNKED = {"chunked_prefill": True, "max_batched_tokens": 2048}
-#: (acceptance, rate, requests, k, scheduler settings, KV tokens or None, lengths[, draft[,
-#: replicas and router]])
+#: (acceptance, rate, requests, fixed's k or another policy, scheduler settings, KV tokens or
+#: None, lengths[, draft[, replicas and router]])
 CASES = [
     ("smollm2-ngram", 20.0, 600, 4, {}, None, "azure-conv"),
     ("smollm2-ngram", 2.0, 150, 6, {}, None, "azure-conv"),  # idle stretches
@@ -57,6 +57,12 @@ CASES = [
     ("smollm2-ngram", 60.0, 900, 4, {**CHUNKED, "max_batched_tokens": 4096}, None,
      "azure-conv", "none", 3, "least-loaded"),
     ("iid:0.7", 40.0, 900, 4, CHUNKED, None, "azure-conv", "none", 3, "round-robin"),
+    # confidence: k = min(max_k, k_max) throughout, its stop folded into the caps
+    ("beta:7,3~20", 20.0, 600, "confidence", {}, None, "azure-conv", "Llama-68M"),
+    ("beta:7,3~20", 8.0, 600, "confidence", {"k_max": 4}, None, "azure-conv", "Llama-68M"),
+    ("smollm2-eagle-ngram", 20.0, 900, "confidence", {}, None, "azure-conv", "Llama-68M", 3,
+     "least-loaded"),
+    ("beta:7,3~20", 20.0, 600, "confidence", CHUNKED, None, "azure-conv"),
 ]
 
 
@@ -67,12 +73,13 @@ def _run(case, whole: bool, keep_steps: bool = True):
     spec = SimulationSpec(workload="poisson", rate=rate, requests=n, lengths=lengths,
                           acceptance=acceptance, seed=3, draft=draft)
     scheduler = SchedulerConfig(**settings)
-    inputs = build_inputs(spec, {"k": str(k)}, scheduler)
+    inputs = build_inputs(spec, {}, scheduler)
+    policy = make_policy(k, {}) if isinstance(k, str) else make_policy("fixed", {"k": k})
     with pytest.MonkeyPatch.context() as patch:
         if not whole:
             patch.setattr(engine_module, "takes_whole_run", lambda *args: False)
-        return simulate(inputs.workload, inputs.latency, inputs.acceptance,
-                        make_policy("fixed", {"k": k}), kv or inputs.kv_capacity_tokens,
+        return simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
+                        kv or inputs.kv_capacity_tokens,
                         scheduler, ClusterConfig(replicas, router), keep_steps=keep_steps)
 
 
@@ -84,7 +91,8 @@ def _rest(more: list) -> tuple:
 
 def _name(case) -> str:
     draft, replicas, router = _rest(case[7:])
-    return (f"{case[0]}-{case[1]:g}-k{case[3]}" + ("-draft" if draft != "none" else "")
+    k = case[3] if isinstance(case[3], str) else f"k{case[3]}"
+    return (f"{case[0]}-{case[1]:g}-{k}" + ("-draft" if draft != "none" else "")
             + ("-chunked" if case[4].get("chunked_prefill") else "")
             + (f"-{replicas}-{router}" if replicas > 1 else ""))
 
@@ -165,3 +173,19 @@ def test_a_run_it_would_take_loads_the_loops_from_fewer_requests(monkeypatch, lo
             taken[draft, requests] = result.meta["whole_run"]
     assert taken == {("none", 60): False, ("none", 90): True, ("Llama-68M", 60): True,
                      ("Llama-68M", 90): True}
+
+
+def test_a_policy_is_trusted_with_its_constant_k_only_where_it_chose():
+    """`Policy.constant_k` is read only from the class that also defines `choose`: a
+    subclass that chooses otherwise does not inherit its parent's constant k."""
+    from policies.fixed import Fixed
+
+    class Alternating(Fixed):
+        def choose(self, ctx):
+            return [self.k * (ctx.step_index % 2)] * len(ctx.requests)
+
+    assert whole_run.constant_k(Fixed(k=3), 8) == 3
+    assert whole_run.constant_k(Fixed(k=9), 8) is None  # (the engine refuses it)
+    assert whole_run.constant_k(make_policy("confidence", {"max_k": 20}), 8) == 8
+    assert whole_run.constant_k(Alternating(k=3), 8) is None
+    assert whole_run.constant_k(make_policy("batch_adaptive", {}), 8) is None
