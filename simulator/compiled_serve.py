@@ -58,7 +58,8 @@ PREFILL, SEGMENT, CHUNKED = range(3)
 #: `config` slots
 K, K_MAX, CAPPED, ROWS, KV_CAPACITY, MAX_SEQS, BUDGET, DRAFT, RULE, FIRST_FEED, ROUTER = range(11)
 CHUNKS = 11  # chunked prefill (`BUDGET` the token budget of every step)
-CONFIG = 12
+WALKS = 12  # each request's walk given (a walked policy's), not walked here at k
+CONFIG = 13
 #: routers (simulator/engine.py's `_Cluster.route`)
 LEAST_LOADED, ROUND_ROBIN = range(2)
 #: `numbers`: the target's pass numbers (8: its all-reduces' flag as 0 or 1), the host's
@@ -301,8 +302,12 @@ def _walk_in(r: int, a: int, i: int, lo: int, state, config, prompt, output, run
     requests."""
     k, capped, draft = config[K], config[CAPPED] != 0, config[DRAFT] != 0
     first, last = run_at[i - lo], run_at[i - lo + 1]
-    run = runs[first:last]
-    chain, drafts = walk(run, caps[first:last] if capped else run, capped, 1, 1, output[i], k)
+    if config[WALKS]:  # (its walk, and its drafts, in place of its run and caps)
+        chain, drafts = runs[first:last], caps[first: last - 1]
+    else:
+        run = runs[first:last]
+        chain, drafts = walk(run, caps[first:last] if capped else run, capped, 1, 1,
+                             output[i], k)
     m = chain.shape[0] - 1
     sums, col = _room(sums, state, r, step - state[r, CNOW] + m + 1)
     col += step - state[r, CNOW]
@@ -625,7 +630,7 @@ def warm() -> None:
     for capped, chunks in ((0, 0), (1, 0), (0, 1)):
         rows = 3 if capped else 0
         config = np.array([2, 2, capped, rows, 1000, 8, 64 if chunks else -1, 0, 0, 1, 0,
-                           chunks], dtype=np.int64)
+                           chunks, 0], dtype=np.int64)
         logs = [np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)]
         logs += [np.zeros(2, dtype=np.int64) for _ in range(3)]
         serve(np.zeros(INTS, dtype=np.int64), np.zeros(FLOATS),

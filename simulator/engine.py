@@ -170,8 +170,8 @@ def simulate(
                                        router.next_arrival_s, fast_path, policy_cost))
     whole = takes_whole_run(router.replicas, policy, steps)
     if whole:  # the same records, in one compiled loop (simulator/whole_run.py)
-        run_whole(router.replicas, cluster.router, arrival_s, workload.prompt_tokens,
-                  workload.output_tokens, replay, steps, requests)
+        run_whole(router.replicas, cluster.router, arrival_s, workload.request_ids,
+                  workload.prompt_tokens, workload.output_tokens, replay, steps, requests)
     else:
         for replica in router.replicas:
             env.process(replica.serve())

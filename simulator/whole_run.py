@@ -24,6 +24,7 @@ from simulator.config import ClusterConfig, SchedulerConfig
 from simulator.draft_feed import FIRST_FEED
 from simulator.logs import STEP_COLUMNS, RequestLog, StepLog
 from simulator.replica import Replica
+from simulator.request import RequestState
 from simulator.scheduler import Scheduler
 from simulator.step_cost import StepCostModel
 
@@ -67,16 +68,17 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
         return False
     replica = replicas[0]
     cost, config = replica.cost, replica.config
-    return (constant_k(policy, config.k_max) is not None
+    walked = replica.walks and not replica.checks_walks  # (each request's walk its own)
+    return ((walked or (constant_k(policy, config.k_max) is not None and not replica.walks))
             and type(replica.scheduler) is Scheduler
             and (replica.segments_only or replica.chunk_sums) and replica.lazy
             and not replica.holds
-            and not replica.walks and cost._roofline is not None
+            and cost._roofline is not None
             and cost.draft_tree is None and not cost.idle_s)
 
 
 def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
-              prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+              request_ids: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
               acceptance: AcceptanceReplay, steps: StepLog, requests: RequestLog) -> None:
     """Serve the workload on `replicas` (their configuration; their SimPy processes never
     start), writing the request and step records the processes would write."""
@@ -87,18 +89,19 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     prompt = np.ascontiguousarray(prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(output_tokens, dtype=np.int64)
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
-    capped, draft = bool(replica.capped), bool(replica.feeds)
+    capped, draft = bool(replica.varied), bool(replica.feeds)
     rows = config.k_max + 1 if draft or (capped and steps.records_rows) else 0
     settings = np.zeros(loop.CONFIG, np.int64)
     settings[[loop.K, loop.K_MAX, loop.CAPPED, loop.ROWS, loop.KV_CAPACITY, loop.MAX_SEQS]] = (
-        constant_k(replica.policy, config.k_max), config.k_max, capped, rows,
-        replica.scheduler.kv_capacity,
+        0 if replica.walks else constant_k(replica.policy, config.k_max), config.k_max, capped,
+        rows, replica.scheduler.kv_capacity,
         config.max_num_seqs)
     settings[loop.BUDGET] = -1 if config.max_batched_tokens is None else config.max_batched_tokens
     settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER, loop.CHUNKS]] = (
         draft, kernels.compiled().RULES[replica.catch_up], FIRST_FEED,
         loop.ROUND_ROBIN if router == "round-robin" else loop.LEAST_LOADED,
         config.chunked_prefill)
+    settings[loop.WALKS] = replica.walks
     numbers = np.array([*_numbers(cost._roofline["target"]), *_overheads(cost.latency),
                         *_numbers(cost._roofline["draft"] or cost._roofline["target"])])
     n = len(replicas)
@@ -123,8 +126,9 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
             first = int(min(state[state[:, loop.WAITING] > 0, loop.HEAD].min(initial=len(output)),
                             pending[state[:, loop.PREFILLING] > 0, 0].min(initial=len(output))))
             arrived = int(ints[loop.NEXT])
-            window = _window(replica, acceptance, output, first,
-                             min(len(output), max(first + CHUNK, arrived)))
+            last = min(len(output), max(first + CHUNK, arrived))
+            window = (_walks(replica, acceptance, request_ids, prompt, output, first, last)
+                      if replica.walks else _window(replica, acceptance, output, first, last))
             continue
         used = int(ints[loop.USED])
         if used:
@@ -159,6 +163,40 @@ def _window(replica: Replica, acceptance: AcceptanceReplay, output: np.ndarray, 
         if replica.capped:
             caps[at:end] = replica._caps(i)
     return runs, run_at, caps, lo, hi
+
+
+def _walks(replica: Replica, acceptance: AcceptanceReplay, request_ids: np.ndarray,
+           prompt: np.ndarray, output: np.ndarray, lo: int, hi: int) -> tuple:
+    """`_window` for a walked policy: requests lo..hi-1's walks by its walker from their first
+    token (`Replica._walk_alone`: each request's walk its own, whenever it is walked; the
+    policy forgets the request after, as at its finish), end to end (`runs`: the tokens
+    generated before each step and after the last; `caps`: each step's drafts, at the same
+    offsets), and where each starts."""
+    walks, run_at = [], np.zeros(hi - lo + 1, np.int64)
+    for i in range(lo, hi):
+        chain = drafts = _NOTHING
+        if output[i] > 1:
+            request = RequestState(i, int(request_ids[i]), 0.0, int(prompt[i]), int(output[i]))
+            request.generated = 1
+            request.run = acceptance.run(i)
+            if replica.capped:
+                request.cap = replica._caps(i)
+            if replica._signal_names:
+                request.signals = {name: acceptance.signal(i, name)
+                                   for name in replica._signal_names}
+            replica._walk_alone(request)
+            replica.policy.finish(request.request_id)
+            chain, drafts = request.chain, request.chain_ks
+        walks.append((chain, drafts))
+        run_at[i - lo + 1] = run_at[i - lo] + len(chain)
+    runs = np.concatenate([chain for chain, _ in walks]) if walks else _NOTHING
+    caps = np.zeros(len(runs), np.int64)
+    for (_, drafts), at in zip(walks, run_at[:-1].tolist()):
+        caps[at: at + len(drafts)] = drafts
+    return runs, run_at, caps, lo, hi
+
+
+_NOTHING = np.zeros(0, np.int64)
 
 
 def _overheads(latency) -> tuple[float, float]:

@@ -1,6 +1,8 @@
 """A whole run in one compiled loop (simulator/whole_run.py, simulator/compiled_serve.py): the
-plain scheduler with whole prompts or chunked prefill (model-free there), a fixed k, a chain on
-the roofline (model-free or a draft model's), one replica or several behind either router. Its
+plain scheduler with whole prompts or chunked prefill (model-free there), a policy that drafts
+one k everywhere (fixed, confidence) or walks each request alone (heuristic, gammatune,
+gammatune_plus, adaedl), a chain on the roofline (model-free or a draft model's), one replica
+or several behind either router. Its
 request and step records are the SimPy processes' to the bit (the compiled loops loaded for
 both), with the drafter's caps (n-gram recordings) and without, k = 0 and k = k_max, tight KV
 caches, a batch cap, token budgets, idle stretches, totals only; with windows, buffers and sums
@@ -63,6 +65,13 @@ CASES = [
     ("smollm2-eagle-ngram", 20.0, 900, "confidence", {}, None, "azure-conv", "Llama-68M", 3,
      "least-loaded"),
     ("beta:7,3~20", 20.0, 600, "confidence", CHUNKED, None, "azure-conv"),
+    # walked policies: each request's walk by its walker, given to the loop
+    ("beta:7,3~20", 20.0, 600, "heuristic", {}, None, "azure-conv", "Llama-68M"),
+    ("smollm2-ngram", 20.0, 600, "gammatune", {}, None, "azure-conv"),
+    ("beta:7,3~20", 8.0, 500, "gammatune_plus", {}, None, "azure-conv", "Llama-68M"),
+    ("smollm2-eagle-ngram", 20.0, 600, "adaedl", {}, None, "azure-conv", "Llama-68M"),
+    ("iid:0.7", 40.0, 900, "heuristic", {}, None, "azure-conv", "none", 3, "least-loaded"),
+    ("smollm2-ngram", 20.0, 600, "heuristic", CHUNKED, None, "azure-conv"),
 ]
 
 
@@ -132,7 +141,7 @@ def test_totals_only(loops):
     assert whole.totals == process.totals and whole.totals.iterations > 600
 
 
-@pytest.mark.parametrize("what", ["vllm-v1", "chunked draft", "policy", "numpy"])
+@pytest.mark.parametrize("what", ["vllm-v1", "chunked draft", "policy", "oracle", "numpy"])
 def test_elsewhere_the_process_runs(what, monkeypatch, loops):
     """Where the loop does not give the process's records (or the loops are not loaded)."""
     loops(what != "numpy")
@@ -142,11 +151,12 @@ def test_elsewhere_the_process_runs(what, monkeypatch, loops):
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
                           acceptance="iid:0.7", seed=1,
                           draft="Llama-68M" if what == "chunked draft" else "none")
-    policy = ("batch_adaptive", {}) if what == "policy" else ("fixed", {"k": 3})
+    policy = (("batch_adaptive", {}) if what == "policy" else ("oracle", {}) if what == "oracle"
+              else ("fixed", {"k": 3}))
     inputs = build_inputs(spec, {}, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
                       inputs.kv_capacity_tokens, scheduler, ClusterConfig(2))
-    assert result.meta["whole_run"] is False and result.meta["fast_path"]
+    assert result.meta["whole_run"] is False
 
 
 def test_a_run_it_would_take_loads_the_loops_from_fewer_requests(monkeypatch, loops):
