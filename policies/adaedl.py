@@ -115,6 +115,9 @@ class AdaEDL(Policy):
         lam = self._lambda[rid] = self.beta2 * lam + (1.0 - self.beta2) * aim
         return lam
 
+    def walks_apart(self) -> bool:
+        return True  # (each request's lambda and rate its own)
+
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _AdaEDLWalk:
         return _AdaEDLWalk(self, request_id, k_max, signals["draft_entropy"])

@@ -478,6 +478,14 @@ class Policy:
             out.append(k)
         return out
 
+    def walks_apart(self) -> bool:
+        """Whether each request's walk (`walker`) depends on that request alone: its walker
+        reads nothing another request's steps or finish wrote (as a start carried over from
+        the last finished request). A simulator may then make the walks in any order, ahead
+        of the run (simulator/whole_run.py). False by default; read only from a class at least
+        as derived as the one that defines `walker` (`replaces`)."""
+        return False
+
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> RequestWalker:
         """Overridden by a policy whose k for each request depends on nothing but that

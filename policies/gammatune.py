@@ -83,6 +83,9 @@ class GammaTune(Policy):
         g_hat = float(min(max((1.0 - self.eta) * g_hat + self.eta * accepted, lo), hi))
         return int(min(max(math.ceil(g_hat - _CEIL_TOLERANCE), lo), hi)), g_hat
 
+    def walks_apart(self) -> bool:
+        return True  # (each request's g and g_hat its own)
+
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _GammaTuneWalk:
         return _GammaTuneWalk(self, request_id, k_max)

@@ -100,6 +100,9 @@ class Heuristic(Policy):
         """A request's next k after a step that drafted some (observe)."""
         return min(k + self.grow if accepted >= drafted else max(1, k - self.shrink), ceiling)
 
+    def walks_apart(self) -> bool:
+        return not self.carry_over  # (carried over: a start from the last finished request)
+
     def walker(self, request_id: int, k_max: int,
                signals: Mapping[str, np.ndarray]) -> _HeuristicWalk:
         # a new request's start (carried over) is read at its first step, as choose reads it

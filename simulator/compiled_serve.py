@@ -1,8 +1,10 @@
 """A whole run under the plain scheduler, compiled (numba): arrivals, the router, FCFS admission
 with KV reservations, whole-prompt prefills or chunked prefill's steps, fast-path decode
 segments and finishes on every replica, for a policy that drafts one k for every request at
-every step (`Policy.constant_k`: fixed, confidence) with a chain on the roofline (model-free, or
-a draft model's with whole prompts), to the SimPy processes' records (`Replica.serve`) to the bit.
+every step (`Policy.constant_k`: fixed, confidence) or walks each request apart from the others
+(`Policy.walks_apart`: heuristic, gammatune, adaedl), with a chain on the roofline (model-free,
+or a draft model's with whole prompts), to the SimPy processes' records (`Replica.serve`) to the
+bit.
 
 Why: under load a segment lasts a step or two, so what a simulated iteration costs is each
 request's arrival, admission, prefill, walk and finish in Python, tens of us spread over a
@@ -21,8 +23,9 @@ What it follows, event by event (simulator/engine.py, simulator/replica.py):
   ends at or after the next arrival that could reach the replica, on the clock the replica
   keeps (`_decode_segment`: an uncapped stretch's summed delays, else step by step); its
   records; the walks that end with it finished.
-Each request is walked once (`walk`) and its share of its replica's sums added once
-(`add_shares`), from the decode step it starts at.
+Each request is walked once (`walk` at the policy's k; a walked policy's walks are made by its
+walkers ahead, `WALKS`) and its share of its replica's sums added once (`add_shares`), from the
+decode step it starts at.
 
 Resumable: the loop returns at an iteration's start when the step records' buffer may not hold
 it (`FLUSH`), or when it needs a request's acceptance run that is not in the window it was
@@ -166,6 +169,8 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
                 r = _route(state, config, i)
                 log_replica[i] = r
                 log_arrival[i] = at
+                if not state[r, WAITING]:  # (its first waiting: searched from here)
+                    state[r, HEAD] = i
                 state[r, WAITING] += 1
                 ints[NEXT] = i + 1
                 if state[r, PHASE] == IDLE:  # woken: its next iteration starts now
@@ -214,7 +219,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
             times[r] = now + records[2, ints[USED] - 1]
             continue
         admitted, used, kv, head = _admit(r, state, config, prompt, output, log_replica,
-                                          ints[NEXT], pending)
+                                          pending)
         if admitted:
             for a in range(admitted):
                 i = pending[r, a]
@@ -268,7 +273,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
 
 
 @njit(cache=True)
-def _admit(r: int, state, config, prompt, output, route, arrived: int, pending):
+def _admit(r: int, state, config, prompt, output, route, pending):
     """`admit_whole` of replica r: its waiting requests in arrival order while its batch cap,
     KV cache and token budget allow (into `pending[r]`). Returns how many, their prompt
     tokens, the KV reserved after them, and where its next waiting one is searched from."""
@@ -560,8 +565,9 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
         col = at + taken
         duration = _pass(numbers, TARGET, sums_r[0, col], sums_r[1, col] + batch,
                          sums_r[2, col]) + overhead
-        if draft:
-            duration = duration + _draft_passes(sums_r, col, rows, capped, passes, numbers)
+        if draft:  # (a one-step window's passes are one contiguous row to numpy: `single`)
+            duration = duration + _draft_passes(sums_r, col, rows, capped, steps == 1, passes,
+                                                numbers)
         begins = start if not taken else (clock + start if not clocked else clock)
         clock = clock + duration if taken or clocked else duration
         emitted = sums_r[0, col + 1] - sums_r[0, col]
@@ -581,12 +587,15 @@ def _segment(r: int, start: float, steps: int, horizon: float, state, config, nu
 
 
 @njit(cache=True)
-def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, numbers) -> float:
+def _draft_passes(sums, col: int, rows: int, in_step_order: bool, single: bool, passes,
+                  numbers) -> float:
     """A step's draft passes j = 1..P from the sums' rows by drafts (`chain_pass_times` of
     `BatchColumns.draft_passes`): pass j over the requests drafting at least j, pass 1 with
     the catch-up; summed from the last pass to the first (`in_step_order`: a capped chain's
-    step, as the step path adds them) or from the first (the passes' sum over their rows).
-    Passes past the step's deepest cost 0 there, and adding 0 changes no sum."""
+    step, as the step path adds them) or as numpy sums the passes' rows (`times.sum(axis=0)`):
+    one after another, or pairwise where the segment has this one step (`single`: a (P, 1)
+    array is one contiguous run to numpy, summed pairwise from 8 entries on). Passes past the
+    step's deepest cost 0 there, and adding 0 changes no sum."""
     cached_row = _FIRST + rows
     extra_row = sums.shape[0] - 2
     deepest = 0
@@ -616,9 +625,29 @@ def _draft_passes(sums, col: int, rows: int, in_step_order: bool, passes, number
         for j in range(deepest - 1, 0, -1):
             total += passes[j]
         return total
+    if single and deepest >= 8:
+        return _pairwise(passes[1: deepest + 1])
     total = passes[1]
     for j in range(2, deepest + 1):
         total += passes[j]
+    return total
+
+
+@njit(cache=True)
+def _pairwise(values) -> float:
+    """numpy's pairwise sum of a contiguous float64 run of 8 to 128 entries: eight running
+    sums, combined pairwise, then the rest one by one."""
+    n = values.shape[0]
+    r = values[:8].copy()
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            r[j] += values[i + j]
+        i += 8
+    total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        total += values[i]
+        i += 1
     return total
 
 

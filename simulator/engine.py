@@ -156,7 +156,7 @@ def simulate(
     # the per-request loops (and the policy's per-step ones): compiled where it pays (once)
     repays_from = repays_loading(policy,
                                  scheduler_class(scheduler.scheduler).plans_whole_step)
-    whole_from = repays_loading_from(policy, scheduler, cluster, cost, fast_path, steps_sink)
+    whole_from = repays_loading_from(policy, scheduler, cost, fast_path, steps_sink)
     if whole_from and (not repays_from or whole_from < repays_from):
         repays_from = whole_from
     kernels.prepare(len(workload), len(workload) / repays_from if repays_from else 0.0)

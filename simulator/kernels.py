@@ -115,7 +115,7 @@ def _load(forced: bool) -> ModuleType | None:
             policy_loops.warm()
             compiled_steps.warm()  # (auto's and kld_variance's runs of steps: stepped.py)
             compiled_walked.warm()  # (the walked policies' under vLLM's scheduler)
-            compiled_serve.warm()  # (a whole run of a fixed k: whole_run.py)
+            compiled_serve.warm()  # (a whole run in one loop: whole_run.py)
         except Exception as error:  # numba installed but unusable here (its compiler, its
             # cache, this CPU): a speed-up only, so the numpy code runs, unless it was asked for
             why = f"{type(error).__name__}: {error}".splitlines()[0]

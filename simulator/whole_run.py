@@ -1,16 +1,18 @@
 """A whole run in one compiled loop (simulator/compiled_serve.py), where it gives the SimPy
 processes' records to the bit: the plain scheduler (whole prompts, or chunked prefill with a
 model-free chain), any replicas behind either router, a policy that drafts one k everywhere
-(`Policy.constant_k`), a chain priced on the roofline from the batch's kept sums, the compiled
-loops loaded.
+(`Policy.constant_k`) or walks each request apart from the others (`Policy.walks_apart`), a
+chain priced on the roofline from the batch's kept sums, the compiled loops loaded.
 
 Why: under load a decode segment lasts a step or two, and each request's arrival, admission,
 prefill, walk and finish in Python cost more than its decode steps (docs/speed.md, "A whole run
 compiled"). Everywhere else the SimPy processes run (`takes_whole_run` False).
 
-The loop reads each request's acceptance run (and its drafter's caps) from a window of
-requests, loaded here a chunk at a time as admission reaches them, so memory holds a chunk's
-runs, not the workload's; its step records come back a buffer at a time into the step log.
+The loop reads each request's acceptance run and its drafter's caps (or its walk) from a window
+of requests, loaded here a chunk at a time as admission reaches them (from the first request a
+replica has waiting or, chunked, prefilling, to 4,096 on or the last arrived), so memory holds
+the requests in flight, not the workload; its step records come back a buffer at a time into
+the step log.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from policies import Policy
 from simulator import kernels
 from simulator.acceptance import AcceptanceReplay
-from simulator.config import ClusterConfig, SchedulerConfig
+from simulator.config import SchedulerConfig
 from simulator.draft_feed import FIRST_FEED
 from simulator.logs import STEP_COLUMNS, RequestLog, StepLog
 from simulator.replica import Replica
@@ -44,11 +46,11 @@ SUMS = 4096
 REPAYS_FROM = {True: 4_000, False: 8_000}  # (with a draft model, model-free)
 
 
-def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cluster: ClusterConfig,
-                        cost: StepCostModel, fast_path: bool, sink) -> int:
+def repays_loading_from(policy: Policy, scheduler: SchedulerConfig, cost: StepCostModel,
+                        fast_path: bool, sink) -> int:
     """The requests from which a run repays loading the compiled loops for the whole run
     (0: it would not take it): what `takes_whole_run` checks, known before any replica is
-    made."""
+    made (a walked policy's is not: it loads them as other runs do)."""
     if not (fast_path and sink is None and constant_k(policy, scheduler.k_max) is not None
             and scheduler.scheduler == Scheduler.name
             and cost._roofline is not None and cost.draft_tree is None and not cost.idle_s
@@ -68,7 +70,9 @@ def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> 
         return False
     replica = replicas[0]
     cost, config = replica.cost, replica.config
-    walked = replica.walks and not replica.checks_walks  # (each request's walk its own)
+    # a walked policy whose walks are each request's own, made ahead of the run (`_walks`)
+    walked = (replica.walks and not replica.checks_walks and policy.walks_apart()
+              and type(policy).replaces("walks_apart", "walker"))
     return ((walked or (constant_k(policy, config.k_max) is not None and not replica.walks))
             and type(replica.scheduler) is Scheduler
             and (replica.segments_only or replica.chunk_sums) and replica.lazy

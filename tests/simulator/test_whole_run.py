@@ -39,6 +39,9 @@ CASES = [
     ("iid:0.7", 3.0, 200, 3, {}, None, "azure-conv", "Llama-68M"),
     ("smollm2-ngram", 20.0, 400, 0, {}, None, "azure-conv", "Llama-68M"),
     ("beta:7,3~20", 40.0, 600, 5, {"max_num_seqs": 24}, 40_000, "azure-conv", "Llama-68M"),
+    # 8 passes or more: a one-step segment's passes summed pairwise, as numpy sums a (P, 1) array
+    ("beta:7,3~20", 30.0, 600, 10, {"k_max": 10}, None, "azure-conv", "Llama-68M"),
+    ("iid:0.8", 40.0, 600, 10, {"k_max": 10}, None, "azure-conv", "Llama-68M"),
     ("smollm2-ngram", 60.0, 900, 4, {}, None, "azure-conv", "none", 3, "least-loaded"),
     ("smollm2-ngram", 60.0, 900, 4, {}, None, "azure-conv", "none", 3, "round-robin"),
     ("iid:0.7", 40.0, 900, 4, {}, None, "azure-conv", "none", 3, "round-robin"),  # uncapped
@@ -141,22 +144,54 @@ def test_totals_only(loops):
     assert whole.totals == process.totals and whole.totals.iterations > 600
 
 
-@pytest.mark.parametrize("what", ["vllm-v1", "chunked draft", "policy", "oracle", "numpy"])
-def test_elsewhere_the_process_runs(what, monkeypatch, loops):
-    """Where the loop does not give the process's records (or the loops are not loaded)."""
+ELSEWHERE = {  # what the loop does not stand for: (scheduler, draft, policy, simulate's)
+    "vllm-v1": (SchedulerConfig(scheduler="vllm-v1"), "none", ("fixed", {"k": 3}), {}),
+    "chunked draft": (SchedulerConfig(**CHUNKED), "Llama-68M", ("fixed", {"k": 3}), {}),
+    "batch policy": (SchedulerConfig(), "none", ("batch_adaptive", {}), {}),
+    "oracle": (SchedulerConfig(), "none", ("oracle", {}), {}),
+    "carried over": (SchedulerConfig(), "none", ("heuristic", {"carry_over": True}), {}),
+    "no fast path": (SchedulerConfig(), "none", ("fixed", {"k": 3}), {"fast_path": False}),
+    "streamed steps": (SchedulerConfig(), "none", ("fixed", {"k": 3}),
+                       {"steps_sink": lambda frame: None}),
+    "numpy": (SchedulerConfig(), "none", ("fixed", {"k": 3}), {}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(ELSEWHERE))
+def test_elsewhere_the_processes_run(what, loops):
+    """Where the loop does not give the processes' records (or the loops are not loaded); a
+    walked policy whose walks read another request's (heuristic's start carried over from the
+    last finished request) among them."""
     loops(what != "numpy")
-    scheduler = (SchedulerConfig(**CHUNKED)
-                 if what == "chunked draft" else SchedulerConfig(scheduler="vllm-v1")
-                 if what == "vllm-v1" else SchedulerConfig())
+    scheduler, draft, policy, options = ELSEWHERE[what]
     spec = SimulationSpec(workload="poisson", rate=8.0, requests=60, lengths="azure-conv",
-                          acceptance="iid:0.7", seed=1,
-                          draft="Llama-68M" if what == "chunked draft" else "none")
-    policy = (("batch_adaptive", {}) if what == "policy" else ("oracle", {}) if what == "oracle"
-              else ("fixed", {"k": 3}))
+                          acceptance="iid:0.7", seed=1, draft=draft)
     inputs = build_inputs(spec, {}, scheduler)
     result = simulate(inputs.workload, inputs.latency, inputs.acceptance, make_policy(*policy),
-                      inputs.kv_capacity_tokens, scheduler, ClusterConfig(2))
+                      inputs.kv_capacity_tokens, scheduler, ClusterConfig(2), **options)
     assert result.meta["whole_run"] is False
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_passes_match(tp, loops):
+    """A target on several GPUs: its passes' all-reduces priced as the processes price them."""
+    loops(True)
+    results = []
+    for whole in (True, False):
+        spec = SimulationSpec(workload="poisson", rate=20.0, requests=500, lengths="azure-conv",
+                              acceptance="beta:7,3~20", seed=3, tp=tp,
+                              draft="Llama-68M" if tp == 2 else "none")
+        scheduler = SchedulerConfig(**CHUNKED) if tp == 4 else SchedulerConfig()
+        inputs = build_inputs(spec, {}, scheduler)
+        with pytest.MonkeyPatch.context() as patch:
+            if not whole:
+                patch.setattr(engine_module, "takes_whole_run", lambda *args: False)
+            results.append(simulate(inputs.workload, inputs.latency, inputs.acceptance,
+                                    make_policy("fixed", {"k": 4}), inputs.kv_capacity_tokens,
+                                    scheduler))
+    whole, process = results
+    assert whole.meta["whole_run"] and not process.meta["whole_run"]
+    assert whole.requests.equals(process.requests) and whole.steps.equals(process.steps)
 
 
 def test_a_run_it_would_take_loads_the_loops_from_fewer_requests(monkeypatch, loops):
