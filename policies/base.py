@@ -392,6 +392,14 @@ class Policy:
         """
         raise NotImplementedError
 
+    def k_by_batch(self, cost: StepCost, k_max: int, largest: int) -> list[int] | None:
+        """The k that `choose` gives every request of a running batch of b requests, for b
+        = 0..`largest` (larger batches: the last), where it depends on nothing else (its cost
+        model is `cost`); None (the default) elsewhere. A simulator runs such a policy's whole
+        run in one compiled loop too, walking the batch anew where its k changes; read only
+        from the class that also defines `choose` (`replaces`)."""
+        return None
+
     def constant_k(self, k_max: int) -> int | None:
         """The k that `choose` gives every request at every step under a look-ahead of
         `k_max` (before a drafter's caps and a folded stop), where it always does; None (the

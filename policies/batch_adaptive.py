@@ -146,6 +146,11 @@ class BatchAdaptive(Policy):
             self._disabled.update(r.request_id for r in ctx.requests)
         return [0 if r.request_id in self._disabled else k for r in ctx.requests]
 
+    def k_by_batch(self, cost: StepCost, k_max: int, largest: int) -> list[int] | None:
+        if self.disable_by_batch_size is not None:  # (sticky per request: not by batch alone)
+            return None
+        return [0] + [self.k_for(b, cost, k_max) for b in range(1, largest + 1)]
+
     def finish(self, request_id: int) -> None:
         self._disabled.discard(request_id)
 

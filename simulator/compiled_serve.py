@@ -1,7 +1,8 @@
 """A whole run under the plain scheduler, compiled (numba): arrivals, the router, FCFS admission
 with KV reservations, whole-prompt prefills or chunked prefill's steps, fast-path decode
 segments and finishes on every replica, for a policy that drafts one k for every request at
-every step (`Policy.constant_k`: fixed, confidence) or walks each request apart from the others
+every step (`Policy.constant_k`: fixed, confidence), or one k by the running batch's size
+(`Policy.k_by_batch`: batch_adaptive), or walks each request apart from the others
 (`Policy.walks_apart`: heuristic, gammatune, adaedl), with a chain on the roofline (model-free,
 or a draft model's with whole prompts), to the SimPy processes' records (`Replica.serve`) to the
 bit.
@@ -25,7 +26,8 @@ What it follows, event by event (simulator/engine.py, simulator/replica.py):
   records; the walks that end with it finished.
 Each request is walked once (`walk` at the policy's k; a walked policy's walks are made by its
 walkers ahead, `WALKS`) and its share of its replica's sums added once (`add_shares`), from the
-decode step it starts at.
+decode step it starts at; by batch size (`BY_BATCH`), at its first pricing, and every running
+request walked anew from where it is wherever the batch's k moves (`_walk_at`).
 
 Resumable: the loop returns at an iteration's start when the step records' buffer may not hold
 it (`FLUSH`), or when it needs a request's acceptance run that is not in the window it was
@@ -52,7 +54,8 @@ FLOATS = 1
 #: waiting, being prefilled, where its first waiting request is searched from, its phase,
 #: what its iteration is, whether its segment ends where walks do
 STEP, KV, CNOW, ORIGIN, RUNNING, WAITING, PREFILLING, HEAD, PHASE, KIND, ENDS_WALKS = range(11)
-STATE = 11
+WALKED_K = 11  # by batch size: the k its running requests were last walked at (-1: none yet)
+STATE = 12
 #: phases: waiting for a request; in an iteration (until `times[r]`); at its next iteration's
 #: start (at `times[r]`)
 IDLE, BUSY, READY = range(3)
@@ -62,7 +65,14 @@ PREFILL, SEGMENT, CHUNKED = range(3)
 K, K_MAX, CAPPED, ROWS, KV_CAPACITY, MAX_SEQS, BUDGET, DRAFT, RULE, FIRST_FEED, ROUTER = range(11)
 CHUNKS = 11  # chunked prefill (`BUDGET` the token budget of every step)
 WALKS = 12  # each request's walk given (a walked policy's), not walked here at k
-CONFIG = 13
+BY_BATCH = 13  # k by the running batch's size (`ktable`): walks made, and remade, at pricing
+CONFIG = 14
+#: `totals` channels per running request: its steps, drafts and accepted tokens at its end;
+#: (by batch size) where its walk starts, at which k, from which decode step, with which feed
+T_STEPS, T_DRAFTED, T_ACCEPTED, T_G0, T_K, T_FROM, T_FEED = range(7)
+TOTALS = 7
+#: `ends` of a request not walked yet (by batch size: until its first pricing)
+UNWALKED = 1 << 62
 #: routers (simulator/engine.py's `_Cluster.route`)
 LEAST_LOADED, ROUND_ROBIN = range(2)
 #: `numbers`: the target's pass numbers (8: its all-reduces' flag as 0 or 1), the host's
@@ -130,10 +140,10 @@ def _next_arrival(arrival, config, replicas: int, r: int, i: int) -> float:
 
 
 @njit(cache=True)
-def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, runs, run_at,
-          caps, lo: int, hi: int, sums, running, ends, totals, pending, prefilled, records,
-          log_replica, log_arrival, log_admitted, log_first, log_finish, log_steps, log_drafted,
-          log_accepted):
+def serve(ints, floats, state, times, config, ktable, numbers, arrival, prompt, output, runs,
+          run_at, caps, lo: int, hi: int, sums, running, ends, totals, pending, prefilled,
+          records, log_replica, log_arrival, log_admitted, log_first, log_finish, log_steps,
+          log_drafted, log_accepted):
     """Run until the workload is served (`DONE`), or until the caller must flush the step
     records (`FLUSH`) or give the acceptance runs of waiting requests (`NEED_RUNS`).
 
@@ -147,8 +157,8 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
     each one's walk ends at, `totals[r]` its walk's steps, drafts and accepted tokens;
     `pending[r]` the requests its prefill admitted (their walks' lengths and totals in
     `totals[r]` past its running ones); under chunked prefill the requests it is prefilling,
-    oldest first, and `prefilled[r]` their prompt tokens done. Returns (status, sums): the
-    sums may have grown."""
+    oldest first, and `prefilled[r]` their prompt tokens done. `ktable[b]`: the k of a running
+    batch of b (`BY_BATCH`). Returns (status, sums): the sums may have grown."""
     n_requests = arrival.shape[0]
     replicas = state.shape[0]
     draft = config[DRAFT] != 0
@@ -198,16 +208,23 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
         if state[r, WAITING] + state[r, PREFILLING] + state[r, RUNNING] == 0:
             state[r, PHASE] = IDLE
             continue
+        k = config[K]
+        if config[BY_BATCH] and state[r, RUNNING]:  # (its walks at this batch's k first)
+            k = ktable[min(state[r, RUNNING], ktable.shape[0] - 1)]
+            status, sums = _walk_at(r, k, state, config, prompt, output, runs, run_at, caps,
+                                    lo, hi, sums, running, ends, totals)
+            if status != DONE:
+                return status, sums
         if config[CHUNKS] and (state[r, RUNNING] == 0 or _prefill_pending(
                 r, state, config, prompt, output, log_replica)):
-            status = _chunk_step(r, now, state, config, numbers, prompt, output, log_replica,
+            status = _chunk_step(r, now, k, state, config, numbers, prompt, output, log_replica,
                                  ints, lo, hi, sums, pending, prefilled, log_admitted, records,
                                  chunk_n)
             if status != DONE:
                 return status, sums
             for a in range(state[r, PREFILLING]):  # the prompts whole after this step
                 i = pending[r, a]
-                if prefilled[r, a] < prompt[i]:
+                if prefilled[r, a] < prompt[i] or config[BY_BATCH]:  # (by batch: at pricing)
                     break
                 if output[i] > 1:  # (walked from the step after this one)
                     sums = _walk_in(r, a, i, lo, state, config, prompt, output, runs, run_at,
@@ -223,7 +240,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
         if admitted:
             for a in range(admitted):
                 i = pending[r, a]
-                if output[i] > 1 and (i < lo or i >= hi):
+                if output[i] > 1 and (i < lo or i >= hi) and not config[BY_BATCH]:
                     return NEED_RUNS, sums
             if ints[USED] + 1 > records.shape[1]:
                 return FLUSH, sums
@@ -245,7 +262,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
             ints[USED] = row + 1
             for a in range(admitted):  # walked now: nothing reads the sums before its end
                 i = pending[r, a]
-                if output[i] > 1:
+                if output[i] > 1 and not config[BY_BATCH]:  # (by batch: at pricing)
                     sums = _walk_in(r, a, i, lo, state, config, prompt, output, runs, run_at,
                                     caps, sums, totals, state[r, CNOW])
             state[r, STEP] += 1
@@ -263,7 +280,7 @@ def serve(ints, floats, state, times, config, numbers, arrival, prompt, output, 
             return FLUSH, sums
         taken, end = _segment(r, now, steps, _next_arrival(arrival, config, replicas, r,
                                                            ints[NEXT]),
-                              state, config, numbers, sums, records, ints[USED], passes)
+                              k, state, config, numbers, sums, records, ints[USED], passes)
         ints[USED] += taken
         state[r, STEP] += taken
         state[r, CNOW] += taken
@@ -331,6 +348,80 @@ def _walk_in(r: int, a: int, i: int, lo: int, state, config, prompt, output, run
 
 
 @njit(cache=True)
+def _start(r: int, slot: int, walked: int, state, config, ends, totals) -> None:
+    """A request starts decoding in replica r's running slot `slot`: along the walk kept at
+    `walked` (its end from the step now), or (by batch size) not walked yet."""
+    if config[BY_BATCH]:
+        ends[r, slot] = UNWALKED
+        totals[r, T_G0, slot] = -1
+    else:
+        ends[r, slot] = state[r, CNOW] + totals[r, T_STEPS, walked]
+        for c in range(3):
+            totals[r, c, slot] = totals[r, c, walked]
+    state[r, RUNNING] = slot + 1
+
+
+@njit(cache=True)
+def _walk_at(r: int, k: int, state, config, prompt, output, runs, run_at, caps, lo: int,
+             hi: int, sums, running, ends, totals):
+    """By batch size, at a pricing (`_take_walks_to_check`, `_chunked_head`): where the
+    batch's k is not the one replica r's requests were walked at, each is walked anew at it
+    from where it is (`_sync`, the walk's rest out of the sums, `walk_chain`, `_add_walk`);
+    the requests not walked yet are walked from their first token. Returns (DONE or, nothing
+    changed, NEED_RUNS, sums)."""
+    every = k != state[r, WALKED_K]
+    for s in range(state[r, RUNNING]):  # (their runs first)
+        i = running[r, s]
+        if (every or totals[r, T_G0, s] < 0) and (i < lo or i >= hi):
+            return NEED_RUNS, sums
+    capped, draft = config[CAPPED] != 0, config[DRAFT] != 0
+    for s in range(state[r, RUNNING]):
+        fresh = totals[r, T_G0, s] < 0
+        if not (every or fresh):
+            continue
+        i = running[r, s]
+        first, last = run_at[i - lo], run_at[i - lo + 1]
+        run = runs[first:last]
+        cap = caps[first:last] if capped else run
+        base = prompt[i] - 1
+        g, feed, steps, drafted = 1, config[FIRST_FEED], 0, 0
+        if not fresh:  # its walk so far: where it is, and its rest out of the sums
+            g0, k0 = totals[r, T_G0, s], totals[r, T_K, s]
+            chain, drafts = walk(run, cap, capped, g0, g0, output[i], k0)
+            at = state[r, CNOW] - totals[r, T_FROM, s]
+            feeds_now = (chain_feeds(chain, drafts, capped, k0, totals[r, T_FEED, s],
+                                     config[RULE]) if draft else drafts)
+            sums, col = _room(sums, state, r, chain.shape[0] - at)
+            add_shares(sums[r], col, chain[at:], base, drafts[at:], capped, k0, -1, _FIRST,
+                       config[ROWS], draft, feeds_now[at:])
+            g = chain[at]
+            if draft:
+                feed = feeds_now[at]
+            steps = totals[r, T_STEPS, s] - (chain.shape[0] - 1) + at
+            drafted = totals[r, T_DRAFTED, s]
+            for d in range(at, chain.shape[0] - 1):  # (its drafts past where it is, taken out)
+                drafted -= drafts[d] if capped else k0
+        chain, drafts = walk(run, cap, capped, g, g, output[i], k)
+        m = chain.shape[0] - 1
+        sums, col = _room(sums, state, r, m + 1)
+        walk_feeds = (chain_feeds(chain, drafts, capped, k, feed, config[RULE]) if draft
+                      else drafts)
+        add_shares(sums[r], col, chain, base, drafts, capped, k, 1, _FIRST, config[ROWS], draft,
+                   walk_feeds)
+        for d in range(m):
+            drafted += drafts[d] if capped else k
+        steps += m
+        totals[r, T_STEPS, s] = steps
+        totals[r, T_DRAFTED, s] = drafted
+        totals[r, T_ACCEPTED, s] = output[i] - 1 - steps
+        totals[r, T_G0, s], totals[r, T_K, s] = g, k
+        totals[r, T_FROM, s], totals[r, T_FEED, s] = state[r, CNOW], feed
+        ends[r, s] = state[r, CNOW] + m
+    state[r, WALKED_K] = k
+    return DONE, sums
+
+
+@njit(cache=True)
 def _start_decoding(r: int, now: float, state, config, prompt, output, running, ends, totals,
                     pending, log_first, log_finish, log_steps, log_drafted, log_accepted):
     """Replica r's prefill ends: its prompts' first tokens now; a request of one token
@@ -348,10 +439,7 @@ def _start_decoding(r: int, now: float, state, config, prompt, output, running, 
             continue
         slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
         running[r, slot] = i
-        ends[r, slot] = state[r, CNOW] + totals[r, 0, walked + a]
-        for c in range(3):
-            totals[r, c, slot] = totals[r, c, walked + a]
-        state[r, RUNNING] = slot + 1
+        _start(r, slot, walked + a, state, config, ends, totals)
     state[r, PREFILLING] = 0
 
 
@@ -377,8 +465,8 @@ def _prefill_pending(r: int, state, config, prompt, output, route) -> bool:
 
 
 @njit(cache=True)
-def _chunk_step(r: int, now: float, state, config, numbers, prompt, output, route, ints,
-                lo: int, hi: int, sums, pending, prefilled, log_admitted, records,
+def _chunk_step(r: int, now: float, k: int, state, config, numbers, prompt, output, route,
+                ints, lo: int, hi: int, sums, pending, prefilled, log_admitted, records,
                 chunk_n) -> int:
     """Replica r's step with prompt chunks (`_chunked_step`, or `_mixed_iteration` with no
     decode): its decodes' share from its sums, the token budget left to the prompts being
@@ -391,7 +479,7 @@ def _chunk_step(r: int, now: float, state, config, numbers, prompt, output, rout
     if size:
         drafted, cached, pairs = sums[r, 1, col], sums[r, 0, col], sums[r, 2, col]
         emitted = sums[r, 0, col + 1] - sums[r, 0, col]
-        max_k = config[K]
+        max_k = k
         if config[ROWS]:  # the most drafts of any (rows d = 0..k_max)
             max_k = config[ROWS] - 1
             while max_k > 0 and sums[r, _FIRST + max_k, col] == 0:
@@ -483,10 +571,7 @@ def _end_chunks(r: int, now: float, state, config, prompt, output, running, ends
             continue
         slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
         running[r, slot] = i
-        ends[r, slot] = state[r, CNOW] + totals[r, 0, walked + a]
-        for c in range(3):
-            totals[r, c, slot] = totals[r, c, walked + a]
-        state[r, RUNNING] = slot + 1
+        _start(r, slot, walked + a, state, config, ends, totals)
     for a in range(whole, state[r, PREFILLING]):  # the rest move up
         pending[r, a - whole] = pending[r, a]
         prefilled[r, a - whole] = prefilled[r, a]
@@ -514,7 +599,7 @@ def _finish_walks(r: int, now: float, state, config, prompt, output, sums, runni
         last = state[r, RUNNING] - 1
         running[r, s] = running[r, last]
         ends[r, s] = ends[r, last]
-        for c in range(3):
+        for c in range(TOTALS):
             totals[r, c, s] = totals[r, c, last]
         state[r, RUNNING] = last
 
@@ -540,14 +625,14 @@ def _record(records, row: int, r: int, start: float, duration: float, decode: in
 
 
 @njit(cache=True)
-def _segment(r: int, start: float, steps: int, horizon: float, state, config, numbers, sums,
-             records, row: int, passes):
+def _segment(r: int, start: float, steps: int, horizon: float, k: int, state, config, numbers,
+             sums, records, row: int, passes):
     """Replica r's decode segment (`_decode_segment`): its steps priced from its sums, up to
     its first walk's end or the first step that ends at or after `horizon` (the next
     arrival), on the clock the replica keeps: an uncapped stretch's delays summed from its
     start, a capped one's (or any under chunked prefill) clock step by step. Writes its
     records; returns how many steps and when the segment ends."""
-    k, capped, rows = config[K], config[CAPPED] != 0, config[ROWS]
+    capped, rows = config[CAPPED] != 0, config[ROWS]
     clocked = capped or config[CHUNKS] != 0
     draft = config[DRAFT] != 0
     batch = state[r, RUNNING]
@@ -659,13 +744,14 @@ def warm() -> None:
     for capped, chunks in ((0, 0), (1, 0), (0, 1)):
         rows = 3 if capped else 0
         config = np.array([2, 2, capped, rows, 1000, 8, 64 if chunks else -1, 0, 0, 1, 0,
-                           chunks, 0], dtype=np.int64)
+                           chunks, 0, chunks], dtype=np.int64)
         logs = [np.zeros(2, dtype=np.int64), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)]
         logs += [np.zeros(2, dtype=np.int64) for _ in range(3)]
         serve(np.zeros(INTS, dtype=np.int64), np.zeros(FLOATS),
-              np.zeros((1, STATE), dtype=np.int64), np.zeros(1), config, numbers, arrival,
+              np.zeros((1, STATE), dtype=np.int64), np.zeros(1), config,
+              np.full(3, 2, dtype=np.int64), numbers, arrival,
               lengths, lengths, runs, run_at, runs, 0, 2,
               np.zeros((1, _FIRST + rows, 16), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
-              np.zeros((1, 2), dtype=np.int64), np.zeros((1, 3, 2), dtype=np.int64),
+              np.zeros((1, 2), dtype=np.int64), np.zeros((1, TOTALS, 2), dtype=np.int64),
               np.zeros((1, 2), dtype=np.int64), np.zeros((1, 2), dtype=np.int64),
               np.empty((_ROWS, 64)), *logs)

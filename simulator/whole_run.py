@@ -1,8 +1,9 @@
 """A whole run in one compiled loop (simulator/compiled_serve.py), where it gives the SimPy
 processes' records to the bit: the plain scheduler (whole prompts, or chunked prefill with a
 model-free chain), any replicas behind either router, a policy that drafts one k everywhere
-(`Policy.constant_k`) or walks each request apart from the others (`Policy.walks_apart`), a
-chain priced on the roofline from the batch's kept sums, the compiled loops loaded.
+(`Policy.constant_k`) or one by the running batch's size (`Policy.k_by_batch`) or walks each
+request apart from the others (`Policy.walks_apart`), a chain priced on the roofline from the
+batch's kept sums, the compiled loops loaded.
 
 Why: under load a decode segment lasts a step or two, and each request's arrival, admission,
 prefill, walk and finish in Python cost more than its decode steps (docs/speed.md, "A whole run
@@ -10,9 +11,9 @@ compiled"). Everywhere else the SimPy processes run (`takes_whole_run` False).
 
 The loop reads each request's acceptance run and its drafter's caps (or its walk) from a window
 of requests, loaded here a chunk at a time as admission reaches them (from the first request a
-replica has waiting or, chunked, prefilling, to 4,096 on or the last arrived), so memory holds
-the requests in flight, not the workload; its step records come back a buffer at a time into
-the step log.
+replica has waiting or, chunked, prefilling, or by batch size running, to 4,096 on or the last
+arrived), so memory holds the requests in flight, not the workload; its step records come back
+a buffer at a time into the step log.
 """
 
 from __future__ import annotations
@@ -64,16 +65,32 @@ def constant_k(policy: Policy, k_max: int) -> int | None:
     return policy.constant_k(k_max) if type(policy).replaces("constant_k", "choose") else None
 
 
+def k_by_batch(replica: Replica) -> np.ndarray | None:
+    """The k of each running batch's size (`Policy.k_by_batch`, where the class that says it
+    also chose; one k for all where `constant_k` says so), up to the most a replica runs."""
+    policy, k_max = replica.policy, replica.config.k_max
+    largest = max(1, replica.config.max_num_seqs)
+    k = constant_k(policy, k_max)
+    if k is not None:
+        return np.full(largest + 1, k, np.int64)
+    if not type(policy).replaces("k_by_batch", "choose"):
+        return None
+    table = policy.k_by_batch(replica.scheduler.cost, k_max, largest)
+    if table is None or not all(0 <= k <= k_max for k in table[1:]):
+        return None  # (a k the engine refuses: the processes say so)
+    return np.asarray(table, dtype=np.int64)
+
+
 def takes_whole_run(replicas: list[Replica], policy: Policy, steps: StepLog) -> bool:
     """Whether this run takes the compiled loop: where its records are the SimPy process's."""
     if kernels.compiled() is None or steps.sink is not None:
         return False
     replica = replicas[0]
-    cost, config = replica.cost, replica.config
+    cost = replica.cost
     # a walked policy whose walks are each request's own, made ahead of the run (`_walks`)
     walked = (replica.walks and not replica.checks_walks and policy.walks_apart()
               and type(policy).replaces("walks_apart", "walker"))
-    return ((walked or (constant_k(policy, config.k_max) is not None and not replica.walks))
+    return ((walked or (not replica.walks and k_by_batch(replica) is not None))
             and type(replica.scheduler) is Scheduler
             and (replica.segments_only or replica.chunk_sums) and replica.lazy
             and not replica.holds
@@ -96,16 +113,17 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     capped, draft = bool(replica.varied), bool(replica.feeds)
     rows = config.k_max + 1 if draft or (capped and steps.records_rows) else 0
     settings = np.zeros(loop.CONFIG, np.int64)
+    ktable = np.zeros(1, np.int64) if replica.walks else k_by_batch(replica)
+    by_batch = not replica.walks and len(set(ktable[1:].tolist())) > 1
     settings[[loop.K, loop.K_MAX, loop.CAPPED, loop.ROWS, loop.KV_CAPACITY, loop.MAX_SEQS]] = (
-        0 if replica.walks else constant_k(replica.policy, config.k_max), config.k_max, capped,
-        rows, replica.scheduler.kv_capacity,
+        ktable[-1], config.k_max, capped, rows, replica.scheduler.kv_capacity,
         config.max_num_seqs)
     settings[loop.BUDGET] = -1 if config.max_batched_tokens is None else config.max_batched_tokens
     settings[[loop.DRAFT, loop.RULE, loop.FIRST_FEED, loop.ROUTER, loop.CHUNKS]] = (
         draft, kernels.compiled().RULES[replica.catch_up], FIRST_FEED,
         loop.ROUND_ROBIN if router == "round-robin" else loop.LEAST_LOADED,
         config.chunked_prefill)
-    settings[loop.WALKS] = replica.walks
+    settings[loop.WALKS], settings[loop.BY_BATCH] = replica.walks, by_batch
     numbers = np.array([*_numbers(cost._roofline["target"]), *_overheads(cost.latency),
                         *_numbers(cost._roofline["draft"] or cost._roofline["target"])])
     n = len(replicas)
@@ -113,7 +131,8 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     state, times = np.zeros((n, loop.STATE), np.int64), np.zeros(n)
     seats = max(1, min(config.max_num_seqs, len(output)))
     running, ends = np.zeros((n, seats), np.int64), np.zeros((n, seats), np.int64)
-    totals, pending = np.zeros((n, 3, seats), np.int64), np.zeros((n, seats), np.int64)
+    totals = np.zeros((n, loop.TOTALS, seats), np.int64)
+    pending = np.zeros((n, seats), np.int64)
     prefilled = np.zeros((n, seats), np.int64)
     sums = np.zeros((n, 4 + rows + (rows + 2 if draft else 0), SUMS), np.int64)
     records = np.empty((len(STEP_COLUMNS), BUFFER))
@@ -121,14 +140,17 @@ def run_whole(replicas: list[Replica], router: str, arrival_s: np.ndarray,
     while True:
         runs, run_at, caps, lo, hi = window
         status, sums = loop.serve(
-            ints, floats, state, times, settings, numbers, arrival, prompt, output, runs,
+            ints, floats, state, times, settings, ktable, numbers, arrival, prompt, output, runs,
             run_at, caps, lo, hi, sums, running, ends, totals, pending, prefilled, records,
             requests.replica, requests.arrival_s, requests.admitted_s, requests.first_token_s,
             requests.finish_s, requests.steps, requests.drafted, requests.accepted)
         if status == loop.NEED_RUNS:  # from the first request any replica has waiting, or
-            # (chunked prefill) is prefilling
+            # (chunked prefill) is prefilling, or (by batch size) is running
             first = int(min(state[state[:, loop.WAITING] > 0, loop.HEAD].min(initial=len(output)),
-                            pending[state[:, loop.PREFILLING] > 0, 0].min(initial=len(output))))
+                            pending[state[:, loop.PREFILLING] > 0, 0].min(initial=len(output)),
+                            min((running[r, :state[r, loop.RUNNING]].min(initial=len(output))
+                                 for r in range(n)), default=len(output))
+                            if by_batch else len(output)))
             arrived = int(ints[loop.NEXT])
             last = min(len(output), max(first + CHUNK, arrived))
             window = (_walks(replica, acceptance, request_ids, prompt, output, first, last)

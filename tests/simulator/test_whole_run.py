@@ -10,6 +10,8 @@ small enough that every pause and growth is taken. Elsewhere the SimPy processes
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from policies import make_policy
@@ -75,6 +77,15 @@ CASES = [
     ("smollm2-eagle-ngram", 20.0, 600, "adaedl", {}, None, "azure-conv", "Llama-68M"),
     ("iid:0.7", 40.0, 900, "heuristic", {}, None, "azure-conv", "none", 3, "least-loaded"),
     ("smollm2-ngram", 20.0, 600, "heuristic", CHUNKED, None, "azure-conv"),
+    # batch_adaptive: k by the batch's size, every running request walked anew where it moves
+    ("smollm2-ngram", 20.0, 600, "batch_adaptive", {}, None, "azure-conv"),
+    ("smollm2-ngram", 20.0, 600, "batch_adaptive", {}, None, "azure-conv", "Llama-68M"),
+    ("iid:0.7", 40.0, 900, "batch_adaptive:[[1, 4, 6], [5, 16, 3], [17, 64, 1]]", {}, None,
+     "azure-conv", "none", 3, "least-loaded"),
+    ("smollm2-ngram", 20.0, 600, "batch_adaptive:[[1, 8, 5], [9, 30, 2]]", CHUNKED, None,
+     "azure-conv"),
+    ("beta:7,3~20", 20.0, 600, "batch_adaptive:[[1, 3, 10], [4, 20, 4]]", {"k_max": 10}, None,
+     "azure-conv", "Llama-68M"),
 ]
 
 
@@ -86,13 +97,21 @@ def _run(case, whole: bool, keep_steps: bool = True):
                           acceptance=acceptance, seed=3, draft=draft)
     scheduler = SchedulerConfig(**settings)
     inputs = build_inputs(spec, {}, scheduler)
-    policy = make_policy(k, {}) if isinstance(k, str) else make_policy("fixed", {"k": k})
+    policy = _policy(k)
     with pytest.MonkeyPatch.context() as patch:
         if not whole:
             patch.setattr(engine_module, "takes_whole_run", lambda *args: False)
         return simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
                         kv or inputs.kv_capacity_tokens,
                         scheduler, ClusterConfig(replicas, router), keep_steps=keep_steps)
+
+
+def _policy(k):
+    """Fixed's k, a policy's name, or batch_adaptive:SCHEDULE (its vLLM ranges, as JSON)."""
+    if not isinstance(k, str):
+        return make_policy("fixed", {"k": k})
+    name, _, schedule = k.partition(":")
+    return make_policy(name, {"schedule": json.loads(schedule)} if schedule else {})
 
 
 def _rest(more: list) -> tuple:
@@ -103,7 +122,7 @@ def _rest(more: list) -> tuple:
 
 def _name(case) -> str:
     draft, replicas, router = _rest(case[7:])
-    k = case[3] if isinstance(case[3], str) else f"k{case[3]}"
+    k = case[3].replace(" ", "") if isinstance(case[3], str) else f"k{case[3]}"
     return (f"{case[0]}-{case[1]:g}-{k}" + ("-draft" if draft != "none" else "")
             + ("-chunked" if case[4].get("chunked_prefill") else "")
             + (f"-{replicas}-{router}" if replicas > 1 else ""))
@@ -147,7 +166,9 @@ def test_totals_only(loops):
 ELSEWHERE = {  # what the loop does not stand for: (scheduler, draft, policy, simulate's)
     "vllm-v1": (SchedulerConfig(scheduler="vllm-v1"), "none", ("fixed", {"k": 3}), {}),
     "chunked draft": (SchedulerConfig(**CHUNKED), "Llama-68M", ("fixed", {"k": 3}), {}),
-    "batch policy": (SchedulerConfig(), "none", ("batch_adaptive", {}), {}),
+    "sticky batch_adaptive": (SchedulerConfig(), "none",
+                              ("batch_adaptive", {"disable_by_batch_size": 4}), {}),
+    "auto": (SchedulerConfig(), "none", ("auto", {}), {}),
     "oracle": (SchedulerConfig(), "none", ("oracle", {}), {}),
     "carried over": (SchedulerConfig(), "none", ("heuristic", {"carry_over": True}), {}),
     "no fast path": (SchedulerConfig(), "none", ("fixed", {"k": 3}), {"fast_path": False}),
@@ -234,3 +255,29 @@ def test_a_policy_is_trusted_with_its_constant_k_only_where_it_chose():
     assert whole_run.constant_k(make_policy("confidence", {"max_k": 20}), 8) == 8
     assert whole_run.constant_k(Alternating(k=3), 8) is None
     assert whole_run.constant_k(make_policy("batch_adaptive", {}), 8) is None
+
+
+def test_a_policy_is_trusted_with_its_k_by_batch_only_where_it_chose(loops):
+    """`Policy.k_by_batch` likewise: batch_adaptive's table, not a subclass's that chooses
+    otherwise, nor the sticky one's (its k depends on each request's history)."""
+    from policies.batch_adaptive import BatchAdaptive
+
+    class Halved(BatchAdaptive):
+        def choose(self, ctx):
+            return [k // 2 for k in super().choose(ctx)]
+
+    def table(policy):
+        spec = SimulationSpec(workload="poisson", rate=8.0, requests=20, lengths="azure-conv",
+                              acceptance="iid:0.7", seed=1, draft="none")
+        scheduler = SchedulerConfig(max_num_seqs=6)
+        inputs = build_inputs(spec, {}, scheduler)
+        result = simulate(inputs.workload, inputs.latency, inputs.acceptance, policy,
+                          inputs.kv_capacity_tokens, scheduler)
+        return result.meta["whole_run"]
+
+    loops(True)
+    schedule = [[1, 2, 5], [3, 6, 1]]
+    assert BatchAdaptive(schedule=schedule).k_by_batch(None, 8, 6) == [0, 5, 5, 1, 1, 1, 1]
+    assert table(BatchAdaptive(schedule=schedule))
+    assert not table(Halved(schedule=schedule))
+    assert BatchAdaptive(schedule=schedule, disable_by_batch_size=3).k_by_batch(None, 8, 6) is None
