@@ -428,19 +428,29 @@ def _start_decoding(r: int, now: float, state, config, prompt, output, running, 
     finishes (`start_decoding`, `finish_done`), the others decode along their walks."""
     walked = state[r, RUNNING]  # (the a-th admitted's walk kept at walked + a)
     for a in range(state[r, PREFILLING]):
-        i = pending[r, a]
-        log_first[i] = now
-        if output[i] <= 1:
-            log_finish[i] = now
-            log_steps[i] = 0
-            log_drafted[i] = 0
-            log_accepted[i] = 0
-            state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
-            continue
-        slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
-        running[r, slot] = i
-        _start(r, slot, walked + a, state, config, ends, totals)
+        _prompt_whole(r, pending[r, a], walked + a, now, state, config, prompt, output, running,
+                      ends, totals, log_first, log_finish, log_steps, log_drafted, log_accepted)
     state[r, PREFILLING] = 0
+
+
+@njit(cache=True)
+def _prompt_whole(r: int, i: int, walked: int, now: float, state, config, prompt, output,
+                  running, ends, totals, log_first, log_finish, log_steps, log_drafted,
+                  log_accepted) -> None:
+    """Request i's prompt is whole on replica r: its first token now; of one token, it
+    finishes; else it decodes along the walk kept at `walked` (`start_decoding`,
+    `finish_done`). Its slot is at or before `walked`: nothing later is overwritten."""
+    log_first[i] = now
+    if output[i] <= 1:
+        log_finish[i] = now
+        log_steps[i] = 0
+        log_drafted[i] = 0
+        log_accepted[i] = 0
+        state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
+        return
+    slot = state[r, RUNNING]
+    running[r, slot] = i
+    _start(r, slot, walked, state, config, ends, totals)
 
 
 @njit(cache=True)
@@ -561,17 +571,8 @@ def _end_chunks(r: int, now: float, state, config, prompt, output, running, ends
         if prefilled[r, a] < prompt[i]:
             break
         whole += 1
-        log_first[i] = now
-        if output[i] <= 1:
-            log_finish[i] = now
-            log_steps[i] = 0
-            log_drafted[i] = 0
-            log_accepted[i] = 0
-            state[r, KV] -= prompt[i] + output[i] + config[K_MAX]
-            continue
-        slot = state[r, RUNNING]  # (at or before walked + a: nothing later overwritten)
-        running[r, slot] = i
-        _start(r, slot, walked + a, state, config, ends, totals)
+        _prompt_whole(r, i, walked + a, now, state, config, prompt, output, running, ends,
+                      totals, log_first, log_finish, log_steps, log_drafted, log_accepted)
     for a in range(whole, state[r, PREFILLING]):  # the rest move up
         pending[r, a - whole] = pending[r, a]
         prefilled[r, a - whole] = prefilled[r, a]
